@@ -1,0 +1,29 @@
+"""gated-attention: gated softmax attention and hybrid Gated DeltaNet models for transformers.
+
+Importing the package registers its configs and models with AutoConfig,
+AutoModel and AutoModelForCausalLM.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .configuration.gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec
+from .configuration.gated_attention import GatedAttentionConfig
+from .modeling.gated_attention import GatedAttentionForCausalLM, GatedAttentionModel
+
+__version__ = "0.1.0"
+
+_REGISTRY = [
+    (GatedAttentionConfig, GatedAttentionModel, GatedAttentionForCausalLM),
+]
+for _config, _model, _causal_lm in _REGISTRY:
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _model, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _causal_lm, exist_ok=True)
+
+__all__ = [
+    "DEFAULT_GATE_SPEC",
+    "GatedAttentionConfig",
+    "GatedAttentionForCausalLM",
+    "GatedAttentionModel",
+    "normalize_gate_spec",
+]

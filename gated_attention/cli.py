@@ -1,0 +1,56 @@
+"""The `gated-attention` command line (also `python -m gated_attention`).
+
+Each sub-command lives beside the code it drives and exposes
+`register(subparsers)`, which adds its parser with `set_defaults(func=...)`.
+Errors are one line on stderr and a non-zero exit; set
+`GATED_ATTENTION_DEBUG=1` to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+_COMMAND_MODULES = [
+]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gated-attention",
+        description="Gated softmax attention and hybrid Gated DeltaNet models for transformers.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    debug = os.environ.get("GATED_ATTENTION_DEBUG") == "1"
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as e:
+        if debug:
+            raise
+        print(f"gated-attention {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gated-attention {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI promises one line, never a traceback
+        if debug:
+            raise
+        print(f"gated-attention {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The attention gate spec (`config.attn_gate`) and its validation.
+
+The spec is a plain JSON-able dict so it survives `config.json` unchanged. Every
+config family (dense, MoE, hybrid) stores it normalised: all keys present,
+aliases resolved. Position names follow the Gated Attention paper's Figure 1:
+
+    G1 "sdpa"   the SDPA output, per query head          [B, T, HQ, D]
+    G2 "value"  the value projection, per key/value head  [B, T, HKV, D]
+    G3 "key"    the key projection, per key/value head    [B, T, HKV, D]
+    G4 "query"  the query projection, per query head      [B, T, HQ, D]
+    G5 "dense"  the output projection (o_proj)            [B, T, hidden_size]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GATE_POSITIONS = ("sdpa", "value", "key", "query", "dense")
+GATE_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense"}
+GATE_GRANULARITIES = ("elementwise", "headwise")
+GATE_MODES = ("multiplicative", "additive")
+GATE_ACTIVATIONS = ("sigmoid", "silu", "ns_sigmoid")
+ATTN_OUTPUT_NORMS = (None, "rmsnorm")
+ATTN_OUTPUT_ACTIVATIONS = (None, "silu")
+
+DEFAULT_GATE_SPEC: dict[str, Any] = {
+    "position": "sdpa",
+    "granularity": "elementwise",
+    "head_shared": False,
+    "mode": "multiplicative",
+    "activation": "sigmoid",
+    "input_dependent": True,
+    "bias": False,
+}
+NO_GATE_SPEC: dict[str, Any] = {**DEFAULT_GATE_SPEC, "position": None}
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> Any:
+    if value not in allowed:
+        shown = ", ".join("null" if a is None else repr(a) for a in allowed)
+        raise ValueError(f"attn_gate.{key}={value!r} is not allowed; allowed values: {shown}")
+    return value
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"attn_gate.{key}={value!r} is not allowed; allowed values: true, false")
+    return value
+
+
+def normalize_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
+    """Return the full, validated gate spec for `spec`.
+
+    `None` means no gate (the paper's baseline); a dict fills missing keys from
+    `DEFAULT_GATE_SPEC`. Raises `ValueError` naming the offending key and the
+    allowed values.
+    """
+    if spec is None:
+        return dict(NO_GATE_SPEC)
+    if not isinstance(spec, dict):
+        raise ValueError(f"attn_gate must be a dict or null, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(DEFAULT_GATE_SPEC))
+    if unknown:
+        raise ValueError(f"attn_gate: unknown key {unknown[0]!r}; allowed keys: {', '.join(DEFAULT_GATE_SPEC)}")
+
+    out = {**DEFAULT_GATE_SPEC, **spec}
+    position = out["position"]
+    if isinstance(position, str) and position.upper() in GATE_ALIASES:
+        position = GATE_ALIASES[position.upper()]
+    out["position"] = _choice("position", position, (*GATE_POSITIONS, None, *GATE_ALIASES))
+    _choice("granularity", out["granularity"], GATE_GRANULARITIES)
+    _choice("mode", out["mode"], GATE_MODES)
+    _choice("activation", out["activation"], GATE_ACTIVATIONS)
+    for key in ("head_shared", "input_dependent", "bias"):
+        _flag(key, out[key])
+
+    # The paper pairs SiLU (unbounded) with additive gating and sigmoid (in [0, 1])
+    # with multiplicative gating; the other two pairings are not gates.
+    if out["activation"] == "silu" and out["mode"] != "additive":
+        raise ValueError(
+            "attn_gate.activation='silu' is unbounded and needs mode='additive'; "
+            "allowed activations for mode='multiplicative': 'sigmoid', 'ns_sigmoid'"
+        )
+    if out["mode"] == "additive" and out["activation"] != "silu":
+        raise ValueError(
+            f"attn_gate.activation={out['activation']!r} is not allowed with mode='additive'; "
+            "allowed values: 'silu'"
+        )
+    if out["position"] == "dense" and (out["granularity"] != "elementwise" or out["head_shared"]):
+        raise ValueError(
+            "attn_gate.granularity='headwise' and head_shared=true need a per-head position; "
+            "allowed positions: 'sdpa', 'value', 'key', 'query' (G5 'dense' gates o_proj's output, which has no heads)"
+        )
+    if out["bias"] and not out["input_dependent"]:
+        raise ValueError(
+            "attn_gate.bias=true needs input_dependent=true (an input-independent gate is itself a learned constant)"
+        )
+    return out
+
+
+def gate_enabled(spec: dict[str, Any]) -> bool:
+    return spec.get("position") is not None
+
+
+def validate_attn_output_ablations(norm: str | None, activation: str | None) -> None:
+    if norm not in ATTN_OUTPUT_NORMS:
+        raise ValueError(f"attn_output_norm={norm!r} is not allowed; allowed values: null, 'rmsnorm'")
+    if activation not in ATTN_OUTPUT_ACTIVATIONS:
+        raise ValueError(f"attn_output_activation={activation!r} is not allowed; allowed values: null, 'silu'")

@@ -1,0 +1,101 @@
+"""Configuration of the dense gated-attention causal LM.
+
+Field names are transformers' Llama/Qwen names, so a Llama, Mistral, Qwen2 or
+Qwen3 `config.json` maps onto this config key for key (see `convert/`). On top
+of them: `qk_norm` (Qwen3), `sliding_window` (Mistral/Qwen2; None = off), the
+gate spec `attn_gate` (see `gate_spec.py`) and the paper's two non-gate
+ablations on the SDPA output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
+
+from .gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec, validate_attn_output_ablations
+
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class GatedAttentionConfig(PreTrainedConfig):
+    r"""Dense decoder-only LM with gated softmax attention.
+
+    `attn_gate` is the gate spec dict of DESIGN.md (`position`, `granularity`,
+    `head_shared`, `mode`, `activation`, `input_dependent`, `bias`); omitted
+    keys take their defaults, so `{}` is the paper's G1 elementwise sigmoid
+    gate and `None` (or `{"position": None}`) is the ungated baseline.
+
+    ```python
+    >>> from gated_attention import GatedAttentionConfig
+    >>> GatedAttentionConfig(attn_gate={"position": "G1", "granularity": "headwise"}).attn_gate["position"]
+    'sdpa'
+    ```
+    """
+
+    model_type = "gated_attention"
+    keys_to_ignore_at_inference = ["cache"]
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+
+    vocab_size: int = 32000
+    hidden_size: int = 2048
+    intermediate_size: int = 6144
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float | int = 0.0
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    attn_gate: dict[str, Any] | None = field(default_factory=lambda: dict(DEFAULT_GATE_SPEC))
+    attn_output_norm: str | None = None
+    attn_output_activation: str | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+
+    def __post_init__(self, **kwargs):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.layer_types is None:
+            kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
+            self.layer_types = [kind] * self.num_hidden_layers
+        self.attn_gate = normalize_gate_spec(self.attn_gate)
+        validate_attn_output_ablations(self.attn_output_norm, self.attn_output_activation)
+        super().__post_init__(**kwargs)
+        if any(t not in ATTENTION_LAYER_TYPES for t in self.layer_types):
+            raise ValueError(f"layer_types entries must be one of {ATTENTION_LAYER_TYPES}, got {self.layer_types}")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is None")

@@ -1,0 +1,1 @@
+"""Hub integration: the remote-code bundle and model cards."""

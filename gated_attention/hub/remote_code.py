@@ -1,0 +1,99 @@
+"""Write a checkpoint's remote-code bundle: flat copies of the modeling files.
+
+transformers loads remote code from one flat folder and follows only sibling
+imports of the form `from .x import y` (see `transformers.dynamic_module_utils`).
+Our sources live in sub-packages, so each module `gated_attention.<sub>.<name>`
+is copied as `<sub>_<name>.py` with its relative imports rewritten to the flat
+names, starting from the model's and the config's modules and following their
+relative imports. Optional packages (triton, fla) must be imported inside
+`try:` blocks in those sources: transformers ignores imports there when it
+checks what a remote module needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import re
+from pathlib import Path
+
+PACKAGE = "gated_attention"
+_RELATIVE_IMPORT = re.compile(r"^(\s*)from\s+(\.+)([\w.]*)\s+import\b", flags=re.MULTILINE)
+
+
+def flat_module_name(module: str) -> str:
+    """`gated_attention.modeling.attention` -> `modeling_attention`."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE or len(parts) < 2:
+        raise ValueError(f"{module} is not a module of {PACKAGE}")
+    return "_".join(parts[1:])
+
+
+def _resolve(module: str, dots: str, rest: str) -> str:
+    package = module.split(".")[: -len(dots)]  # one dot = the module's own package
+    if not package:
+        raise ValueError(f"relative import {dots}{rest} in {module} leaves the package")
+    if not rest:
+        raise ValueError(f"{module}: `from {dots} import x` cannot be flattened; import from a module instead")
+    return ".".join([*package, rest])
+
+
+def flatten_source(module: str) -> tuple[str, list[str]]:
+    """Return the flattened source of `module` and the package modules it imports."""
+    source = inspect.getsource(importlib.import_module(module))
+    needed: list[str] = []
+
+    def rewrite(match: re.Match) -> str:
+        target = _resolve(module, match.group(2), match.group(3))
+        needed.append(target)
+        return f"{match.group(1)}from .{flat_module_name(target)} import"
+
+    return _RELATIVE_IMPORT.sub(rewrite, source), needed
+
+
+def bundle_sources(*modules: str) -> dict[str, str]:
+    """Flat file name -> source, for `modules` and everything they import relatively."""
+    files: dict[str, str] = {}
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        name = flat_module_name(module) + ".py"
+        if name in files:
+            continue
+        files[name], needed = flatten_source(module)
+        todo.extend(needed)
+    return files
+
+
+def auto_map_for(model) -> dict[str, str]:
+    """The `auto_map` that points the Auto classes at the flat files."""
+    config_cls = type(model.config)
+    model_module = flat_module_name(type(model).__module__)
+    config_ref = f"{flat_module_name(config_cls.__module__)}.{config_cls.__name__}"
+    base = type(model.base_model) if model.base_model is not model else type(model)
+    auto_map = {"AutoConfig": config_ref, "AutoModel": f"{model_module}.{base.__name__}"}
+    causal_lm = getattr(importlib.import_module(type(model).__module__), base.__name__.replace("Model", "ForCausalLM"), None)
+    if causal_lm is not None:
+        auto_map["AutoModelForCausalLM"] = f"{model_module}.{causal_lm.__name__}"
+    return auto_map
+
+
+def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:
+    """Write the flat modeling files into `save_directory` and set `model.config.auto_map`.
+
+    Returns the names of the files written.
+    """
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = bundle_sources(type(model).__module__, type(model.config).__module__)
+    for name, source in sorted(files.items()):
+        (folder / name).write_text(source, encoding="utf-8")
+    model.config.auto_map = auto_map_for(model)
+    return sorted(files)
+
+
+def read_auto_map(folder: str | os.PathLike) -> dict[str, str] | None:
+    with open(Path(folder) / "config.json", encoding="utf-8") as f:
+        return json.load(f).get("auto_map")

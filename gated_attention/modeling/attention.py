@@ -1,0 +1,185 @@
+"""Gated softmax attention, shared by the dense, MoE and hybrid families.
+
+The layer is Llama's attention (Qwen3's with `qk_norm`) plus the gate of the
+Gated Attention paper, a separate module `attn_gate` whose scores are computed
+from the same normed hidden states X that feed q/k/v:
+
+    Y' = Y * act(X W)   (multiplicative)      Y' = Y + act(X W)   (additive)
+
+Y is the tensor at the spec's position (G1..G5, see `gate_spec.py`). q/k gates
+(G4/G3) act after the projection (and q/k norm) and before RoPE; v/k gates act
+before the cache, so cached keys and values are already gated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
+
+from ..configuration.gate_spec import gate_enabled
+
+
+def ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """The paper's non-sparse sigmoid, in [0.5, 1]."""
+    return 0.5 + 0.5 * torch.sigmoid(x)
+
+
+GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "ns_sigmoid": ns_sigmoid,
+}
+
+
+class AttentionGate(nn.Module):
+    """Gate scores `act(X W + b)` (or `act(c)` for an input-independent gate).
+
+    `forward(x)` returns scores shaped to broadcast against the gated tensor:
+    `[B, T, H, D]` (elementwise), `[B, T, H, 1]` (headwise); H becomes 1 when
+    `head_shared`; G5 ("dense") returns `[B, T, hidden_size]`.
+    """
+
+    def __init__(self, spec: dict, hidden_size: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.position = spec["position"]
+        self.mode = spec["mode"]
+        self.activation = spec["activation"]
+        self.act_fn = GATE_ACTIVATIONS[spec["activation"]]
+        if self.position == "dense":
+            self.score_shape: tuple[int, ...] = (hidden_size,)
+        else:
+            heads = 1 if spec["head_shared"] else num_heads
+            width = head_dim if spec["granularity"] == "elementwise" else 1
+            self.score_shape = (heads, width)
+        out_features = 1
+        for n in self.score_shape:
+            out_features *= n
+        self.in_features, self.out_features = hidden_size, out_features
+        self.input_dependent = spec["input_dependent"]
+        if self.input_dependent:
+            self.weight = nn.Parameter(torch.empty(out_features, hidden_size))
+            self.bias = nn.Parameter(torch.zeros(out_features)) if spec["bias"] else None
+        else:
+            # Zero logits: every score starts at act(0), as in the paper's ablation.
+            self.logits = nn.Parameter(torch.zeros(out_features))
+
+    def gate_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-activation scores `[B, T, *score_shape]`."""
+        if self.input_dependent:
+            logits = F.linear(x, self.weight, self.bias)
+        else:
+            logits = self.logits.to(x.dtype).expand(*x.shape[:-1], self.out_features)
+        return logits.view(*x.shape[:-1], *self.score_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act_fn(self.gate_logits(x))
+
+    def combine(self, y: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return y * scores if self.mode == "multiplicative" else y + scores
+
+    def extra_repr(self) -> str:
+        kind = "input-dependent" if self.input_dependent else "input-independent"
+        return f"position={self.position}, scores={self.score_shape}, {self.mode}, {self.activation}, {kind}"
+
+
+class GatedAttention(nn.Module):
+    """Multi-head (GQA) attention with an optional output or projection gate.
+
+    Parameter names are Llama's (`q_proj`, `k_proj`, `v_proj`, `o_proj`) and
+    Qwen3's (`q_norm`, `k_norm`), so their checkpoints load unchanged.
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        layer_type = config.layer_types[layer_idx] if config.layer_types else "full_attention"
+        self.sliding_window = config.sliding_window if layer_type == "sliding_attention" else None
+
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        if config.qk_norm:
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+        spec = config.attn_gate
+        self.gate_position = spec["position"] if gate_enabled(spec) else None
+        if self.gate_position is not None:
+            heads = self.num_key_value_heads if self.gate_position in ("key", "value") else self.num_heads
+            self.attn_gate = AttentionGate(spec, hidden, heads, self.head_dim)
+        if config.attn_output_norm == "rmsnorm":
+            self.attn_output_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.attn_output_act = F.silu if config.attn_output_activation == "silu" else None
+
+    def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.gate_position != position:
+            return y
+        return self.attn_gate.combine(y, self.attn_gate(x))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = hidden_states
+        input_shape = x.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+
+        q = self.q_proj(x).view(hidden_shape)  # [B, T, HQ, D]
+        k = self.k_proj(x).view(hidden_shape)  # [B, T, HKV, D]
+        v = self.v_proj(x).view(hidden_shape)  # [B, T, HKV, D]
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self._gate("query", x, q)
+        k = self._gate("key", x, k)
+        v = self._gate("value", x, v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
+
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            **kwargs,
+        )  # attn_output: [B, T, HQ, D]
+
+        if self.config.attn_output_norm == "rmsnorm":
+            attn_output = self.attn_output_norm(attn_output)
+        if self.attn_output_act is not None:
+            attn_output = self.attn_output_act(attn_output)
+        attn_output = self._gate("sdpa", x, attn_output)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()  # [B, T, HQ * D]
+        attn_output = self.o_proj(attn_output)
+        attn_output = self._gate("dense", x, attn_output)
+        return attn_output, attn_weights

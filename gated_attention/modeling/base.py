@@ -1,0 +1,54 @@
+"""Pieces every model family shares: the pre-trained base with remote-code saving."""
+
+from __future__ import annotations
+
+import os
+
+from transformers import PreTrainedModel
+from transformers.initialization import normal_, zeros_
+
+from .attention import AttentionGate
+
+try:
+    from gated_attention.hub.remote_code import write_remote_code
+except ImportError:  # running from a remote-code copy, where transformers copies the files itself
+    write_remote_code = None
+
+
+class GatedPreTrainedModel(PreTrainedModel):
+    """Adds the gate's init and the remote-code bundle to `save_pretrained`.
+
+    Saved from the installed package, a checkpoint gets flat copies of the
+    modeling files and an `auto_map`, so `from_pretrained(...,
+    trust_remote_code=True)` works where `gated_attention` is not installed. A
+    model that was itself loaded as remote code has `_auto_class` set, and
+    transformers copies its (already flat) files.
+    """
+
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, AttentionGate):
+            if module.input_dependent:
+                normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+                if module.bias is not None:
+                    zeros_(module.bias)
+            else:
+                zeros_(module.logits)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
+        bundle = write_remote_code is not None and self._auto_class is None
+        if bundle:
+            write_remote_code(save_directory, self)  # also sets config.auto_map before config.json is written
+        repo_id = kwargs.pop("repo_id", None)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if push_to_hub:
+            from huggingface_hub import upload_folder
+
+            upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
