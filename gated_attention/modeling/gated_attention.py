@@ -65,12 +65,16 @@ class GatedAttentionPreTrainedModel(GatedPreTrainedModel):
 
 
 class GatedAttentionModel(GatedAttentionPreTrainedModel):
+    # Families that change only the layer (e.g. the MoE model) or the output type set these.
+    decoder_layer_class: type[nn.Module] = GatedAttentionDecoderLayer
+    output_class: type[BaseModelOutputWithPast] = BaseModelOutputWithPast
+
     def __init__(self, config: GatedAttentionConfig):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList(GatedAttentionDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
@@ -128,7 +132,7 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
+        return self.output_class(last_hidden_state=hidden_states, cache=cache if use_cache else None)
 
 
 class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GenerationMixin):
