@@ -2,7 +2,8 @@
 
 Field names are transformers' Llama/Qwen names, so a Llama, Mistral, Qwen2 or
 Qwen3 `config.json` maps onto this config key for key (see `convert/`). On top
-of them: `qk_norm` (Qwen3), `sliding_window` (Mistral/Qwen2; None = off), the
+of them: `qkv_bias` (Qwen2: bias on q/k/v but not o_proj, whereas
+`attention_bias` is Llama's bias on all four), `qk_norm` (Qwen3), `sliding_window` (Mistral/Qwen2; None = off), the
 gate spec `attn_gate` (see `gate_spec.py`) and the paper's two non-gate
 ablations on the SDPA output.
 """
@@ -67,6 +68,7 @@ class GatedAttentionConfig(PreTrainedConfig):
     tie_word_embeddings: bool = False
     rope_parameters: RopeParameters | dict | None = None
     attention_bias: bool = False
+    qkv_bias: bool = False
     attention_dropout: float | int = 0.0
     mlp_bias: bool = False
     qk_norm: bool = False

@@ -110,9 +110,10 @@ class GatedAttention(nn.Module):
         self.sliding_window = config.sliding_window if layer_type == "sliding_attention" else None
 
         hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
+        qkv_bias = bias or config.qkv_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         if config.qk_norm:
             self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)

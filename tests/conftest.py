@@ -1,0 +1,40 @@
+"""Shared test helpers.
+
+`run_without_package` runs Python code in a fresh interpreter in which
+`gated_attention` cannot be imported (sys.modules entry set to None, cwd
+outside the repository), the setting of a user who loads a checkpoint from the
+Hub with `trust_remote_code=True` and has never installed this package.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+BLOCK_PACKAGE = "import sys; sys.modules['gated_attention'] = None\n"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def run_without_package(tmp_path):
+    def run(code: str, timeout: float = 300) -> str:
+        script = tmp_path / "isolated.py"
+        script.write_text(BLOCK_PACKAGE + textwrap.dedent(code))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["HF_HUB_OFFLINE"] = "1"
+        proc = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert proc.returncode == 0, f"isolated run failed:\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    return run

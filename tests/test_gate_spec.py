@@ -1,0 +1,72 @@
+"""The gate spec: normalisation, aliases and the documented errors."""
+
+import json
+
+import pytest
+
+from gated_attention import DEFAULT_GATE_SPEC, GatedAttentionConfig, normalize_gate_spec
+
+
+def test_defaults_are_the_papers_g1_gate():
+    assert normalize_gate_spec({}) == DEFAULT_GATE_SPEC
+    assert DEFAULT_GATE_SPEC["position"] == "sdpa"
+    assert DEFAULT_GATE_SPEC["activation"] == "sigmoid"
+    assert DEFAULT_GATE_SPEC["mode"] == "multiplicative"
+
+
+def test_none_is_the_ungated_baseline():
+    assert normalize_gate_spec(None)["position"] is None
+    assert GatedAttentionConfig(attn_gate=None).attn_gate["position"] is None
+
+
+@pytest.mark.parametrize(
+    "alias, position", [("G1", "sdpa"), ("G2", "value"), ("G3", "key"), ("g4", "query"), ("G5", "dense")]
+)
+def test_aliases(alias, position):
+    assert normalize_gate_spec({"position": alias})["position"] == position
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"colour": "red"}, "unknown key 'colour'; allowed keys: position, granularity"),
+        ({"position": "G6"}, "attn_gate.position='G6' is not allowed; allowed values: 'sdpa', 'value'"),
+        ({"granularity": "channelwise"}, "attn_gate.granularity='channelwise' is not allowed"),
+        ({"mode": "mult"}, "attn_gate.mode='mult' is not allowed; allowed values: 'multiplicative', 'additive'"),
+        ({"activation": "tanh"}, "attn_gate.activation='tanh' is not allowed; allowed values: 'sigmoid'"),
+        ({"head_shared": "yes"}, "attn_gate.head_shared='yes' is not allowed; allowed values: true, false"),
+        ({"activation": "silu"}, "activation='silu' is unbounded and needs mode='additive'"),
+        ({"mode": "additive"}, "activation='sigmoid' is not allowed with mode='additive'; allowed values: 'silu'"),
+        ({"position": "G5", "granularity": "headwise"}, "need a per-head position"),
+        ({"position": "dense", "head_shared": True}, "need a per-head position"),
+        ({"input_dependent": False, "bias": True}, "bias=true needs input_dependent=true"),
+    ],
+)
+def test_bad_specs_raise_naming_key_and_allowed_values(spec, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        GatedAttentionConfig(attn_gate=spec)
+
+
+def test_non_dict_spec():
+    with pytest.raises(ValueError, match="attn_gate must be a dict or null"):
+        normalize_gate_spec("G1")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("attn_output_norm", "layernorm", "attn_output_norm='layernorm' is not allowed; allowed values: null, 'rmsnorm'"),
+        ("attn_output_activation", "gelu", "attn_output_activation='gelu' is not allowed; allowed values: null, 'silu'"),
+    ],
+)
+def test_bad_output_ablations(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        GatedAttentionConfig(**{field: value})
+
+
+def test_spec_survives_json(tmp_path):
+    config = GatedAttentionConfig(attn_gate={"position": "G2", "granularity": "headwise", "bias": True})
+    config.save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())["attn_gate"]
+    assert stored == config.attn_gate
+    assert GatedAttentionConfig.from_pretrained(tmp_path).attn_gate == config.attn_gate
