@@ -17,6 +17,7 @@ from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 from .gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec, validate_attn_output_ablations
+from .presets import from_preset
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -80,6 +81,9 @@ class GatedAttentionConfig(PreTrainedConfig):
     pad_token_id: int | None = None
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
+
+    # Named shapes from the papers (see `presets.py`), e.g. `from_preset("dense-1.7b")`.
+    from_preset = classmethod(from_preset)
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
