@@ -8,12 +8,16 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration.gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec
 from .configuration.gated_attention import GatedAttentionConfig
+from .configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .modeling.gated_attention import GatedAttentionForCausalLM, GatedAttentionModel
+from .modeling.gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel
+from .modeling.moe import GlobalLoadBalancer
 
 __version__ = "0.1.0"
 
 _REGISTRY = [
     (GatedAttentionConfig, GatedAttentionModel, GatedAttentionForCausalLM),
+    (GatedAttentionMoeConfig, GatedAttentionMoeModel, GatedAttentionMoeForCausalLM),
 ]
 for _config, _model, _causal_lm in _REGISTRY:
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
@@ -25,5 +29,9 @@ __all__ = [
     "GatedAttentionConfig",
     "GatedAttentionForCausalLM",
     "GatedAttentionModel",
+    "GatedAttentionMoeConfig",
+    "GatedAttentionMoeForCausalLM",
+    "GatedAttentionMoeModel",
+    "GlobalLoadBalancer",
     "normalize_gate_spec",
 ]

@@ -1,0 +1,159 @@
+"""MoE causal LM with gated softmax attention (the paper's 15B-A2.5B family).
+
+The dense model with its MLPs swapped for `moe.SparseMoeBlock` on the sparse
+layers; everything else (attention and gate, norms, masks, cache) is the dense
+model's. Parameter names are transformers' Qwen3-MoE, so with the gate off and
+`qk_norm=True` a `Qwen3MoeForCausalLM` state dict loads with `strict=True` and
+gives the same logits and `aux_loss`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.initialization import normal_
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder
+
+from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
+from .attention import GatedAttention
+from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
+from .moe import GlobalLoadBalancer, SparseMoeBlock, is_sparse_layer, load_balancing_loss, router_z_loss
+
+
+class GatedAttentionMoeDecoderLayer(GatedAttentionDecoderLayer):
+    """The dense layer (same forward) with a sparse MoE block as `mlp` on sparse layers."""
+
+    def __init__(self, config: GatedAttentionMoeConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        if is_sparse_layer(config, layer_idx):
+            # Replaces the dense MLP the parent built (free under from_pretrained's meta-device init).
+            self.mlp = SparseMoeBlock(config)
+
+
+class GatedAttentionMoePreTrainedModel(GatedAttentionPreTrainedModel):
+    config: GatedAttentionMoeConfig
+    config_class = GatedAttentionMoeConfig
+    _no_split_modules = ["GatedAttentionMoeDecoderLayer"]
+    _can_record_outputs = {
+        "router_logits": OutputRecorder(Qwen3MoeTopKRouter, index=0),
+        "hidden_states": GatedAttentionMoeDecoderLayer,
+        "attentions": GatedAttention,
+    }
+
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers guesses this by looking for `@use_experts_implementation` in the model's module; our experts
+        # are transformers' Qwen3MoeExperts, which carry it, so eager / grouped_mm / ... all apply.
+        return True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, Qwen3MoeExperts):
+            normal_(module.gate_up_proj, mean=0.0, std=std)
+            normal_(module.down_proj, mean=0.0, std=std)
+        elif isinstance(module, Qwen3MoeTopKRouter):
+            normal_(module.weight, mean=0.0, std=std)
+
+
+class GatedAttentionMoeModel(GatedAttentionMoePreTrainedModel, GatedAttentionModel):
+    decoder_layer_class = GatedAttentionMoeDecoderLayer
+    output_class = MoeModelOutputWithPast  # router_logits are filled in by output capturing
+
+
+@dataclass
+class GatedAttentionMoeCausalLMOutput(MoeCausalLMOutputWithPast):
+    """transformers' MoE output plus the router z-loss (`aux_loss` is the load-balancing loss)."""
+
+    z_loss: torch.Tensor | None = None
+
+
+class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config: GatedAttentionMoeConfig):
+        super().__init__(config)
+        self.model = GatedAttentionMoeModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_router_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        load_balancer: GlobalLoadBalancer | None = None,
+        **kwargs,
+    ) -> GatedAttentionMoeCausalLMOutput:
+        r"""
+        load_balancer (`GlobalLoadBalancer`, *optional*):
+            Computes the load-balancing loss over the global batch (see `gated_attention.modeling.moe`) instead
+            of over this batch alone.
+        """
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        outputs: MoeModelOutputWithPast = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_router_logits=output_router_logits,
+            **kwargs,
+        )
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+
+        aux_loss = z_loss = None
+        if output_router_logits and outputs.router_logits:
+            token_mask = _token_mask(attention_mask, outputs.last_hidden_state.shape[1])
+            if load_balancer is not None:
+                aux_loss = load_balancer(outputs.router_logits, token_mask)
+            else:
+                aux_loss = load_balancing_loss(outputs.router_logits, self.config.num_experts_per_tok, token_mask)
+            z_loss = router_z_loss(outputs.router_logits, token_mask)
+            if loss is not None:
+                router_loss = self.config.router_aux_loss_coef * aux_loss + self.config.router_z_loss_coef * z_loss
+                loss = loss + router_loss.to(loss.device)
+        return GatedAttentionMoeCausalLMOutput(
+            loss=loss,
+            aux_loss=aux_loss,
+            z_loss=z_loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            router_logits=outputs.router_logits,
+        )
+
+
+def _token_mask(attention_mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
+    """The `[B, T]` real-token mask of the current tokens, from a 2-D padding mask (which, with a cache, also
+    covers the past); None for 4-D or absent masks, which then count every token."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return None
+    return attention_mask[:, -seq_len:]
