@@ -1,0 +1,226 @@
+"""Embedded training data: text that ships with Python, a BPE tokenizer trained on it, packing.
+
+The corpus needs nothing downloaded: the documentation topics of
+`pydoc_data.topics` (English prose about Python) and the source files of the
+standard library's top-level modules (code with docstrings). Each topic or file
+is one document. Documents are ordered by a hash of their name (which mixes
+prose and code, so any prefix of the order is a fair sample) and split by the
+same hash: one document in ten goes to validation. Both are fixed for a given
+Python installation; `corpus_fingerprint` names the exact text.
+
+The tokenizer is byte-level BPE (any text encodes, nothing is unknown), trained
+with `tokenizers` the first time it is asked for and cached under
+`cache_dir()`, as a normal `tokenizer.json` + `tokenizer_config.json` that
+`AutoTokenizer.from_pretrained` loads. It prepends `<|bos|>` when called with
+`add_special_tokens=True`, as the models were trained.
+
+Packing (`pack`) cuts the token stream (documents joined by `<|eos|>`) into
+fixed-length rows that each start with `<|bos|>`: real pretraining data starts
+every sequence with the same token, and that consistent first token is where
+attention sinks form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2: the defaults of GatedAttentionConfig / LlamaConfig
+VALIDATION_EVERY = 10  # one document in ten (by name hash) is validation
+_TOKENIZER_FORMAT = 1  # bump when the tokenizer recipe changes, so old caches are not reused
+
+
+def cache_dir() -> Path:
+    """`$GATED_ATTENTION_CACHE`, else `$XDG_CACHE_HOME/gated-attention` (default `~/.cache/gated-attention`)."""
+    if os.environ.get("GATED_ATTENTION_CACHE"):
+        return Path(os.environ["GATED_ATTENTION_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg).expanduser() / "gated-attention"
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+
+
+def _name_hash(name: str) -> int:
+    return int.from_bytes(hashlib.sha1(name.encode("utf-8")).digest()[:8], "big")
+
+
+def _pydoc_topics() -> list[Document]:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions ship Python without pydoc_data
+        return []
+    return [Document(f"pydoc:{key}", text) for key, text in topics.items()]
+
+
+def _stdlib_sources() -> list[Document]:
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(folder.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if text.strip():
+            docs.append(Document(f"stdlib:{path.name}", text))
+    return docs
+
+
+def corpus_documents() -> list[Document]:
+    """Every document of the embedded corpus, in the fixed (name-hash) order."""
+    docs = _pydoc_topics() + _stdlib_sources()
+    if not docs:
+        raise RuntimeError("no embedded corpus: this Python has neither pydoc_data nor standard-library sources")
+    return sorted(docs, key=lambda d: (_name_hash(d.name), d.name))
+
+
+def corpus_split(split: str, max_chars: int | None = None) -> list[Document]:
+    """The `"train"` or `"validation"` documents, optionally only a prefix of about `max_chars` characters.
+
+    The prefix keeps whole documents and always at least one.
+    """
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+    want_val = split == "validation"
+    docs = [d for d in corpus_documents() if (_name_hash(d.name) % VALIDATION_EVERY == 0) == want_val]
+    if max_chars is None:
+        return docs
+    out, total = [], 0
+    for d in docs:
+        if out and total + len(d.text) > max_chars:
+            break
+        out.append(d)
+        total += len(d.text)
+    return out
+
+
+def load_text_files(paths: Iterable[str | os.PathLike]) -> list[Document]:
+    """Plain-text files as documents (a folder means every `*.txt` in it, sorted)."""
+    docs = []
+    for p in map(Path, paths):
+        files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
+        for f in files:
+            docs.append(Document(str(f), f.read_text(encoding="utf-8", errors="replace")))
+    if not docs:
+        raise FileNotFoundError(f"no text files found in {[str(p) for p in paths]}")
+    return docs
+
+
+def corpus_fingerprint(documents: Sequence[Document]) -> str:
+    h = hashlib.sha256()
+    for d in documents:
+        h.update(d.name.encode("utf-8") + b"\0" + d.text.encode("utf-8") + b"\0")
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def train_tokenizer(documents: Sequence[Document], vocab_size: int):
+    """Train a byte-level BPE tokenizer; returns a `PreTrainedTokenizerFast`.
+
+    Ids 0, 1, 2 are `<|pad|>`, `<|bos|>`, `<|eos|>`; the 256 byte symbols come
+    next, so `vocab_size` must be at least 259 (259 is a pure byte-level model).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be at least {len(alphabet) + len(SPECIAL_TOKENS)} for byte-level BPE")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tok.train_from_iterator((d.text for d in documents), trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+
+
+def tokenizer_path(vocab_size: int = 4096, max_chars: int | None = None, cache: str | os.PathLike | None = None) -> Path:
+    """Folder of the embedded tokenizer; trained and saved there the first time."""
+    docs = corpus_split("train", max_chars)
+    key = f"v{_TOKENIZER_FORMAT}-bpe{vocab_size}-{corpus_fingerprint(docs)}"
+    folder = Path(cache or cache_dir()) / "tokenizers" / key
+    if not (folder / "tokenizer.json").exists():
+        tokenizer = train_tokenizer(docs, vocab_size)
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        tokenizer.save_pretrained(tmp)
+        (tmp / "corpus.json").write_text(
+            json.dumps({"documents": len(docs), "characters": sum(len(d.text) for d in docs)}), encoding="utf-8"
+        )
+        try:
+            tmp.rename(folder)  # atomic: a concurrent process either wins or finds the folder complete
+        except OSError:
+            if not (folder / "tokenizer.json").exists():
+                raise
+    return folder
+
+
+def load_tokenizer(vocab_size: int = 4096, max_chars: int | None = None, cache: str | os.PathLike | None = None):
+    """The embedded-corpus tokenizer (trained on the train split, or its `max_chars` prefix)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_path(vocab_size, max_chars, cache))
+
+
+# ---------------------------------------------------------------------------------------------
+# Token streams and packing
+
+
+def token_stream(tokenizer, documents: Sequence[Document]) -> np.ndarray:
+    """All documents' token ids, each followed by EOS, as one int32 array."""
+    eos = tokenizer.eos_token_id
+    encoded = tokenizer([d.text for d in documents], add_special_tokens=False)["input_ids"]
+    pieces = [np.asarray(ids + [eos], dtype=np.int32) for ids in encoded]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+
+
+def pack(stream: np.ndarray, seq_len: int, bos_id: int, max_rows: int | None = None) -> torch.Tensor:
+    """Cut `stream` into rows `[N, seq_len]`, each `bos_id` followed by `seq_len - 1` stream tokens.
+
+    The tail that does not fill a row is dropped.
+    """
+    if seq_len < 2:
+        raise ValueError("seq_len must be at least 2 (BOS plus one token)")
+    body = seq_len - 1
+    n = len(stream) // body
+    if max_rows is not None:
+        n = min(n, max_rows)
+    rows = torch.from_numpy(np.asarray(stream[: n * body], dtype=np.int64)).view(n, body)  # [N, T-1]
+    bos = torch.full((n, 1), bos_id, dtype=torch.int64)
+    return torch.cat([bos, rows], dim=1)  # [N, T]
+
+
+def corpus_tokens(tokenizer, split: str, max_chars: int | None = None) -> np.ndarray:
+    """The token stream of an embedded-corpus split, cached beside the tokenizer when it has a folder."""
+    docs = corpus_split(split, max_chars)
+    folder = Path(tokenizer.name_or_path) if tokenizer.name_or_path else None
+    if folder is None or not (folder / "tokenizer.json").exists():
+        return token_stream(tokenizer, docs)
+    path = folder / f"tokens-{split}-{corpus_fingerprint(docs)}.npy"
+    if path.exists():
+        return np.load(path)
+    stream = token_stream(tokenizer, docs)
+    tmp = path.with_name(path.stem + f".tmp{os.getpid()}.npy")
+    np.save(tmp, stream)
+    os.replace(tmp, path)
+    return stream
