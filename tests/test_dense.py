@@ -330,6 +330,7 @@ def test_remote_code_bundle_loads_without_the_package(tmp_path, run_without_pack
     assert sorted(p.name for p in folder.glob("*.py")) == [
         "configuration_gate_spec.py",
         "configuration_gated_attention.py",
+        "configuration_presets.py",
         "modeling_attention.py",
         "modeling_base.py",
         "modeling_gated_attention.py",
