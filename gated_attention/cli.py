@@ -14,6 +14,9 @@ import os
 import sys
 
 _COMMAND_MODULES = [
+    "gated_attention.convert.cli",
+    "gated_attention.analysis.cli",
+    "gated_attention.quickstart",
 ]
 
 

@@ -1,0 +1,156 @@
+"""`gated-attention convert | extend | export`."""
+
+from __future__ import annotations
+
+import argparse
+
+from .sources import ConversionError
+
+_INIT_HELP = (
+    "exact (default): gate weight 0 so every score is sigmoid(0) = 0.5, and o_proj doubled; the logits are "
+    "bit-identical to SRC's. bias: gate bias +10 so every score is sigmoid(10) = 0.99995 and o_proj unchanged; "
+    "near-identity, NOT exact, and the gate's gradient is tiny at first (scaled by sigmoid'(10) = 4.5e-5)"
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
+    p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when available)")
+    p.add_argument("dst", metavar="DST", help="output folder; written beside itself and renamed when complete")
+    if dtype:
+        p.add_argument(
+            "--dtype",
+            choices=["auto", "float32", "bfloat16", "float16"],
+            default="auto",
+            help="dtype of the written floating-point weights (default: as stored in SRC)",
+        )
+    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading both models to compare logits (for models too large to load twice)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest output shard (default 5GB)")
+    p.add_argument("--revision", default=None, help="Hub revision when SRC is a repo id")
+
+
+def _add_rope(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("RoPE / YaRN")
+    g.add_argument("--rope-theta", type=float, default=None, help="new RoPE base (rope_theta)")
+    g.add_argument("--yarn-factor", type=float, default=None, help="YaRN context extension factor (> 1)")
+    g.add_argument(
+        "--original-max-position-embeddings",
+        type=_positive_int,
+        default=None,
+        help="context length SRC was trained at; required with --yarn-factor (YaRN's ramp is computed from it)",
+    )
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert",
+        help="convert a Llama/Mistral/Qwen2/Qwen3 checkpoint into a gated model with unchanged outputs",
+        description="Convert a checkpoint into a gated-attention model. With the default --init exact the "
+        "result's logits are bit-identical to SRC's. One tensor is in memory at a time.",
+    )
+    _add_common(p)
+    p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise", help="gate granularity (default elementwise)")
+    p.add_argument("--init", choices=["exact", "bias"], default="exact", help=_INIT_HELP)
+    p.add_argument("--allow-pickle", action="store_true", help="read pytorch_model*.bin with torch.load(weights_only=True)")
+    _add_rope(p)
+    p.set_defaults(func=run_convert)
+
+    p = subparsers.add_parser(
+        "extend",
+        help="RoPE base change and/or YaRN on a gated checkpoint",
+        description="Write a copy of a gated checkpoint with new rope_parameters (weights unchanged).",
+    )
+    _add_common(p)
+    _add_rope(p)
+    p.set_defaults(func=run_extend)
+
+    p = subparsers.add_parser(
+        "export",
+        help="gated model -> a transformers-native architecture, where the mapping is exact",
+        description="Export a gated dense model to transformers' native Qwen3.5 text layout (Qwen3_5ForCausalLM): "
+        "gate interleaved into q_proj per head, (1 + w) norms, full rotary. Refuses, saying why, where that is not exact.",
+    )
+    _add_common(p, dtype=False)
+    p.add_argument("--format", choices=["qwen3_5"], required=True, help="target architecture")
+    p.set_defaults(func=run_export)
+
+
+def _rope_change(args):
+    from .rope import RopeChange
+
+    return RopeChange(args.rope_theta, args.yarn_factor, args.original_max_position_embeddings)
+
+
+def _cli_error(e: ConversionError):
+    from ..cli import CLIError
+
+    return CLIError(str(e))
+
+
+def run_convert(args) -> int:
+    from .convert import convert_checkpoint
+
+    try:
+        convert_checkpoint(
+            args.src,
+            args.dst,
+            gate=args.gate,
+            init=args.init,
+            dtype=args.dtype,
+            rope=_rope_change(args),
+            overwrite=args.overwrite,
+            allow_pickle=args.allow_pickle,
+            verify=args.verify,
+            max_shard_size=args.max_shard_size,
+            revision=args.revision,
+        )
+    except ConversionError as e:
+        raise _cli_error(e) from None
+    return 0
+
+
+def run_extend(args) -> int:
+    from .convert import extend_checkpoint
+
+    try:
+        extend_checkpoint(
+            args.src,
+            args.dst,
+            rope=_rope_change(args),
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            verify=args.verify,
+            max_shard_size=args.max_shard_size,
+            revision=args.revision,
+        )
+    except ConversionError as e:
+        raise _cli_error(e) from None
+    return 0
+
+
+def run_export(args) -> int:
+    from .export import export_checkpoint
+
+    try:
+        export_checkpoint(
+            args.src,
+            args.dst,
+            format=args.format,
+            overwrite=args.overwrite,
+            verify=args.verify,
+            max_shard_size=args.max_shard_size,
+            revision=args.revision,
+        )
+    except ConversionError as e:
+        raise _cli_error(e) from None
+    return 0

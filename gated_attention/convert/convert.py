@@ -1,0 +1,308 @@
+"""The streaming converter behind `gated-attention convert` and `gated-attention extend`.
+
+    SRC --(headers, config)--> plan --(one tensor at a time)--> staging folder --verify--> DST
+
+Everything that can be wrong with SRC (config, family, shards, shapes) is
+checked while planning, before a byte is written. The staging folder becomes
+DST only after the weights, config, remote code, side files and model card are
+written and, unless `verify=False`, the logits have been compared.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from .. import __version__
+from ..configuration.gate_spec import DEFAULT_GATE_SPEC
+from ..hub.model_card import base_model_fields, options_rows, write_model_card
+from ..hub.remote_code import write_remote_code
+from .families import (
+    GATED_MODEL_TYPES,
+    GATE_BIAS_INIT,
+    detect_family,
+    dense_config,
+    load_source_config,
+    plan_dense,
+)
+from .rope import RopeChange, apply_rope_change, rope_frequencies
+from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
+from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+VERIFY_TOKENS = 32
+
+
+@dataclass
+class Result:
+    dst: Path
+    shards: list[str]
+    max_abs_diff: float | None = None  # None when not verified
+    notes: list[str] = field(default_factory=list)
+
+
+def _gate_spec(gate: str, init: str) -> dict:
+    if gate not in ("elementwise", "headwise"):
+        raise ConversionError(f"--gate {gate!r} is not supported; choose elementwise or headwise")
+    if init not in ("exact", "bias"):
+        raise ConversionError(f"--init {init!r} is not supported; choose exact or bias")
+    # Exact init needs no bias (score = sigmoid(0) from a zero weight); the bias init is the bias.
+    return {**DEFAULT_GATE_SPEC, "position": "sdpa", "granularity": gate, "bias": init == "bias"}
+
+
+def _requested_dtype(dtype: str | None) -> torch.dtype | None:
+    if dtype in (None, "auto"):
+        return None
+    if dtype not in DTYPES:
+        raise ConversionError(f"--dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _meta_model(config):
+    """The target model on the meta device: its state dict gives names and shapes, no memory."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _config_dtype(outputs: list[OutputTensor], requested: torch.dtype | None, source_dtype) -> str:
+    if requested is not None:
+        return str(requested).removeprefix("torch.")
+    if source_dtype:
+        return str(source_dtype).removeprefix("torch.")
+    floats = [o for o in outputs if o.dtype.is_floating_point]
+    dominant = max(floats, key=lambda o: o.nbytes).dtype if floats else torch.float32
+    return str(dominant).removeprefix("torch.")
+
+
+def _write_config_and_code(stage: Path, model, dtype_name: str) -> None:
+    write_remote_code(stage, model)  # flat modeling files; sets model.config.auto_map
+    config = model.config
+    config.architectures = [type(model).__name__]
+    config.dtype = dtype_name
+    config.save_pretrained(stage)
+
+
+# --- verification ----------------------------------------------------------------------------------
+
+
+def verification_ids(vocab_size: int, max_positions: int) -> torch.Tensor:
+    """A fixed prompt `[1, T]`: the same token ids on every machine, no tokenizer needed."""
+    g = torch.Generator().manual_seed(1234)
+    return torch.randint(0, vocab_size, (1, min(VERIFY_TOKENS, max_positions)), generator=g)
+
+
+@torch.no_grad()
+def compare_logits(reference, result, vocab_size: int, max_positions: int) -> tuple[float, bool]:
+    """Max |logits difference| on the fixed prompt, and whether the logits are bit-identical."""
+    ids = verification_ids(vocab_size, max_positions)
+    a = reference.eval()(ids).logits
+    b = result.eval()(ids).logits
+    return (a.float() - b.float()).abs().max().item(), torch.equal(a, b)
+
+
+def _load(folder: Path, dtype: torch.dtype | None, **config_overrides):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or "auto", **config_overrides)
+
+
+def _verify(src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log) -> float:
+    log("verifying: loading SRC and the result, comparing logits on a fixed prompt")
+    reference = _load(src_folder, dtype, **overrides)
+    result = _load(stage, dtype)
+    diff, equal = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
+    del reference, result
+    if exact:
+        log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else ""))
+        if not equal:
+            raise ConversionError(f"verification failed: exact conversion changed the logits (max abs diff {diff:g})")
+    else:
+        log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g} (--init bias is near-identity, not exact)")
+    return diff
+
+
+# --- convert -----------------------------------------------------------------------------------------
+
+
+def convert_checkpoint(
+    src: str,
+    dst: str | Path,
+    *,
+    gate: str = "elementwise",
+    init: str = "exact",
+    dtype: str | None = None,
+    rope: RopeChange = RopeChange(),
+    overwrite: bool = False,
+    allow_pickle: bool = False,
+    verify: bool = True,
+    max_shard_size: int | str = "5GB",
+    revision: str | None = None,
+    log=print,
+) -> Result:
+    """Convert a Llama / Mistral / Qwen2 / Qwen3 checkpoint into a gated model.
+
+    With `init="exact"` the result's logits are bit-identical to the source's
+    (checked when `verify`), in the source dtype or in `dtype`.
+    """
+    gate_spec = _gate_spec(gate, init)
+    requested = _requested_dtype(dtype)
+    folder = resolve_source(src, revision=revision, allow_pickle=allow_pickle)
+    dst = Path(dst)
+    check_destination(folder, dst, overwrite)
+    family = detect_family(read_config_dict(folder))
+    ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
+    src_config = load_source_config(folder, family)
+
+    config = dense_config(src_config, family, gate_spec)
+    rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
+    config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
+    model = _meta_model(config)
+    outputs = plan_dense(ckpt, model, init=init, dtype=requested)
+    dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
+
+    log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
+    result = Result(dst, [])
+    with staged_folder(dst, overwrite) as stage:
+        result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="converting")
+        _write_config_and_code(stage, model, dtype_name)
+        copy_side_files(folder, stage)
+        _write_card(stage, src, family.name, gate, init, dtype_name, rope, model.config, command="convert")
+        if verify:
+            overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+            result.max_abs_diff = _verify(folder, stage, config, requested, overrides, init == "exact", log)
+    log(f"wrote {dst} ({len(result.shards)} shard{'s' * (len(result.shards) > 1)})")
+    return result
+
+
+# --- extend ------------------------------------------------------------------------------------------
+
+
+def extend_checkpoint(
+    src: str,
+    dst: str | Path,
+    *,
+    rope: RopeChange,
+    dtype: str | None = None,
+    overwrite: bool = False,
+    verify: bool = True,
+    max_shard_size: int | str = "5GB",
+    revision: str | None = None,
+    log=print,
+) -> Result:
+    """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
+    import gated_attention  # noqa: F401 - registers our config classes with AutoConfig
+
+    if rope.empty:
+        raise ConversionError("nothing to do: give --rope-theta and/or --yarn-factor with --original-max-position-embeddings")
+    requested = _requested_dtype(dtype)
+    folder = resolve_source(src, revision=revision)
+    dst = Path(dst)
+    check_destination(folder, dst, overwrite)
+    config_dict = read_config_dict(folder)
+    if config_dict.get("model_type") not in GATED_MODEL_TYPES:
+        detect_family(config_dict)  # names the architecture and the supported list
+        raise ConversionError(
+            f"SRC is a {config_dict.get('model_type')} model, not a gated one; use `gated-attention convert` "
+            "with --rope-theta / --yarn-factor"
+        )
+    ckpt = SourceCheckpoint(folder)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    config.auto_map = None
+    rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
+    config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
+    model = _meta_model(config)
+    outputs = plan_dense(ckpt, model, init="copy", dtype=requested)
+    dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
+
+    log(f"extending {src} -> {dst}: {rope.describe()}")
+    result = Result(dst, [])
+    with staged_folder(dst, overwrite) as stage:
+        result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="copying")
+        _write_config_and_code(stage, model, dtype_name)
+        copy_side_files(folder, stage)
+        _write_card(stage, src, config.model_type, None, None, dtype_name, rope, model.config, command="extend")
+        if verify:
+            overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+            result.max_abs_diff = _verify(folder, stage, config, requested, overrides, True, log)
+    inv_freq, attention_factor = rope_frequencies(model.config)
+    log(f"rope: {rope_parameters['rope_type']}, attention factor {attention_factor:g}, max positions {max_positions}")
+    log(f"wrote {dst}")
+    return result
+
+
+# --- model card --------------------------------------------------------------------------------------
+
+
+def _write_card(stage, src, family_name, gate, init, dtype_name, rope: RopeChange, config, command: str) -> None:
+    options = {"source": src}
+    changed = []
+    if command == "convert":
+        options.update({"--gate": gate, "--init": init})
+        granularity = "one score per channel" if gate == "elementwise" else "one score per head"
+        changed.append(
+            f"- Every attention layer got a sigmoid output gate (G1, {gate}: {granularity}), "
+            "`self_attn.attn_gate`, computed from the same normed hidden states as q/k/v."
+        )
+        if init == "exact":
+            changed.append(
+                "- Exact init: gate weight 0, so every gate score is sigmoid(0) = 0.5 exactly, and `o_proj` "
+                "is doubled (exact in every float format). The logits equal the base model's bit for bit."
+            )
+        else:
+            changed.append(
+                f"- Bias init: gate weight 0 and gate bias {GATE_BIAS_INIT:g}, so every score is sigmoid"
+                f"({GATE_BIAS_INIT:g}) = {torch.sigmoid(torch.tensor(GATE_BIAS_INIT)).item():.7f}; `o_proj` unchanged. "
+                "Close to the base model, not equal, and the gate's gradient starts tiny (scaled by ~4.5e-5)."
+            )
+    options["--dtype"] = dtype_name
+    if rope.rope_theta is not None:
+        options["--rope-theta"] = rope.rope_theta
+    if rope.yarn_factor is not None:
+        options["--yarn-factor"] = rope.yarn_factor
+        options["--original-max-position-embeddings"] = rope.original_max_position_embeddings
+    if not rope.empty:
+        changed.append(f"- RoPE: {rope.describe()}; `rope_parameters` = `{json.dumps(config.rope_parameters)}`, "
+                       f"`max_position_embeddings` = {config.max_position_embeddings}.")
+    if command == "extend":
+        changed.append("- Weights are copied unchanged; only the position encoding changed.")
+    changed.append("- `config.json` has an `auto_map` and the modeling code sits beside the weights (remote code).")
+    title = f"{Path(str(src)).name} with gated attention" if command == "convert" else f"{Path(str(src)).name}, RoPE extended"
+    summary = (
+        f"A {family_name} checkpoint converted to gated softmax attention (the sigmoid output gate of *Gated "
+        "Attention for Large Language Models*)." if command == "convert"
+        else "A gated-attention checkpoint with its RoPE changed for a longer context."
+    )
+    how_to_load = (
+        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", trust_remote_code=True)\n'
+        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")\n```\n\n'
+        "With `pip install gated-attention`, `import gated_attention` first and drop `trust_remote_code`."
+    )
+    continue_pretraining = (
+        "The gates start where they do no harm; they only help once trained. Continue pretraining with "
+        "`accelerate launch` (see the gated-attention `examples/`), optionally with PEFT (put "
+        "`attn_gate` in `modules_to_save` or `target_modules`).\n\n"
+        "Known trap: converted gates may barely move in continued pretraining. Give the gate parameters "
+        "(`*.self_attn.attn_gate.*`) their own, larger learning rate and log the mean gate score to see whether they learn:\n\n"
+        "```python\ngate = [p for n, p in model.named_parameters() if \".attn_gate.\" in n]\n"
+        "rest = [p for n, p in model.named_parameters() if \".attn_gate.\" not in n]\n"
+        "optimizer = torch.optim.AdamW([{\"params\": rest, \"lr\": 1e-5}, {\"params\": gate, \"lr\": 1e-3}])\n```"
+    )
+    write_model_card(
+        stage,
+        "converted_model",
+        title=title,
+        summary=summary,
+        tag="converted" if command == "convert" else "rope-extended",
+        options_rows=options_rows(options),
+        what_changed="\n".join(changed),
+        how_to_load=how_to_load,
+        continue_pretraining=continue_pretraining,
+        command=f"gated-attention {command}",
+        version=__version__,
+        **base_model_fields(str(src)),
+    )

@@ -1,0 +1,196 @@
+"""Export a gated model to transformers' native Qwen3.5 text layout (`Qwen3_5ForCausalLM`).
+
+Qwen3.5's full-attention layer is our G1 elementwise sigmoid gate with the
+gate's projection stored inside `q_proj`: per head, D query rows then D gate
+rows (`[H * 2D, hidden]`, split by `chunk(2)` on a `[.., H, 2D]` view). Its
+RMSNorms multiply by `(1 + w)`, so a Llama-style norm weight w is stored as
+`w - 1`; its q/k norms always exist; its RoPE rotates the whole head when
+`partial_rotary_factor` is 1.0.
+
+Only models where every piece maps exactly are exported; anything else is
+refused with the reason (another gate position or activation, no q/k norm, a
+sliding window, a gate bias without attention biases, ...). Norm weights are
+checked one by one: `1 + (w - 1)` must give back w exactly in the stored dtype.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from .convert import Result, compare_logits
+from .families import expected_shapes
+from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
+from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
+
+FORMATS = ("qwen3_5",)
+
+
+def check_exportable(config) -> None:
+    """Raise ConversionError saying why `config` has no exact Qwen3.5 equivalent."""
+
+    def refuse(reason: str):
+        raise ConversionError(f"cannot export to qwen3_5 exactly: {reason}")
+
+    if config.model_type != "gated_attention":
+        refuse(f"model_type {config.model_type!r} is not supported (supported: gated_attention)")
+    spec = config.attn_gate
+    if spec["position"] != "sdpa":
+        refuse(f"Qwen3.5 gates the SDPA output (G1) only; this model's gate position is {spec['position']!r}")
+    if spec["mode"] != "multiplicative" or spec["activation"] != "sigmoid":
+        refuse(f"Qwen3.5's gate is a multiplicative sigmoid; this model's is {spec['mode']} {spec['activation']}")
+    if not spec["input_dependent"]:
+        refuse("Qwen3.5's gate is input-dependent; this model's gate is a learned constant")
+    if spec["bias"] and not config.attention_bias:
+        refuse("the gate has a bias, but Qwen3.5 keeps gate and query in one q_proj, which has no bias here (attention_bias=false)")
+    if not config.qk_norm:
+        refuse("Qwen3.5 always applies RMSNorm to q and k; this model has qk_norm=false")
+    if config.sliding_window is not None or any(t != "full_attention" for t in config.layer_types):
+        refuse("Qwen3.5 attention has no sliding window")
+    if config.attn_output_norm is not None or config.attn_output_activation is not None:
+        refuse("Qwen3.5 has no norm or activation on the SDPA output")
+    if config.mlp_bias:
+        refuse("Qwen3.5's MLP has no bias")
+    # qkv_bias without attention_bias (Qwen2) maps too: Qwen3.5 then gets a zero o_proj bias (adding 0 is exact).
+
+
+def qwen3_5_config(config):
+    from transformers import Qwen3_5TextConfig
+
+    rope = {**config.rope_parameters, "partial_rotary_factor": 1.0}
+    out = Qwen3_5TextConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        rms_norm_eps=config.rms_norm_eps,
+        use_cache=config.use_cache,
+        tie_word_embeddings=config.tie_word_embeddings,
+        rope_parameters=rope,
+        attention_bias=config.attention_bias or config.qkv_bias,
+        attention_dropout=config.attention_dropout,
+        layer_types=["full_attention"] * config.num_hidden_layers,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+    )
+    out.dtype = config.dtype
+    return out
+
+
+# --- tensor transforms ---------------------------------------------------------------------------------
+
+
+def _norm_minus_one(ckpt: SourceCheckpoint, name: str) -> torch.Tensor:
+    w = ckpt.read(name)
+    shifted = (w.float() - 1.0).to(w.dtype)
+    if not torch.equal(1.0 + shifted.float(), w.float()):
+        bad = (1.0 + shifted.float() != w.float()).nonzero()[0].item()
+        raise ConversionError(
+            f"cannot export to qwen3_5 exactly: norm weight {name}[{bad}] = {w[bad].item()!r} is not 1 + w for any {w.dtype} w"
+        )
+    return shifted
+
+
+def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, spec: dict, H: int, D: int) -> torch.Tensor:
+    """Interleave query and gate per head: `[H * 2D, ...]`, head h = (D query rows, D gate rows)."""
+    q = ckpt.read(q_name)
+    trailing = tuple(q.shape[1:])  # (hidden,) for weights, () for biases
+    if gate_name is None:  # no gate bias: zeros, since Qwen3.5's q_proj bias covers both halves
+        g = torch.zeros((H, D, *trailing), dtype=q.dtype)
+    else:
+        # A headwise score (one per head) or a head-shared one is the elementwise gate with repeated rows.
+        heads = 1 if spec["head_shared"] else H
+        width = D if spec["granularity"] == "elementwise" else 1
+        g = ckpt.read(gate_name).to(q.dtype).view(heads, width, *trailing).expand(H, D, *trailing)
+    out = torch.cat([q.view(H, D, *trailing), g], dim=1)  # [H, 2D, ...]
+    return out.reshape(H * 2 * D, *trailing)
+
+
+def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
+    expected = expected_shapes(model)
+    H, D = config.num_attention_heads, config.head_dim
+    outputs: list[OutputTensor] = []
+    for name, info in ckpt.tensors.items():
+        if ".attn_gate." in name or (config.tie_word_embeddings and name == "lm_head.weight"):
+            continue  # gates travel inside q_proj
+        if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
+            gate_name = name.replace("q_proj.", "attn_gate.")
+            gate_name = gate_name if gate_name in ckpt.tensors else None
+            make = partial(_q_with_gate, ckpt, name, gate_name, config.attn_gate, H, D)
+            outputs.append(OutputTensor(name, expected[name], info.dtype, make, [name]))
+            continue
+        if name.endswith("norm.weight"):
+            make = partial(_norm_minus_one, ckpt, name)
+        else:
+            make = partial(ckpt.read, name)
+        if name not in expected:
+            raise ConversionError(f"SRC tensor {name} has no place in Qwen3_5ForCausalLM")
+        if info.shape != expected[name]:
+            raise ConversionError(f"tensor {name} has shape {list(info.shape)} in SRC, Qwen3.5 expects {list(expected[name])}")
+        outputs.append(OutputTensor(name, info.shape, info.dtype, make, [name]))
+        if name.endswith("self_attn.o_proj.weight") and name.replace(".weight", ".bias") in expected:
+            bias = name.replace(".weight", ".bias")
+            if bias not in ckpt.tensors:  # Qwen2-style q/k/v bias only: Qwen3.5 has one flag for all four
+                outputs.append(OutputTensor(bias, expected[bias], info.dtype, partial(torch.zeros, expected[bias], dtype=info.dtype)))
+    missing = set(expected) - {o.name for o in outputs}
+    if missing:
+        raise ConversionError(f"SRC lacks tensor {sorted(missing)[0]}, which Qwen3_5ForCausalLM needs")
+    return outputs
+
+
+def export_checkpoint(
+    src: str,
+    dst: str | Path,
+    *,
+    format: str = "qwen3_5",
+    overwrite: bool = False,
+    verify: bool = True,
+    max_shard_size: int | str = "5GB",
+    revision: str | None = None,
+    log=print,
+) -> Result:
+    """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint."""
+    import gated_attention  # noqa: F401 - registers our config classes
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if format not in FORMATS:
+        raise ConversionError(f"--format {format!r} is not supported; supported: {', '.join(FORMATS)}")
+    folder = resolve_source(src, revision=revision)
+    dst = Path(dst)
+    check_destination(folder, dst, overwrite)
+    model_type = read_config_dict(folder).get("model_type")
+    if model_type != "gated_attention":
+        raise ConversionError(f"cannot export to qwen3_5 exactly: SRC model_type {model_type!r} is not supported (supported: gated_attention)")
+    config = AutoConfig.from_pretrained(folder)
+    check_exportable(config)
+    ckpt = SourceCheckpoint(folder)
+    target = qwen3_5_config(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(target)
+    outputs = plan_export(ckpt, config, model)
+
+    log(f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type qwen3_5_text)")
+    result = Result(dst, [])
+    with staged_folder(dst, overwrite) as stage:
+        result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="exporting")
+        target.architectures = ["Qwen3_5ForCausalLM"]
+        target.save_pretrained(stage)
+        copy_side_files(folder, stage)
+        if verify:
+            log("verifying: loading SRC (gated) and the export (native Qwen3.5), comparing logits on a fixed prompt")
+            reference = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+            native = AutoModelForCausalLM.from_pretrained(stage, dtype="auto")
+            diff, equal = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
+            result.max_abs_diff = diff
+            log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else ""))
+    log(f"wrote {dst}")
+    return result

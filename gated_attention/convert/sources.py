@@ -1,0 +1,253 @@
+"""Reading source checkpoints: a local folder or a Hub repo id, one tensor at a time.
+
+A checkpoint is a folder with `config.json` and weights as safetensors (one file
+or shards listed in `model.safetensors.index.json`) or, only with
+`allow_pickle`, PyTorch pickles (`pytorch_model*.bin`, read with
+`torch.load(weights_only=True, mmap=True)`).
+
+Safetensors shards are read with plain file reads into freshly allocated
+tensors, not through a memory map: a mapped shard counts towards the
+process's resident memory once its pages are touched, so reading a whole
+shard through `safe_open` would hold it twice (mapping plus copies). Here only
+the tensor being converted is in memory. Every header is checked before any
+output is written, so a truncated or corrupted shard is refused up front.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+PICKLE_SINGLE = "pytorch_model.bin"
+
+# safetensors dtype codes <-> torch dtypes (the format's own table)
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+TORCH_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+_MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class ConversionError(ValueError):
+    """Bad input for convert / extend / export; the message is one readable line."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one source tensor lives: file, dtype, shape and (safetensors) byte range."""
+
+    name: str
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int = 0  # absolute file offsets of the data (safetensors only)
+    end: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+
+# --- resolving SRC ------------------------------------------------------------------------------
+
+
+def resolve_source(src: str, *, revision: str | None = None, allow_pickle: bool = False) -> Path:
+    """A local folder, or a Hub repo id resolved through huggingface_hub's cache.
+
+    A cached repo resolves without any network access (`local_files_only=True`
+    first), so conversion works offline once the files are cached.
+    """
+    path = Path(src).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json)")
+        return path.resolve()
+    if src.startswith((".", "/", "~")) or not _REPO_ID.match(src):  # a path, not `owner/name`
+        raise ConversionError(f"SRC {src}: no such folder")
+
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(src, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
+        pass
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise ConversionError(f"SRC {src}: no such folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*", "LICENSE*"]
+    if allow_pickle:
+        patterns.append("*.bin")
+    try:
+        return Path(snapshot_download(src, revision=revision, allow_patterns=patterns))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConversionError(f"SRC {src}: no such folder, and the Hub could not provide it ({first_line})") from None
+
+
+def read_config_dict(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConversionError(f"SRC {folder} has no config.json; is it a transformers checkpoint folder?")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConversionError(f"SRC {folder}/config.json is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"SRC {folder}/config.json does not hold a JSON object")
+    return config
+
+
+# --- safetensors headers -----------------------------------------------------------------------
+
+
+def read_safetensors_header(file: Path) -> dict[str, TensorInfo]:
+    """Parse and check a safetensors header; every tensor must lie inside the file."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ConversionError(f"{file.name} is truncated or not a safetensors file ({size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(_MAX_HEADER_BYTES, size - 8):
+            raise ConversionError(f"{file.name} is truncated or corrupted: its header claims {n} bytes, the file has {size}")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConversionError(f"{file.name} is corrupted: its safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise ConversionError(f"{file.name} is corrupted: its safetensors header is not a JSON object")
+    data_start = 8 + n
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+            shape = tuple(int(s) for s in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ConversionError(f"{file.name} is corrupted or uses an unsupported dtype (tensor {name})") from None
+        info = TensorInfo(name, file, dtype, shape, data_start + begin, data_start + end)
+        if end - begin != info.nbytes or begin < 0:
+            raise ConversionError(f"{file.name} is corrupted: tensor {name} has {end - begin} bytes for shape {list(shape)}")
+        if info.end > size:
+            raise ConversionError(
+                f"{file.name} is truncated: tensor {name} ends at byte {info.end}, the file has {size} bytes"
+            )
+        infos[name] = info
+    return infos
+
+
+def read_tensor(info: TensorInfo) -> torch.Tensor:
+    """Read one safetensors tensor into a new CPU tensor (plain reads, no mapping)."""
+    out = torch.empty(info.shape, dtype=info.dtype)
+    buf = out.reshape(-1).view(torch.uint8).numpy()
+    with open(info.file, "rb") as f:
+        f.seek(info.begin)
+        got = f.readinto(memoryview(buf))
+    if got != info.nbytes:
+        raise ConversionError(f"{info.file.name} is truncated: tensor {info.name} is short by {info.nbytes - got} bytes")
+    return out
+
+
+# --- the checkpoint ------------------------------------------------------------------------------
+
+
+class SourceCheckpoint:
+    """The weights of a checkpoint folder: names, shapes and dtypes up front; data on demand."""
+
+    def __init__(self, folder: Path, *, allow_pickle: bool = False):
+        self.folder = folder
+        self.format, files = self._weight_files(folder, allow_pickle)
+        self.tensors: dict[str, TensorInfo] = {}
+        self._pickle_file: Path | None = None
+        self._pickle_state: dict[str, torch.Tensor] | None = None
+        for file in files:
+            infos = read_safetensors_header(file) if self.format == "safetensors" else self._pickle_infos(file)
+            for name, info in infos.items():
+                if name in self.tensors:
+                    raise ConversionError(f"tensor {name} appears in both {self.tensors[name].file.name} and {file.name}")
+                self.tensors[name] = info
+
+    @staticmethod
+    def _weight_files(folder: Path, allow_pickle: bool) -> tuple[str, list[Path]]:
+        for fmt, index_name, single in (
+            ("safetensors", SAFETENSORS_INDEX, SAFETENSORS_SINGLE),
+            ("pickle", PICKLE_INDEX, PICKLE_SINGLE),
+        ):
+            index = folder / index_name
+            if index.is_file():
+                try:
+                    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                except (OSError, json.JSONDecodeError, KeyError, TypeError):
+                    raise ConversionError(f"{index_name} in SRC is corrupted (no readable weight_map)") from None
+                files = [folder / name for name in dict.fromkeys(weight_map.values())]
+                missing = [f.name for f in files if not f.is_file()]
+                if missing:
+                    raise ConversionError(f"SRC is missing shard {missing[0]} listed in {index_name}")
+            elif (folder / single).is_file():
+                files = [folder / single]
+            else:
+                continue
+            if fmt == "pickle" and not allow_pickle:
+                raise ConversionError(
+                    f"SRC has only pickle weights ({files[0].name}), which can run code when loaded; "
+                    "pass --allow-pickle to read them with torch.load(weights_only=True)"
+                )
+            return fmt, files
+        raise ConversionError(f"SRC {folder} has no weights (no {SAFETENSORS_SINGLE}, {SAFETENSORS_INDEX} or {PICKLE_SINGLE})")
+
+    def _load_pickle(self, file: Path) -> dict[str, torch.Tensor]:
+        # Only one pickle file is mapped at a time; mmap keeps its tensors on disk until read.
+        if self._pickle_file != file:
+            self._pickle_state = None
+            try:
+                state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as e:  # noqa: BLE001 - any unpickling failure is bad input
+                raise ConversionError(f"{file.name} could not be read with torch.load(weights_only=True): {e}") from None
+            if not isinstance(state, dict):
+                raise ConversionError(f"{file.name} does not hold a state dict")
+            self._pickle_file, self._pickle_state = file, state
+        return self._pickle_state
+
+    def _pickle_infos(self, file: Path) -> dict[str, TensorInfo]:
+        state = self._load_pickle(file)
+        return {
+            name: TensorInfo(name, file, t.dtype, tuple(t.shape)) for name, t in state.items() if isinstance(t, torch.Tensor)
+        }
+
+    def read(self, name: str) -> torch.Tensor:
+        info = self.tensors[name]
+        if self.format == "safetensors":
+            return read_tensor(info)
+        return self._load_pickle(info.file)[name].clone()
+
+    def files(self) -> list[Path]:
+        return list(dict.fromkeys(info.file for info in self.tensors.values()))

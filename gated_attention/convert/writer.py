@@ -1,0 +1,178 @@
+"""Writing a converted checkpoint: staged folder, streamed safetensors shards, side files.
+
+Everything is written into a hidden folder beside DST (`.DST.incomplete-PID`)
+that is renamed to DST only when complete, so a DST that exists is always a
+whole checkpoint. Ctrl-C and SIGTERM remove the staging folder; after a
+SIGKILL it stays behind, marked incomplete by its name.
+
+Shards are planned with huggingface_hub's `split_torch_state_dict_into_shards`
+on meta tensors (names, shapes and dtypes only) and then written one tensor at
+a time: the safetensors header is known from the plan, so each tensor is
+produced, written and freed before the next one is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from huggingface_hub import split_torch_state_dict_into_shards
+from tqdm.auto import tqdm
+
+from .sources import TORCH_TO_SAFETENSORS, ConversionError
+
+INDEX_NAME = "model.safetensors.index.json"
+# Files copied from SRC unchanged: tokenizer, chat template, generation defaults, license.
+SIDE_FILE_PATTERNS = (
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "chat_template*",
+    "preprocessor_config.json",
+    "LICENSE*",
+    "NOTICE*",
+)
+
+
+@dataclass
+class OutputTensor:
+    """One tensor of the output: its final name, shape and dtype, and how to make it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    make: Callable[[], torch.Tensor]
+    sources: list[str] = field(default_factory=list)  # source tensor names, for ordering and messages
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+
+# --- staging --------------------------------------------------------------------------------------
+
+
+def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    dst_abs, src_abs = dst.resolve(), src.resolve()
+    if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
+        raise ConversionError(f"DST {dst} must not be SRC, inside SRC or contain it (SRC is never modified)")
+    if dst.exists() and not overwrite:
+        raise ConversionError(f"DST {dst} already exists; pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """`kill PID` unwinds like Ctrl-C, so the staging folder is removed."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def staged_folder(dst: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield a fresh staging folder beside `dst`; on success it becomes `dst`, on any failure it is removed."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    stage = dst.parent / f".{dst.name}.incomplete-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        with _sigterm_as_interrupt():
+            yield stage
+            if dst.exists():  # --overwrite: move the old one aside first, so DST is never half old, half new
+                old = dst.parent / f".{dst.name}.replaced-{os.getpid()}"
+                os.replace(dst, old)
+                os.replace(stage, dst)
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            else:
+                os.replace(stage, dst)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+# --- shards ---------------------------------------------------------------------------------------
+
+
+def _header(tensors: list[OutputTensor]) -> bytes:
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {
+            "dtype": TORCH_TO_SAFETENSORS[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes with spaces
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | None = None) -> None:
+    """Write one safetensors file, making and freeing one tensor at a time."""
+    with open(path, "wb") as f:
+        f.write(_header(tensors))
+        for spec in tensors:
+            t = spec.make()
+            if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+                raise AssertionError(f"{spec.name}: made {t.dtype} {list(t.shape)}, planned {spec.dtype} {list(spec.shape)}")
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            del t
+            if progress is not None:
+                progress.update(spec.nbytes)
+
+
+def write_sharded(
+    folder: Path, tensors: list[OutputTensor], *, max_shard_size: int | str = "5GB", desc: str = "writing"
+) -> list[str]:
+    """Plan shards with huggingface_hub on meta tensors, write them, and write the index if sharded."""
+    by_name = {t.name: t for t in tensors}
+    meta = {t.name: torch.empty(t.shape, dtype=t.dtype, device="meta") for t in tensors}
+    split = split_torch_state_dict_into_shards(meta, max_shard_size=max_shard_size)
+    total = sum(t.nbytes for t in tensors)
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=None) as bar:
+        for filename, names in split.filename_to_tensors.items():
+            write_safetensors(folder / filename, [by_name[n] for n in names], bar)
+    if split.is_sharded:
+        index = {"metadata": dict(split.metadata), "weight_map": dict(sorted(split.tensor_to_filename.items()))}
+        (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return list(split.filename_to_tensors)
+
+
+def copy_side_files(src: Path, dst: Path) -> list[str]:
+    """Copy tokenizer files, generation config and license files from SRC."""
+    copied = []
+    for pattern in SIDE_FILE_PATTERNS:
+        for path in sorted(src.glob(pattern)):
+            if path.is_file() and not (dst / path.name).exists():
+                shutil.copyfile(path, dst / path.name)
+                copied.append(path.name)
+    return copied

@@ -1,0 +1,47 @@
+"""Model cards for converted checkpoints, rendered from the templates in `model_cards/`.
+
+Templates are Markdown with `$name` placeholders (`string.Template`); every
+placeholder must be given, so a renamed field fails loudly instead of leaving
+`$name` in a published card.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "model_cards"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not Path(name).exists()
+
+
+def render_model_card(template: str, **fields: str) -> str:
+    """Fill `model_cards/<template>.md`; raises KeyError naming a missing field."""
+    path = TEMPLATE_DIR / f"{template}.md"
+    if not path.is_file():
+        raise FileNotFoundError(f"model card template {path} not found (model_cards/ ships with the source tree)")
+    return Template(path.read_text(encoding="utf-8")).substitute(fields)
+
+
+def base_model_fields(source: str) -> dict[str, str]:
+    """`base_model_yaml` and `base_model_line` for a Hub id or a local folder."""
+    if is_hub_id(source):
+        return {
+            "base_model_yaml": f"base_model: {source}\n",
+            "base_model_line": f"[{source}](https://huggingface.co/{source})",
+        }
+    return {"base_model_yaml": "", "base_model_line": f"A local checkpoint, `{Path(source).name}`."}
+
+
+def options_rows(options: dict[str, object]) -> str:
+    return "\n".join(f"| `{key}` | `{value}` |" for key, value in options.items())
+
+
+def write_model_card(folder: str | Path, template: str, **fields: str) -> Path:
+    path = Path(folder) / "README.md"
+    path.write_text(render_model_card(template, **fields), encoding="utf-8")
+    return path

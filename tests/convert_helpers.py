@@ -1,0 +1,67 @@
+"""Tiny source checkpoints for the converter tests, saved as multi-shard safetensors."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 5e5,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+# family -> (config class, model class, config overrides); each exercises the family's own feature.
+SOURCE_FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {"rope_parameters": LLAMA3_ROPE, "attention_bias": True}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 5, "head_dim": 32}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32}),
+}
+PROMPT = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))  # 12 > window 5
+
+
+def make_source(family: str, folder: Path, max_shard_size: str = "30KB", **overrides) -> Path:
+    """A random tiny model of `family`; norms and biases randomised too, so a mix-up shows in the logits."""
+    config_cls, model_cls, extra = SOURCE_FAMILIES[family]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**TINY, **extra, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
+    return folder
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def staging_leftovers(dst: Path) -> list[str]:
+    return [p.name for p in dst.parent.glob(f".{dst.name}.*")]

@@ -1,0 +1,142 @@
+"""`gated-attention convert`: every dense source family, bit-identical logits, remote code, side files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from convert_helpers import PROMPT, SOURCE_FAMILIES, file_hashes, make_source
+from gated_attention import GatedAttentionForCausalLM
+from gated_attention.cli import main
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Each family saved as a multi-shard source, converted in fp32 and bf16 (exact init, verified)."""
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for family in SOURCE_FAMILIES:
+        src = make_source(family, root / f"{family}-src")
+        (src / "tokenizer_config.json").write_text('{"model_max_length": 128}')  # a side file to be copied
+        hashes = file_hashes(src)
+        for dtype in DTYPES:
+            dst = root / f"{family}-{dtype}"
+            assert main(["convert", str(src), str(dst), "--dtype", dtype, "--max-shard-size", "40KB"]) == 0
+            out[family, dtype] = (src, dst)
+        assert file_hashes(src) == hashes, f"{family}: SRC changed"
+    return out
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("family", sorted(SOURCE_FAMILIES))
+def test_converted_logits_are_bit_identical(converted, family, dtype):
+    src, dst = converted[family, dtype]
+    source = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype]).eval()
+    result = AutoModelForCausalLM.from_pretrained(dst).eval()
+    assert isinstance(result, GatedAttentionForCausalLM)
+    assert result.dtype == DTYPES[dtype]
+    with torch.no_grad():
+        expected, got = source(PROMPT).logits, result(PROMPT).logits
+    # Exact init: sigmoid(0) = 0.5 and 2 * W are exact, so not a single bit may differ.
+    assert torch.equal(expected, got), (expected.float() - got.float()).abs().max()
+    # ...and the gate is really there, with zero weights (a zero-weight gate is how exactness is reached).
+    gate = result.model.layers[0].self_attn.attn_gate
+    assert gate.weight.shape == (result.config.num_attention_heads * result.config.head_dim, result.config.hidden_size)
+    assert not gate.weight.any()
+
+
+def test_output_is_sharded_with_index_and_side_files(converted):
+    src, dst = converted["qwen2", "float32"]  # qwen2 has tied embeddings
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((dst / s).is_file() for s in shards)
+    assert "lm_head.weight" not in index["weight_map"]  # tied: the model reuses embed_tokens, as the source did
+    assert "model.layers.1.self_attn.attn_gate.weight" in index["weight_map"]
+    assert (dst / "generation_config.json").read_text() == (src / "generation_config.json").read_text()
+    assert (dst / "tokenizer_config.json").read_text() == (src / "tokenizer_config.json").read_text()
+    config = json.loads((dst / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_gated_attention.GatedAttentionForCausalLM"
+    assert config["attn_gate"]["position"] == "sdpa" and config["attn_gate"]["bias"] is False
+    assert config["qkv_bias"] is True and config["attention_bias"] is False
+    card = (dst / "README.md").read_text()
+    for section in ("## Base model", "## Conversion options", "## What changed", "## How to load", "## How to continue pretraining"):
+        assert section in card
+    assert "$" not in card.replace("$ ", "")  # every template field was filled
+    assert not list(dst.parent.glob(".*incomplete*"))
+
+
+def test_converted_models_load_as_remote_code_without_the_package(converted, tmp_path, run_without_package):
+    cases = {}
+    for family in SOURCE_FAMILIES:
+        _, dst = converted[family, "float32"]
+        result = AutoModelForCausalLM.from_pretrained(dst).eval()
+        with torch.no_grad():
+            cases[str(dst)] = result(PROMPT).logits
+    torch.save({"ids": PROMPT, "cases": cases}, tmp_path / "expected.pt")
+    out = run_without_package(
+        f"""
+        import torch
+        from transformers import AutoModelForCausalLM
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        for folder, logits in expected["cases"].items():
+            model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            with torch.no_grad():
+                got = model(expected["ids"]).logits
+            assert torch.equal(got, logits), (folder, (got - logits).abs().max())
+        print("ok", len(expected["cases"]))
+        """
+    )
+    assert out.split() == ["ok", str(len(SOURCE_FAMILIES))]
+
+
+def test_headwise_exact_and_bias_init_close_but_not_exact(converted, tmp_path, capsys):
+    src, _ = converted["qwen3", "float32"]
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    with torch.no_grad():
+        expected = source(PROMPT).logits
+
+    assert main(["convert", str(src), str(tmp_path / "headwise"), "--gate", "headwise", "--no-verify"]) == 0
+    headwise = AutoModelForCausalLM.from_pretrained(tmp_path / "headwise").eval()
+    assert headwise.model.layers[0].self_attn.attn_gate.weight.shape == (4, 64)  # one score per head
+    with torch.no_grad():
+        assert torch.equal(headwise(PROMPT).logits, expected)
+
+    assert main(["convert", str(src), str(tmp_path / "bias"), "--init", "bias"]) == 0
+    assert "near-identity, not exact" in capsys.readouterr().out
+    biased = AutoModelForCausalLM.from_pretrained(tmp_path / "bias").eval()
+    assert biased.config.attn_gate["bias"] is True
+    with torch.no_grad():
+        got = biased(PROMPT).logits
+    diff = (got - expected).abs().max().item()
+    # Every attention output is scaled by sigmoid(10) = 1 - 4.5e-5 instead of exactly 1: the logits move, a little.
+    assert diff > 0
+    assert diff < 1e-3 * expected.abs().max().item()
+
+
+def test_hub_id_resolves_from_the_cache_offline(converted, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    src, _ = converted["llama", "float32"]
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-llama"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in src.iterdir():
+        (snapshot / f.name).write_bytes(f.read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    assert main(["convert", "someone/tiny-llama", str(tmp_path / "out"), "--no-verify"]) == 0
+    assert "base_model: someone/tiny-llama" in (tmp_path / "out" / "README.md").read_text()
+    reference = AutoModelForCausalLM.from_pretrained(src).eval()
+    result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert torch.equal(reference(PROMPT).logits, result(PROMPT).logits)
