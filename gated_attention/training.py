@@ -1,0 +1,282 @@
+"""A small training and evaluation loop shared by `gated-attention quickstart` and `examples/`.
+
+Three choices matter for gated models and are made here once:
+
+- **Gate parameters get their own learning rate** (`optimizer_groups`): any
+  parameter whose name contains `attn_gate`. A converted model starts with its
+  gates at weight 0 (score exactly 0.5); with the small learning rate usual for
+  continued pretraining those gates may barely move (official repo issue #10),
+  so new gate parameters can train at a from-scratch rate while the rest of the
+  model keeps a continued-pretraining rate.
+- **The mean gate score is logged** (`GateScoreMeter`), from the training
+  forward passes themselves, so one can see whether the gates learn.
+- **The data order is a pure function of (seed, step)** (`StepBatches`), so a
+  run resumed at step s sees exactly the batches the uninterrupted run saw,
+  without replaying a data loader; each logged step carries a digest of its
+  batch to check that.
+
+`train` runs single-process or under `accelerate` (pass the `Accelerator`
+after `prepare`-ing model, optimizer and scheduler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+GATE_KEY = "attn_gate"
+
+
+def is_gate_parameter(name: str) -> bool:
+    return GATE_KEY in name
+
+
+def optimizer_groups(model: nn.Module, lr: float, gate_lr: float, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on matrices only, and `gate_lr` for every `attn_gate` parameter.
+
+    Empty groups are dropped (a model without gates has no gate group).
+    """
+    groups = {
+        ("other", True): {"params": [], "lr": lr, "weight_decay": weight_decay, "name": "decay"},
+        ("other", False): {"params": [], "lr": lr, "weight_decay": 0.0, "name": "no_decay"},
+        ("gate", True): {"params": [], "lr": gate_lr, "weight_decay": weight_decay, "name": "gate"},
+        ("gate", False): {"params": [], "lr": gate_lr, "weight_decay": 0.0, "name": "gate_no_decay"},
+    }
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        kind = "gate" if is_gate_parameter(name) else "other"
+        groups[(kind, p.ndim >= 2)]["params"].append(p)
+    return [g for g in groups.values() if g["params"]]
+
+
+def make_optimizer(model: nn.Module, lr: float, gate_lr: float, weight_decay: float = 0.1) -> torch.optim.AdamW:
+    return torch.optim.AdamW(optimizer_groups(model, lr, gate_lr, weight_decay), betas=(0.9, 0.95), eps=1e-8)
+
+
+def make_scheduler(optimizer, total_steps: int, warmup_steps: int, min_ratio: float = 0.1):
+    """Linear warmup, then cosine decay to `min_ratio` of each group's learning rate."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def gate_modules(model: nn.Module) -> list[nn.Module]:
+    """The gate modules of a model (ours or a remote-code copy of it; PEFT copies included)."""
+    return [m for m in model.modules() if type(m).__name__ == "AttentionGate"]
+
+
+def gate_parameters_snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if is_gate_parameter(n)}
+
+
+class GateScoreMeter(contextlib.AbstractContextManager):
+    """Averages the gate scores of every forward pass while active.
+
+    Hooks every `AttentionGate`; `pop()` returns the mean score since the last
+    call (NaN when no gate ran: an ungated model). The hooks are removed on exit.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._handles: list = []
+        self._sum = 0.0
+        self._count = 0
+
+    def _hook(self, module, args, output):
+        self._sum += float(output.detach().float().mean())
+        self._count += 1
+
+    def __enter__(self) -> GateScoreMeter:
+        self._handles = [m.register_forward_hook(self._hook) for m in gate_modules(self.model)]
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def pop(self) -> float:
+        value = self._sum / self._count if self._count else float("nan")
+        self._sum, self._count = 0.0, 0
+        return value
+
+
+class StepBatches:
+    """Row indices of the global batch of every optimizer step, a pure function of (seed, step).
+
+    Epoch e is a fixed permutation of the rows (generator seeded with
+    `seed * 1_000_003 + e`); step s takes the next `global_batch` rows, wrapping
+    into the next epoch's permutation. A process reads its share with `shard`.
+    """
+
+    def __init__(self, num_rows: int, global_batch: int, seed: int):
+        if num_rows < 1:
+            raise ValueError("no training rows: the data is shorter than one sequence")
+        self.num_rows, self.global_batch, self.seed = num_rows, global_batch, seed
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perms = {epoch: torch.randperm(self.num_rows, generator=g)}
+        return self._perms[epoch]
+
+    def indices(self, step: int) -> torch.Tensor:
+        start = step * self.global_batch
+        out = []
+        for i in range(start, start + self.global_batch):
+            epoch, pos = divmod(i, self.num_rows)
+            out.append(self._perm(epoch)[pos])
+        return torch.stack(out)
+
+    @staticmethod
+    def digest(indices: torch.Tensor) -> str:
+        return hashlib.sha1(indices.numpy().astype("int64").tobytes()).hexdigest()[:12]
+
+    @staticmethod
+    def shard(indices: torch.Tensor, micro_step: int, micro_batch: int, rank: int, world: int) -> torch.Tensor:
+        """Rows of one process for one micro-step: micro-step-major, then rank."""
+        start = (micro_step * world + rank) * micro_batch
+        return indices[start : start + micro_batch]
+
+
+@dataclass
+class TrainConfig:
+    steps: int
+    batch_size: int  # sequences per process and micro-step
+    lr: float
+    gate_lr: float
+    grad_accum: int = 1
+    weight_decay: float = 0.1
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+
+
+def _reduce_mean(value: float, accelerator) -> float:
+    if accelerator is None or accelerator.num_processes == 1:
+        return value
+    t = torch.tensor([value], device=accelerator.device)
+    return float(accelerator.reduce(t, reduction="mean"))
+
+
+def train(
+    model: nn.Module,
+    rows: torch.Tensor,
+    config: TrainConfig,
+    optimizer,
+    scheduler,
+    *,
+    accelerator=None,
+    start_step: int = 0,
+    on_step: Callable[[int, dict], None] | None = None,
+    desc: str = "train",
+    progress: bool = True,
+) -> list[dict]:
+    """Train on packed `rows` `[N, T]` (labels = inputs) for steps `start_step .. config.steps - 1`.
+
+    Returns one record per step: `step` (1-based count of finished steps),
+    `loss` (mean over the global batch), `gate_score` (mean score during the
+    step; NaN without gates), the learning rates, `batch` (digest of the
+    step's global row indices) and `seconds`. `on_step(step, record)` runs
+    after each step (checkpointing, logging).
+    """
+    from tqdm.auto import tqdm
+
+    rank = accelerator.process_index if accelerator else 0
+    world = accelerator.num_processes if accelerator else 1
+    device = accelerator.device if accelerator else next(model.parameters()).device
+    batches = StepBatches(len(rows), config.batch_size * config.grad_accum * world, config.seed)
+    history = []
+    show = progress and rank == 0
+    bar = tqdm(total=config.steps, initial=start_step, desc=desc, disable=not show, dynamic_ncols=True, leave=False)
+    model.train()
+    with GateScoreMeter(model) as meter:
+        t0 = time.perf_counter()
+        for step in range(start_step, config.steps):
+            indices = batches.indices(step)
+            total = 0.0
+            for micro in range(config.grad_accum):
+                x = rows[batches.shard(indices, micro, config.batch_size, rank, world)].to(device)
+                last = micro == config.grad_accum - 1
+                sync = contextlib.nullcontext() if (accelerator is None or last) else accelerator.no_sync(model)
+                with sync:
+                    loss = model(input_ids=x, labels=x).loss / config.grad_accum
+                    (accelerator.backward(loss) if accelerator else loss.backward())
+                total += float(loss.detach())
+            if config.max_grad_norm:
+                clip = accelerator.clip_grad_norm_ if accelerator else torch.nn.utils.clip_grad_norm_
+                clip(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+            record = {
+                "step": step + 1,
+                "loss": _reduce_mean(total, accelerator),
+                "gate_score": _reduce_mean(meter.pop(), accelerator),
+                "lr": lrs.get("decay", next(iter(lrs.values()))),
+                "gate_lr": lrs.get("gate", lrs.get("gate_no_decay", float("nan"))),
+                "batch": StepBatches.digest(indices),
+                "seconds": time.perf_counter() - t0,
+            }
+            if not math.isfinite(record["loss"]):
+                raise FloatingPointError(f"loss became {record['loss']} at step {step + 1}")
+            history.append(record)
+            bar.update(1)
+            if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+                post = {"loss": f"{record['loss']:.3f}"}
+                if not math.isnan(record["gate_score"]):
+                    post["gate"] = f"{record['gate_score']:.3f}"
+                bar.set_postfix(post)
+            if on_step is not None:
+                on_step(step + 1, record)
+    bar.close()
+    return history
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, rows: torch.Tensor, batch_size: int, accelerator=None) -> float:
+    """Mean next-token loss (nats) over all predicted tokens of `rows` `[N, T]`.
+
+    Under accelerate each process takes every world-th batch and the sums are
+    reduced. Every process runs the same number of forward passes (a process
+    short of a batch repeats the first one and does not count it): DDP and FSDP
+    forwards are collective operations.
+    """
+    rank = accelerator.process_index if accelerator else 0
+    world = accelerator.num_processes if accelerator else 1
+    device = accelerator.device if accelerator else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    num_batches = math.ceil(len(rows) / batch_size)
+    for j in range(math.ceil(num_batches / world)):
+        i = j * world + rank
+        counted = i < num_batches
+        start = i * batch_size if counted else 0
+        x = rows[start : start + batch_size].to(device)
+        logits = model(input_ids=x).logits[:, :-1].float()  # [B, T-1, V]
+        if counted:
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+            loss_sum += loss.double()
+            count += x[:, 1:].numel()
+    if accelerator is not None and world > 1:
+        loss_sum, count = accelerator.reduce(loss_sum, "sum"), accelerator.reduce(count, "sum")
+    model.train(was_training)
+    return float(loss_sum / count)
