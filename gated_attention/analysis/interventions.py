@@ -1,0 +1,137 @@
+"""Deletion and connection interventions on the first token's residual stream (DESIGN.md).
+
+`z[l]` is the first token's residual state X[l][0, :] from a normal pass,
+`[L+1, D]`, l = 0..L (X[0] = embedding output, X[l] = output of decoder layer
+l). For full-attention layers f_1 < ... < f_K (1-based) the pre-attention
+positions are p_i = f_i - 1, and `C_i` = top-k coordinates of |z[p_i]|.
+
+- Deletion: X[p_i][0, j] = 0 for j in C_i, every i.
+- Connection: with C = union of the C_i, for p_i < l < p_{i+1} and j in C,
+  X[l][0, j] = s * max(|z_j(p_i)|, s * z_j(l)), s = sign(z_j(p_i)) (+1 at 0):
+  the coordinate is held at least at the spike's magnitude, with its sign. At
+  every p_i, X[p_i][0, j] = z_j(p_i) for j in C. Unselected coordinates follow
+  the intervened computation.
+- Identity check: pinning only the endpoints (the coordinates the intervention
+  touches at each p_i, set to their normal-pass values) must give the normal
+  logits bit for bit. `intervene` runs it every time and reports it.
+
+An edit plan is `{l: (coords [n] long, values [n])}`: set X[l][0, coords] = values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .capture import Capture, model_layout, residual_hooks, torch_linear_attention
+
+KINDS = ("deletion", "connection")
+Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+def select_coordinates(z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> dict[int, torch.Tensor]:
+    """`{p_i: C_i}`: the top-k coordinates of |z[p_i]| for each pre-attention position (sorted ascending)."""
+    return {f - 1: z[f - 1].abs().topk(k).indices.sort().values for f in sorted(set(full_attention_layers))}
+
+
+def deletion_edits(z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> Edits:
+    coords = select_coordinates(z, full_attention_layers, k)
+    return {p: (c, torch.zeros(len(c), dtype=z.dtype, device=z.device)) for p, c in coords.items()}
+
+
+def _union(coords: dict[int, torch.Tensor]) -> torch.Tensor:
+    return torch.unique(torch.cat(list(coords.values()))) if coords else torch.zeros(0, dtype=torch.long)
+
+
+def connection_edits(z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> Edits:
+    coords = select_coordinates(z, full_attention_layers, k)
+    c = _union(coords)
+    positions = sorted(coords)
+    edits: Edits = {p: (c, z[p, c]) for p in positions}
+    for p, p_next in zip(positions[:-1], positions[1:]):
+        spike = z[p, c]
+        s = torch.where(spike >= 0, 1.0, -1.0).to(z.dtype)
+        for l in range(p + 1, p_next):
+            edits[l] = (c, s * torch.maximum(spike.abs(), s * z[l, c]))
+    return edits
+
+
+def endpoint_edits(z: torch.Tensor, full_attention_layers: Sequence[int], k: int, kind: str) -> Edits:
+    """The identity check's plan: the coordinates `kind` touches at each p_i, pinned to z."""
+    coords = select_coordinates(z, full_attention_layers, k)
+    if kind == "connection":
+        c = _union(coords)
+        coords = {p: c for p in coords}
+    return {p: (c, z[p, c]) for p, c in coords.items()}
+
+
+def build_edits(kind: str, z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> Edits:
+    if kind == "deletion":
+        return deletion_edits(z, full_attention_layers, k)
+    if kind == "connection":
+        return connection_edits(z, full_attention_layers, k)
+    raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
+
+
+@contextlib.contextmanager
+def apply_edits(model: nn.Module, edits: Edits, token: int = 0) -> Iterator[None]:
+    """While open, every forward of `model` sets X[l][:, token, coords] = values for each planned l."""
+
+    def edit(l: int, x: torch.Tensor) -> torch.Tensor | None:
+        if l not in edits:
+            return None
+        coords, values = edits[l]
+        x = x.clone()
+        x[:, token, coords.to(x.device)] = values.to(device=x.device, dtype=x.dtype)
+        return x
+
+    with torch_linear_attention(model), residual_hooks(model_layout(model).layers, edit):
+        yield
+
+
+@dataclass
+class InterventionResult:
+    kind: str
+    k: int
+    logits_normal: torch.Tensor  # [1, T, V]
+    logits_intervened: torch.Tensor  # [1, T, V]
+    identity_exact: bool
+    identity_max_abs_diff: float
+    coordinates: dict[int, list[int]]  # p_i -> C_i
+
+
+@torch.no_grad()
+def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int) -> InterventionResult:
+    """Normal pass, identity check and intervened pass on one input `[1, T]`, first token anchored.
+
+    The three passes run under the model's own attention implementation (no
+    switch to eager), so the identity check compares like with like.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"intervene takes one input [1, T], got shape {tuple(input_ids.shape)}")
+    if kind not in KINDS:
+        raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
+    with Capture(model, attentions=False, gates=False) as cap:
+        logits_normal = model(input_ids=input_ids, use_cache=False).logits
+    fa = cap.layout.full_attention_layers
+    z = torch.stack([x[0, 0] for x in cap.records[-1].residual])  # [L+1, D]
+
+    with apply_edits(model, endpoint_edits(z, fa, k, kind)):
+        logits_identity = model(input_ids=input_ids, use_cache=False).logits
+    with apply_edits(model, build_edits(kind, z, fa, k)):
+        logits_intervened = model(input_ids=input_ids, use_cache=False).logits
+
+    diff = (logits_identity.float() - logits_normal.float()).abs().max().item() if logits_normal.numel() else 0.0
+    return InterventionResult(
+        kind=kind,
+        k=k,
+        logits_normal=logits_normal,
+        logits_intervened=logits_intervened,
+        identity_exact=bool(torch.equal(logits_identity, logits_normal)),
+        identity_max_abs_diff=float(diff),
+        coordinates={p: c.tolist() for p, c in select_coordinates(z, fa, k).items()},
+    )
