@@ -237,9 +237,15 @@ def test_g1_matches_qwen3_5_gated_attention():
 # --- generation, caching, padding ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("gate", [None, {"position": "G1"}, {"position": "G2"}, {"position": "G3"}, {"position": "G4"}])
-def test_greedy_generate_with_cache_equals_recomputation(gate):
-    model = tiny_model(attn_gate=gate, eos_token_id=None)  # always generate all 8 tokens
+@pytest.mark.parametrize(
+    "gate, window",
+    [(None, None), ({"position": "G1"}, None), ({"position": "G2"}, None), ({"position": "G3"}, None),
+     ({"position": "G4"}, None), ({"position": "G1"}, 4)],
+    ids=["off", "G1", "G2", "G3", "G4", "G1-sliding-window"],
+)
+def test_greedy_generate_with_cache_equals_recomputation(gate, window):
+    # eos_token_id=None: always generate all 8 tokens. The window (4) is shorter than the sequence (14).
+    model = tiny_model(attn_gate=gate, eos_token_id=None, sliding_window=window)
     prompt = torch.randint(3, TINY["vocab_size"], (1, 6))
     with torch.no_grad():
         cached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=True)
