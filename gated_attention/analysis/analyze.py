@@ -1,0 +1,398 @@
+"""`run_analysis`: capture every input, reduce it to metrics, write arrays, tables, plots and a summary.
+
+Files written to `out_dir` (summary.md last, so a folder without it is an interrupted run):
+
+- `arrays.npz`: per-input trajectories `m_first`, `m_sink`, `m_act_layers` `[N, L+1]`,
+  `first_token_attention` `[N, n_attn, H]`, `consensus_sink`, gate histograms and per-head gate stats.
+- `inputs.csv`, `layers.csv`, `peak_excess.csv`, `gates.csv`, `metrics.csv`
+  (metric, anchor, mean and 95% bootstrap CI over inputs), `intervention.csv`.
+- `trajectory.png`, `first_token_attention.png`, `gate_hist.png` (drawn from the files above).
+- `summary.md`.
+
+Two anchors: `first_token` (token 0, seed 2's figures) and `consensus_sink`
+(the input's consensus sink, seed 2's quantitative metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import metrics as M
+from .capture import Capture, ModelLayout, Record
+from .interventions import intervene
+from .samples import Sample
+
+ANCHORS = ("consensus_sink", "first_token")
+GATE_BINS = np.linspace(0.0, 1.0, 51)
+
+
+@dataclass
+class InputResult:
+    sample: Sample
+    n_tokens: int
+    consensus_sink: int  # -1 when the model gave no attention maps
+    m_first: np.ndarray  # [L+1]
+    m_sink: np.ndarray  # [L+1]
+    m_act_layers: np.ndarray  # [L+1]
+    first_token_attention: np.ndarray  # [n_attn, H]
+    gate_mean: float
+
+
+class GateAccumulator:
+    """Per-layer, per-head gate sums and a histogram, accumulated over inputs."""
+
+    def __init__(self):
+        self.layers: dict[int, dict[str, np.ndarray]] = {}
+
+    @staticmethod
+    def per_head(scores: torch.Tensor) -> np.ndarray:
+        """`[B, T, H, W]` (or `[B, T, D]` for a dense gate: one "head") -> `[B*T, H, W]` float64."""
+        s = scores.float()
+        if s.dim() == 3:
+            s = s.unsqueeze(-2)
+        return s.reshape(-1, s.shape[-2], s.shape[-1]).cpu().double().numpy()
+
+    def add(self, f: int, scores: torch.Tensor) -> tuple[float, int]:
+        s = self.per_head(scores)
+        n = s.shape[0] * s.shape[2]  # scores per head
+        stats = M.gate_statistics_per_head(s)
+        acc = self.layers.setdefault(f, {"n": np.zeros(s.shape[1]), "hist": np.zeros(len(GATE_BINS) - 1)})
+        for key, value in stats.items():
+            acc[key] = acc.get(key, 0.0) + value * n  # weighted sums; divided by n in `table`
+        acc["n"] += n
+        # Clipping keeps additive (SiLU) gates in the edge bins instead of dropping them.
+        acc["hist"] += np.histogram(np.clip(s, 0.0, 1.0), bins=GATE_BINS)[0]
+        return float(s.mean()), s.size
+
+    def table(self) -> list[dict]:
+        rows = []
+        for f, acc in sorted(self.layers.items()):
+            for h in range(len(acc["n"])):
+                row = {"layer": f, "head": h, "n_scores": int(acc["n"][h])}
+                for key in ("mean", *(f"frac_below_{t:g}" for t in M.GATE_THRESHOLDS)):
+                    row[key] = acc[key][h] / acc["n"][h]
+                rows.append(row)
+        return rows
+
+
+def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
+    """One input of a Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`)."""
+    token_max = np.stack([x[b].float().abs().amax(-1).cpu().numpy() for x in record.residual])
+    maps = [record.attentions[f][b].float().cpu().numpy() for f in layout.full_attention_layers if f in record.attentions]
+    return token_max, M.consensus_sink(maps), M.first_token_attention(maps)
+
+
+def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int) -> list[tuple[Sample, torch.Tensor]]:
+    out = []
+    for sample in samples:
+        ids = tokenizer(sample.text, add_special_tokens=True, truncation=True, max_length=max_length, return_tensors="pt")
+        ids = ids["input_ids"]
+        if ids.shape[1] >= 2:  # a single token has no next token and no later query
+            out.append((sample, ids))
+    return out
+
+
+@torch.no_grad()
+def capture_inputs(model: nn.Module, inputs, device) -> tuple[ModelLayout, list[InputResult], GateAccumulator]:
+    gates = GateAccumulator()
+    results = []
+    with Capture(model, attentions=True, gates=True) as cap:
+        for sample, ids in tqdm(inputs, desc="capture", unit="input"):
+            cap.clear()
+            model(input_ids=ids.to(device), use_cache=False)
+            record = cap.records[-1]
+            token_max, sink, first_attention = reduce_record(record, cap.layout)
+            gate_sum, gate_n = 0.0, 0
+            for f, scores in record.gates.items():
+                mean, n = gates.add(f, scores)
+                gate_sum, gate_n = gate_sum + mean * n, gate_n + n
+            anchor = sink if sink >= 0 else 0  # no attention maps: fall back to the first token
+            results.append(
+                InputResult(
+                    sample=sample,
+                    n_tokens=ids.shape[1],
+                    consensus_sink=sink,
+                    m_first=token_max[:, 0],
+                    m_sink=token_max[:, anchor],
+                    m_act_layers=token_max.max(axis=1),
+                    first_token_attention=first_attention,
+                    gate_mean=gate_sum / gate_n if gate_n else M.NAN,
+                )
+            )
+    return cap.layout, results, gates
+
+
+@torch.no_grad()
+def run_interventions(model: nn.Module, inputs, device, kind: str, k: int) -> list[dict]:
+    """Perplexity and next-token accuracy over all inputs, normal vs intervened, plus the identity check."""
+    totals = {c: {"nll": 0.0, "correct": 0, "n": 0} for c in ("normal", "intervened")}
+    identity_exact, identity_diff = 0, 0.0
+    for _, ids in tqdm(inputs, desc=f"{kind} k={k}", unit="input"):
+        ids = ids.to(device)
+        result = intervene(model, ids, kind, k)
+        identity_exact += result.identity_exact
+        identity_diff = max(identity_diff, result.identity_max_abs_diff)
+        targets = ids[0, 1:]
+        for condition, logits in (("normal", result.logits_normal), ("intervened", result.logits_intervened)):
+            logits = logits[0, :-1].float()
+            totals[condition]["nll"] += F.cross_entropy(logits, targets, reduction="sum").item()
+            totals[condition]["correct"] += int((logits.argmax(-1) == targets).sum())
+            totals[condition]["n"] += targets.numel()
+    return [
+        {
+            "kind": kind,
+            "k": k,
+            "condition": condition,
+            "perplexity": math.exp(t["nll"] / t["n"]),
+            "next_token_accuracy": t["correct"] / t["n"],
+            "n_tokens": t["n"],
+            "identity_exact_inputs": identity_exact,
+            "n_inputs": len(inputs),
+            "identity_max_abs_diff": identity_diff,
+        }
+        for condition, t in totals.items()
+    ]
+
+
+# ---------------------------------------------------------------- metrics over inputs
+
+
+def input_metrics(result: InputResult, full_attention_layers: list[int]) -> dict:
+    fa = full_attention_layers
+    row = {
+        "f_attn": float(np.mean(result.first_token_attention)) if result.first_token_attention.size else M.NAN,
+        "m_act": float(result.m_act_layers[1:].mean()),
+        "gate_mean": result.gate_mean,
+    }
+    for anchor, m in (("consensus_sink", result.m_sink), ("first_token", result.m_first)):
+        row[f"alignment_{anchor}"] = M.sink_spike_alignment(m, fa)
+        row[f"peak_excess_{anchor}"] = M.peak_excess(m, fa)
+        row[f"isr_{anchor}"] = M.inter_spike_retention(m, fa)
+        row[f"a_isp_{anchor}"] = M.inter_spike_activation(m, fa)
+    return row
+
+
+def _nanmean(values) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    return float(np.nanmean(v)) if v.size and not np.isnan(v).all() else M.NAN
+
+
+def summary_rows(rows: list[dict], gate_table: list[dict], fa: list[int], n_bootstrap: int, seed: int) -> list[dict]:
+    def ci(metric: str, anchor: str, values) -> dict:
+        mean, low, high = M.bootstrap_ci(values, n_resamples=n_bootstrap, seed=seed)
+        n = int(np.sum(~np.isnan(np.asarray(values, dtype=np.float64))))
+        return {"metric": metric, "anchor": anchor, "mean": mean, "ci_low": low, "ci_high": high, "n": n}
+
+    out = [
+        ci("f_attn", "first_token", [r["f_attn"] for r in rows]),
+        ci("m_act", "", [r["m_act"] for r in rows]),
+        ci("gate_mean", "", [r["gate_mean"] for r in rows]),
+    ]
+    for t in M.GATE_THRESHOLDS:  # pooled over scores: a per-input CI would need per-input thresholds counts
+        key = f"frac_below_{t:g}"
+        n = sum(g["n_scores"] for g in gate_table)
+        value = sum(g[key] * g["n_scores"] for g in gate_table) / n if n else M.NAN
+        out.append({"metric": f"gate_{key}", "anchor": "", "mean": value, "ci_low": M.NAN, "ci_high": M.NAN, "n": n})
+    for anchor in ANCHORS:
+        out.append(ci("sink_spike_alignment", anchor, [r[f"alignment_{anchor}"] for r in rows]))
+        out.append(ci("peak_excess", anchor, [_nanmean(r[f"peak_excess_{anchor}"]) for r in rows]))
+        out.append(ci("inter_spike_retention", anchor, [r[f"isr_{anchor}"] for r in rows]))
+        out.append(ci("inter_spike_activation", anchor, [r[f"a_isp_{anchor}"] for r in rows]))
+    baseline = M.random_layer_baseline(fa)
+    out.append({"metric": "random_layer_baseline", "anchor": "", "mean": baseline, "ci_low": M.NAN, "ci_high": M.NAN, "n": len(fa)})
+    return out
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _write_csv(path: Path, rows: list[dict], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: row.get(c, "") for c in columns})
+
+
+def _pad_heads(arrays: list[np.ndarray]) -> np.ndarray:
+    """Stack `[n_attn, H]` arrays whose H may differ per layer into `[N, n_attn, H_max]`, NaN-padded."""
+    n_attn = max((a.shape[0] for a in arrays), default=0)
+    heads = max((a.shape[1] for a in arrays if a.ndim == 2 and a.size), default=0)
+    out = np.full((len(arrays), n_attn, heads), np.nan)
+    for i, a in enumerate(arrays):
+        if a.size:
+            out[i, : a.shape[0], : a.shape[1]] = a
+    return out
+
+
+def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator) -> None:
+    gate_layers = sorted(gates.layers)
+    heads = max((len(gates.layers[f]["n"]) for f in gate_layers), default=0)
+    per_head = {key: np.full((len(gate_layers), heads), np.nan) for key in ("mean", "frac_below_0.1", "frac_below_0.5")}
+    for i, f in enumerate(gate_layers):
+        acc = gates.layers[f]
+        for key in per_head:
+            per_head[key][i, : len(acc["n"])] = acc[key] / acc["n"]
+    np.savez(
+        out_dir / "arrays.npz",
+        full_attention_layers=np.array(layout.full_attention_layers, dtype=np.int64),
+        layer_types=np.array(layout.layer_types),
+        domain=np.array([r.sample.domain for r in results]),
+        source=np.array([r.sample.source for r in results]),
+        n_tokens=np.array([r.n_tokens for r in results], dtype=np.int64),
+        consensus_sink=np.array([r.consensus_sink for r in results], dtype=np.int64),
+        m_first=np.stack([r.m_first for r in results]),
+        m_sink=np.stack([r.m_sink for r in results]),
+        m_act_layers=np.stack([r.m_act_layers for r in results]),
+        first_token_attention=_pad_heads([r.first_token_attention for r in results]),
+        gate_layers=np.array(gate_layers, dtype=np.int64),
+        gate_hist_edges=GATE_BINS,
+        gate_hist_counts=np.stack([gates.layers[f]["hist"] for f in gate_layers]) if gate_layers else np.zeros((0, len(GATE_BINS) - 1)),
+        gate_mean=per_head["mean"],
+        gate_frac_below_01=per_head["frac_below_0.1"],
+        gate_frac_below_05=per_head["frac_below_0.5"],
+    )
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return "undefined" if math.isnan(x) else f"{x:.4g}"
+    return str(x)
+
+
+def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, metric_rows, intervention_rows, plots) -> None:
+    fa = layout.full_attention_layers
+    domains: dict[str, int] = {}
+    for r in results:
+        domains[r.sample.domain] = domains.get(r.sample.domain, 0) + 1
+    lines = [
+        f"# Analysis of `{model_name}`",
+        "",
+        f"- inputs: {len(results)} ({', '.join(f'{d}: {n}' for d, n in domains.items())}), "
+        f"{sum(r.n_tokens for r in results)} tokens",
+        f"- decoder layers: {layout.num_layers}; attention layers (1-based): {fa}",
+        f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}",
+        f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
+        "",
+        "## Metrics (mean and 95% bootstrap CI over inputs)",
+        "",
+        "| metric | anchor | mean | 95% CI | n |",
+        "|---|---|---|---|---|",
+    ]
+    for row in metric_rows:
+        interval = "" if math.isnan(row["ci_low"]) else f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
+        lines.append(f"| {row['metric']} | {row['anchor']} | {_fmt(row['mean'])} | {interval} | {row['n']} |")
+    if len(fa) < 2:
+        lines += ["", "Inter-spike retention/activation are undefined: they need at least two attention layers."]
+    elif all(f_next == f + 1 for f, f_next in zip(fa[:-1], fa[1:])):
+        lines += ["", "Inter-spike retention/activation are undefined: no linear-attention layer lies between attention layers."]
+    if intervention_rows:
+        lines += ["", f"## Intervention: {intervention_rows[0]['kind']}, k = {intervention_rows[0]['k']}", ""]
+        lines += ["| condition | perplexity | next-token accuracy | tokens |", "|---|---|---|---|"]
+        for row in intervention_rows:
+            lines.append(
+                f"| {row['condition']} | {_fmt(row['perplexity'])} | {_fmt(row['next_token_accuracy'])} | {row['n_tokens']} |"
+            )
+        row = intervention_rows[0]
+        lines += [
+            "",
+            f"Identity check (endpoints pinned only): exact on {row['identity_exact_inputs']}/{row['n_inputs']} inputs, "
+            f"max |logit diff| {row['identity_max_abs_diff']:.3g}.",
+        ]
+    files = ["arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv"]
+    files += ["intervention.csv"] if intervention_rows else []
+    lines += ["", "Files: " + ", ".join(f"`{f}`" for f in files + plots), ""]
+    (out_dir / "summary.md").write_text("\n".join(lines))
+
+
+def run_analysis(
+    model: nn.Module,
+    tokenizer,
+    samples: Sequence[Sample],
+    out_dir: str | Path,
+    *,
+    model_name: str = "model",
+    max_length: int = 128,
+    intervention: str | None = None,
+    k: int = 1,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+) -> list[dict]:
+    """Analyse `samples` with `model`; write everything to `out_dir`; return the metric rows."""
+    from .plots import plot_all
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    inputs = _tokenize(tokenizer, samples, max_length)
+    if not inputs:
+        raise ValueError("no input has at least two tokens")
+
+    layout, results, gates = capture_inputs(model, inputs, device)
+    fa = layout.full_attention_layers
+    rows = [input_metrics(r, fa) for r in results]
+    gate_table = gates.table()
+    metric_rows = summary_rows(rows, gate_table, fa, n_bootstrap, seed)
+
+    write_arrays(out_dir, layout, results, gates)
+    input_columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act", "gate_mean"]
+    input_columns += [f"{m}_{a}" for a in ANCHORS for m in ("alignment", "isr", "a_isp")]
+    _write_csv(
+        out_dir / "inputs.csv",
+        [
+            {"input": i, "domain": r.sample.domain, "source": r.sample.source, "n_tokens": r.n_tokens,
+             "consensus_sink": r.consensus_sink, **row}
+            for i, (r, row) in enumerate(zip(results, rows))
+        ],
+        input_columns,
+    )
+    peak_rows = [
+        {"input": i, "anchor": a, "layer": f, "peak_excess": v}
+        for i, row in enumerate(rows)
+        for a in ANCHORS
+        for f, v in zip(fa, row[f"peak_excess_{a}"])
+    ]
+    _write_csv(out_dir / "peak_excess.csv", peak_rows, ["input", "anchor", "layer", "peak_excess"])
+    _write_csv(out_dir / "gates.csv", gate_table, ["layer", "head", "mean", "frac_below_0.1", "frac_below_0.5", "n_scores"])
+    _write_csv(out_dir / "metrics.csv", metric_rows, ["metric", "anchor", "mean", "ci_low", "ci_high", "n"])
+
+    first_attention = _pad_heads([r.first_token_attention for r in results])
+    gate_means = {f: float(np.mean(gates.layers[f]["mean"] / gates.layers[f]["n"])) for f in gates.layers}
+    layer_rows = []
+    for l in range(layout.num_layers + 1):
+        row = {
+            "layer": l,
+            "layer_type": "embedding" if l == 0 else layout.layer_types[l - 1],
+            "is_attention": l in fa,
+            "m_act": float(np.mean([r.m_act_layers[l] for r in results])),
+            "m_first": float(np.mean([r.m_first[l] for r in results])),
+            "m_sink": float(np.mean([r.m_sink[l] for r in results])),
+            "gate_mean": gate_means.get(l, ""),
+        }
+        if l in fa and first_attention.size:
+            row["f_attn"] = float(np.nanmean(first_attention[:, fa.index(l)]))
+        layer_rows.append(row)
+    _write_csv(
+        out_dir / "layers.csv",
+        layer_rows,
+        ["layer", "layer_type", "is_attention", "m_act", "m_first", "m_sink", "f_attn", "gate_mean"],
+    )
+
+    intervention_rows = []
+    if intervention:
+        intervention_rows = run_interventions(model, inputs, device, intervention, k)
+        _write_csv(out_dir / "intervention.csv", intervention_rows, list(intervention_rows[0]))
+
+    plots = plot_all(out_dir)
+    write_summary(out_dir, model_name, layout, results, metric_rows, intervention_rows, plots)
+    return metric_rows

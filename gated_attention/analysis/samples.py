@@ -1,0 +1,93 @@
+"""Analysis inputs from text that ships with Python: prose, code and math-like text.
+
+Nothing is downloaded. prose = the documentation topics of `pydoc_data.topics`;
+code = source of a fixed list of small standard-library modules (from their
+first `def`/`class` on, past licence headers); math = docstrings of
+`statistics`, `fractions` and `math` (formulas, numbers, doctest arithmetic).
+The choice and order are fixed, so two runs on one Python analyse the same text.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DOMAINS = ("prose", "code", "math")
+_CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
+_MATH_MODULES = ("statistics", "fractions", "math", "cmath")
+
+
+@dataclass(frozen=True)
+class Sample:
+    domain: str
+    source: str  # where the text comes from, e.g. "pydoc_data.topics:assert"
+    text: str
+
+
+def _spread(items: list, n: int) -> list:
+    """n items evenly spaced over the list, first and last included (all of them if n >= len)."""
+    if n >= len(items):
+        return list(items)
+    if n <= 1:
+        return items[:n]
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
+
+
+def _prose(n: int, max_chars: int) -> list[Sample]:
+    from pydoc_data.topics import topics
+
+    names = [k for k in sorted(topics) if len(topics[k]) >= 1000]
+    return [Sample("prose", f"pydoc_data.topics:{k}", topics[k][:max_chars]) for k in _spread(names, n)]
+
+
+def _code(n: int, max_chars: int) -> list[Sample]:
+    import importlib
+
+    out = []
+    for name in _CODE_MODULES:
+        if len(out) == n:
+            break
+        try:
+            source = inspect.getsource(importlib.import_module(name))
+        except (ImportError, OSError, TypeError):  # frozen or source-less installs
+            continue
+        start = re.search(r"^(def|class) ", source, flags=re.M)
+        out.append(Sample("code", f"{name}.py", source[start.start() if start else 0 :][:max_chars]))
+    return out
+
+
+def _math(n: int, max_chars: int) -> list[Sample]:
+    import importlib
+
+    docs = []
+    for name in _MATH_MODULES:
+        module = importlib.import_module(name)
+        for attr in sorted(dir(module)):
+            obj = getattr(module, attr)
+            if attr.startswith("_") or not callable(obj) or getattr(obj, "__module__", name) != name:
+                continue  # private, a constant, or imported from elsewhere
+            doc = inspect.getdoc(obj)
+            if doc and len(doc) > 80 and any(c.isdigit() for c in doc):
+                docs.append((f"{name}.{attr}", doc))
+    chunks, text, sources = [], "", []
+    for source, doc in docs:
+        text += doc + "\n\n"
+        sources.append(source)
+        if len(text) >= max_chars:
+            chunks.append(Sample("math", f"{sources[0]}..{sources[-1]}", text[:max_chars]))
+            text, sources = "", []
+    return _spread(chunks, n)  # across the modules rather than the first n chunks
+
+
+def builtin_samples(n_per_domain: int = 4, max_chars: int = 2000) -> list[Sample]:
+    """`n_per_domain` samples of each of prose, code and math, each at most `max_chars` characters."""
+    return _prose(n_per_domain, max_chars) + _code(n_per_domain, max_chars) + _math(n_per_domain, max_chars)
+
+
+def read_text_file(path: str | Path) -> list[Sample]:
+    """One sample per blank-line-separated paragraph of a UTF-8 text file."""
+    text = Path(path).read_text(encoding="utf-8")
+    paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [Sample("text-file", f"{Path(path).name}:{i}", p) for i, p in enumerate(paragraphs)]

@@ -1,0 +1,289 @@
+"""Capture hooks, interventions and `gated-attention analyze` on tiny random models of every family.
+
+References: transformers' own `output_hidden_states` / `output_attentions` of
+the same forward (compared exactly: the same ops on the same tensors), and for
+the last residual state the model's final norm applied to it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import gated_attention as ga
+from gated_attention.analysis.capture import Capture, model_layout, torch_linear_attention
+from gated_attention.analysis.interventions import apply_edits, connection_edits, intervene
+from gated_attention.cli import main
+
+TINY = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+)
+LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
+HYBRID_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+
+# family -> (build kwargs, expected 1-based attention layers, expected gate kind or None)
+FAMILIES = {
+    "llama": (dict(model_type="llama"), [1, 2, 3, 4, 5], None),
+    "mistral": (dict(model_type="mistral"), [1, 2, 3, 4, 5], None),
+    "qwen2": (dict(model_type="qwen2"), [1, 2, 3, 4, 5], None),
+    "qwen3": (dict(model_type="qwen3"), [1, 2, 3, 4, 5], None),
+    "qwen3_moe": (dict(model_type="qwen3_moe", **MOE), [1, 2, 3, 4, 5], None),
+    "qwen3_next": (
+        dict(model_type="qwen3_next", **MOE, shared_expert_intermediate_size=16, **LINEAR, layer_types=HYBRID_TYPES),
+        [2, 5],
+        "q_proj",
+    ),
+    "qwen3_5_text": (dict(model_type="qwen3_5_text", **LINEAR, layer_types=HYBRID_TYPES), [2, 5], "q_proj"),
+    "olmo_hybrid": (
+        dict(model_type="olmo_hybrid", **LINEAR, layer_types=HYBRID_TYPES, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        [2, 5],
+        None,
+    ),
+    "gated_attention-G1-elementwise": (dict(model_type="gated_attention"), [1, 2, 3, 4, 5], "attn_gate"),
+    "gated_attention-G1-headwise-sliding": (
+        dict(
+            model_type="gated_attention",
+            attn_gate={"granularity": "headwise"},
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"] * 2 + ["sliding_attention"],
+        ),
+        [1, 2, 3, 4, 5],
+        "attn_gate",
+    ),
+    "gated_attention-G5-dense": (dict(model_type="gated_attention", attn_gate={"position": "dense"}), [1, 2, 3, 4, 5], "attn_gate"),
+    "gated_attention-ungated": (dict(model_type="gated_attention", attn_gate=None), [1, 2, 3, 4, 5], None),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models on a shared 2-core machine run ~50x faster on one thread than on two contended ones.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build(family: str) -> torch.nn.Module:
+    kwargs = dict(FAMILIES[family][0])
+    model_type = kwargs.pop("model_type")
+    config = AutoConfig.for_model(model_type, **TINY, **kwargs)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def count_hooks(model: torch.nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_hooks_with_kwargs) for m in model.modules()
+    )
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(3, TINY["vocab_size"], (1, 9))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@torch.no_grad()
+def test_capture_every_family(family, ids):
+    model = build(family)
+    _, attention_layers, gate_kind = FAMILIES[family]
+    L = TINY["num_hidden_layers"]
+    # transformers installs its own output-recording hooks on the first output_* call and keeps them.
+    with torch_linear_attention(model):  # fla kernels would fail on CPU
+        model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    hooks_before = count_hooks(model)
+    with Capture(model) as cap:
+        out = model(input_ids=ids, output_hidden_states=True, output_attentions=True, use_cache=False)
+    record = cap.records[-1]
+    assert cap.layout.full_attention_layers == attention_layers
+
+    # X[0..L-1] are transformers' hidden_states[0..L-1]; X[L] is before the final norm:
+    # hidden_states[-1] is the final norm of it, and differs from it.
+    assert len(record.residual) == L + 1
+    for l in range(L):
+        assert torch.equal(record.residual[l], out.hidden_states[l]), f"X[{l}]"
+    assert torch.equal(model.model.norm(record.residual[L]), out.hidden_states[L])
+    assert not torch.allclose(record.residual[L], out.hidden_states[L])
+
+    # Attention maps are keyed by 1-based layer and equal what the model returns (eager).
+    assert sorted(record.attentions) == attention_layers
+    for i, f in enumerate(attention_layers):
+        assert torch.equal(record.attentions[f], out.attentions[i])
+        assert record.attentions[f].shape == (1, TINY["num_attention_heads"], 9, 9)
+
+    if gate_kind is None:
+        assert record.gates == {}
+    else:
+        assert sorted(record.gates) == attention_layers
+        assert {site.kind for site in cap.layout.gates.values()} == {gate_kind}
+        scores = record.gates[attention_layers[0]]
+        assert scores.shape[:2] == (1, 9) and 0 <= scores.min() and scores.max() <= 1  # sigmoid scores
+    assert count_hooks(model) == hooks_before
+
+
+@torch.no_grad()
+def test_q_proj_gate_scores_are_the_models_gate(ids):
+    # Qwen3.5 multiplies the attention output by sigmoid(gate) right before o_proj. Reference: rerun
+    # with the gate half of q_proj zeroed, where the model multiplies by sigmoid(0) = 0.5 instead;
+    # o_proj's inputs must then differ exactly by the captured scores / 0.5 (up to fp32 rounding).
+    model = build("qwen3_5_text")
+    attention = model.model.layers[1].self_attn
+    H, D = TINY["num_attention_heads"], TINY["head_dim"]
+    o_inputs = []
+    handle = attention.o_proj.register_forward_pre_hook(lambda m, args: o_inputs.append(args[0]))
+    try:
+        with Capture(model) as cap:
+            model(input_ids=ids, use_cache=False)
+            attention.q_proj.weight.view(H, 2 * D, -1)[:, D:] = 0  # gate logits -> 0
+            model(input_ids=ids, use_cache=False)
+    finally:
+        handle.remove()
+    scores = cap.records[0].gates[2]  # [B, T, H, D]
+    assert scores.shape == (1, 9, H, D)
+    torch.testing.assert_close(o_inputs[0], o_inputs[1] * 2 * scores.reshape(1, 9, H * D), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(cap.records[1].gates[2], torch.full_like(scores, 0.5), rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_hooks_and_switches_undone_after_exit_and_exception(ids):
+    model = build("qwen3_5_text")
+    source = sys.modules[type(model.model.layers[0].linear_attn).__module__]
+    kernel = source.torch_chunk_gated_delta_rule
+    before_impl = model.config._attn_implementation
+    assert before_impl != "eager" and count_hooks(model) == 0
+
+    with Capture(model) as cap:
+        assert count_hooks(model) > 0
+        assert model.config._attn_implementation == "eager"
+        assert source.torch_chunk_gated_delta_rule is not kernel  # torch path forced on CPU
+        model(input_ids=ids, use_cache=False)
+    assert count_hooks(model) == 0 and model.config._attn_implementation == before_impl
+    assert source.torch_chunk_gated_delta_rule is kernel
+    assert len(cap.records) == 1
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with Capture(model):
+            model(input_ids=ids, use_cache=False)
+            raise RuntimeError("boom")
+    assert count_hooks(model) == 0 and model.config._attn_implementation == before_impl
+    assert source.torch_chunk_gated_delta_rule is kernel
+
+    # An exception inside the model's forward (bad token id) also leaves nothing behind.
+    with pytest.raises(IndexError):
+        with Capture(model):
+            model(input_ids=torch.tensor([[10_000, 1]]), use_cache=False)
+    assert count_hooks(model) == 0
+    with pytest.raises(IndexError):
+        with apply_edits(model, {1: (torch.tensor([0]), torch.tensor([0.0]))}):
+            model(input_ids=torch.tensor([[10_000, 1]]), use_cache=False)
+    assert count_hooks(model) == 0
+
+
+@pytest.mark.parametrize("family", ["gated_attention-G1-elementwise", "qwen3_5_text"])
+@pytest.mark.parametrize("kind", ["deletion", "connection"])
+def test_intervention_identity_check_is_exact(family, kind, ids):
+    model = build(family)
+    result = intervene(model, ids, kind, k=2)
+    assert result.identity_exact and result.identity_max_abs_diff == 0.0
+    assert sorted(result.coordinates) == [f - 1 for f in FAMILIES[family][1]]
+    assert all(len(c) == 2 for c in result.coordinates.values())
+    if kind == "deletion":
+        assert (result.logits_intervened - result.logits_normal).abs().max() > 1e-4
+    assert count_hooks(model) == 0
+
+
+@torch.no_grad()
+def test_edits_reach_the_residual_stream(ids):
+    # The planned values are what the next layer sees: capture under the edits and read them back.
+    model = build("qwen3_5_text")
+    with Capture(model, attentions=False) as cap:
+        model(input_ids=ids, use_cache=False)
+    normal = cap.records[-1].residual
+    z = torch.stack([x[0, 0] for x in normal])  # [L+1, D]
+    # Push the first token's trajectory down between the spikes so that connection must act.
+    z_low = z.clone()
+    z_low[2:4] *= 0.01
+    edits = connection_edits(z_low, [2, 5], k=1)
+    assert sorted(edits) == [1, 2, 3, 4]
+    with apply_edits(model, edits), Capture(model, attentions=False) as cap:
+        model(input_ids=ids, use_cache=False)
+    residual = cap.records[-1].residual
+    for l, (coords, values) in edits.items():
+        torch.testing.assert_close(residual[l][0, 0, coords], values, rtol=0, atol=0)
+    assert not torch.equal(residual[2][0, 0], normal[2][0, 0])  # the lowered interior was lifted
+    assert torch.equal(residual[1][0, 1:], normal[1][0, 1:])  # other tokens at the first edit: untouched
+
+
+def test_model_layout_of_an_fla_hybrid():
+    fla_models = pytest.importorskip("fla.models")
+    config = fla_models.GatedDeltaNetConfig(
+        hidden_size=32, num_hidden_layers=4, num_heads=2, head_dim=16, vocab_size=96,
+        attn={"layers": [1, 3], "num_heads": 2, "num_kv_heads": 2},
+    )
+    try:
+        model = fla_models.GatedDeltaNetForCausalLM(config)
+    except ImportError as e:  # fla's attention layer needs flash-attn, which has no CPU build
+        pytest.skip(f"fla hybrid cannot be built here: {e}")
+    assert model_layout(model).full_attention_layers == [2, 4]
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from gated_attention.analysis.samples import builtin_samples
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<bos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([s.text for s in builtin_samples(1)], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", pad_token="<pad>")
+
+
+def test_analyze_cli_end_to_end(tmp_path, capsys):
+    import numpy as np
+
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 3})
+    model_dir, out = tmp_path / "model", tmp_path / "out"
+    ga.GatedAttentionForCausalLM(config).save_pretrained(model_dir)
+    _tiny_tokenizer().save_pretrained(model_dir)
+
+    argv = ["analyze", str(model_dir), "--out", str(out), "--n-per-domain", "1", "--max-length", "24"]
+    assert main(argv + ["--intervene", "deletion", "--k", "2", "--bootstrap", "50"]) == 0
+    for name in ("arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv",
+                 "intervention.csv", "trajectory.png", "first_token_attention.png", "gate_hist.png", "summary.md"):
+        assert (out / name).stat().st_size > 0, name
+    arrays = np.load(out / "arrays.npz")
+    assert arrays["m_first"].shape == (3, 4)  # prose, code, math; L + 1 = 4 positions
+    assert arrays["full_attention_layers"].tolist() == [1, 2, 3]
+    summary = (out / "summary.md").read_text()
+    assert "exact on 3/3 inputs" in summary and "| f_attn |" in summary
+    assert "wrote" in capsys.readouterr().out
+
+    text = tmp_path / "in.txt"
+    text.write_text("first paragraph of text.\n\nsecond one, with a few more words in it.\n")
+    assert main(["analyze", str(model_dir), "--out", str(tmp_path / "out2"), "--text-file", str(text), "--bootstrap", "10"]) == 0
+    assert np.load(tmp_path / "out2" / "arrays.npz")["domain"].tolist() == ["text-file", "text-file"]
+
+
+def test_analyze_cli_bad_model_path_is_one_line(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model folder not found" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["analyze", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot load model" in err
+    assert not (tmp_path / "out").exists()
