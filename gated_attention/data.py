@@ -211,10 +211,14 @@ def pack(stream: np.ndarray, seq_len: int, bos_id: int, max_rows: int | None = N
 
 
 def corpus_tokens(tokenizer, split: str, max_chars: int | None = None) -> np.ndarray:
-    """The token stream of an embedded-corpus split, cached beside the tokenizer when it has a folder."""
+    """The token stream of an embedded-corpus split; cached beside the tokenizer if it is the embedded one.
+
+    (Only a folder written by `tokenizer_path`, marked by its `corpus.json`, gets
+    the cache; a model's own folder is never written to.)
+    """
     docs = corpus_split(split, max_chars)
     folder = Path(tokenizer.name_or_path) if tokenizer.name_or_path else None
-    if folder is None or not (folder / "tokenizer.json").exists():
+    if folder is None or not (folder / "corpus.json").exists():
         return token_stream(tokenizer, docs)
     path = folder / f"tokens-{split}-{corpus_fingerprint(docs)}.npy"
     if path.exists():
@@ -224,3 +228,47 @@ def corpus_tokens(tokenizer, split: str, max_chars: int | None = None) -> np.nda
     np.save(tmp, stream)
     os.replace(tmp, path)
     return stream
+
+
+# ---------------------------------------------------------------------------------------------
+# What the examples call
+
+
+def tokenizer_for(model_name_or_path: str, vocab_size: int | None = None, **kwargs):
+    """The model's own tokenizer when it has one, else the embedded-corpus tokenizer.
+
+    `vocab_size` (the model's) must then be large enough for the embedded
+    tokenizer, which is trained with that many tokens; kwargs go to `AutoTokenizer`.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_name_or_path, **kwargs)
+    except (OSError, ValueError, TypeError):
+        if vocab_size is None:
+            raise
+        return load_tokenizer(vocab_size)
+
+
+def packed_rows(
+    tokenizer,
+    seq_len: int,
+    *,
+    text_files: Sequence[str] | None = None,
+    split: str = "train",
+    max_chars: int | None = None,
+    max_rows: int | None = None,
+) -> torch.Tensor:
+    """Packed rows `[N, seq_len]` from text files, or from the embedded corpus's `split`.
+
+    Each row starts with the tokenizer's BOS token (EOS when it has none, as
+    some tokenizers do).
+    """
+    if text_files:
+        stream = token_stream(tokenizer, load_text_files(text_files))
+    else:
+        stream = corpus_tokens(tokenizer, split, max_chars)
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if bos is None:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
+    return pack(stream, seq_len, bos, max_rows=max_rows)

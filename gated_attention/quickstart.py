@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import data
-from .training import TrainConfig, evaluate_loss, make_optimizer, make_scheduler, train
+from .training import TrainConfig, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
 
 _PRETRAIN_FORMAT = 1  # bump when the source-model recipe changes, so cached sources are not reused
 
@@ -230,15 +230,6 @@ def pretrained_source(s: Settings, d: Data, cache: Path, progress: bool, log) ->
 
 # ---------------------------------------------------------------------------------------------
 # Evaluation
-
-
-def with_rope(model, rope_parameters: dict, max_position_embeddings: int):
-    """The same weights under another RoPE (the rotary tables are rebuilt from the config)."""
-    config = copy.deepcopy(model.config)
-    config.rope_parameters, config.max_position_embeddings = rope_parameters, max_position_embeddings
-    other = type(model)(config)
-    other.load_state_dict(model.state_dict())
-    return other.eval()
 
 
 def long_context_perplexities(model, s: Settings, d: Data) -> tuple[float, float]:

@@ -22,11 +22,14 @@ after `prepare`-ing model, optimizer and scheduler).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -280,3 +283,65 @@ def evaluate_loss(model: nn.Module, rows: torch.Tensor, batch_size: int, acceler
         loss_sum, count = accelerator.reduce(loss_sum, "sum"), accelerator.reduce(count, "sum")
     model.train(was_training)
     return float(loss_sum / count)
+
+
+# ---------------------------------------------------------------------------------------------
+# accelerate: checkpoints, resume and the final save (used by examples/)
+
+
+def checkpoint_dir(output_dir, step: int):
+    return Path(output_dir) / "checkpoints" / f"step-{step:07d}"
+
+
+def latest_checkpoint(output_dir):
+    """The newest complete checkpoint under `output_dir/checkpoints` (one with its `step.json`), or None."""
+    done = sorted(p.parent for p in (Path(output_dir) / "checkpoints").glob("step-*/step.json"))
+    return done[-1] if done else None
+
+
+def save_checkpoint(accelerator, output_dir, step: int):
+    """`accelerator.save_state` (model, optimizer, registered scheduler, RNG), then `step.json` last.
+
+    The data order is a function of (seed, step), so the step is all a resume needs besides the state.
+    """
+    folder = checkpoint_dir(output_dir, step)
+    accelerator.save_state(str(folder))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (folder / "step.json").write_text(json.dumps({"step": step}), encoding="utf-8")
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def load_checkpoint(accelerator, folder) -> int:
+    """Restore a `save_checkpoint` folder into the prepared objects; returns the step to continue from."""
+    folder = Path(folder)
+    if not (folder / "step.json").exists():
+        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no step.json)")
+    accelerator.load_state(str(folder))
+    return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])
+
+
+def save_final(accelerator, model, folder, tokenizer=None) -> None:
+    """`save_pretrained` of the unwrapped model with the full state dict (DDP and FSDP alike).
+
+    Our models' `save_pretrained` writes the remote-code bundle beside the weights.
+    """
+    state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process calls it
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=state_dict)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+    accelerator.wait_for_everyone()
+
+
+def with_rope(model, rope_parameters: dict, max_position_embeddings: int):
+    """A copy of `model` (same weights) whose rotary tables are rebuilt for other `rope_parameters`.
+
+    Build `rope_parameters` with `gated_attention.convert.rope.apply_rope_change`.
+    """
+    config = copy.deepcopy(model.config)
+    config.rope_parameters, config.max_position_embeddings = rope_parameters, max_position_embeddings
+    other = type(model)(config)
+    other.load_state_dict(model.state_dict())
+    return other.to(next(model.parameters()).device).eval()
