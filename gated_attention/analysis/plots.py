@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display is ever needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def _mark_attention_layers(ax, full_attention_layers) -> None:
@@ -37,6 +38,7 @@ def plot_trajectory(arrays, path: Path) -> None:
         ax.plot([], [], color=color, label=domain)
     ax.plot(x, m.mean(axis=0), color="black", linewidth=2, label="mean")
     _mark_attention_layers(ax, arrays["full_attention_layers"])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("residual position l (0 = embeddings, l = output of layer l)")
     ax.set_ylabel("first token max |X[l]|")
     ax.set_title("First-token max-activation trajectory")
@@ -55,6 +57,7 @@ def plot_first_token_attention(arrays, path: Path) -> None:
     ax.plot(layers, np.nanmean(per_head, axis=1), color="black", marker="o", label="mean over heads")
     ax.scatter([], [], s=8, color="tab:blue", label="head")
     ax.set_ylim(0, 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("attention layer (1-based)")
     ax.set_ylabel("attention on token 0 (queries ≥ 1)")
     ax.set_title("First-token attention per layer")
