@@ -1,1 +1,3 @@
 """kernels"""
+
+from .gated_sdpa import gated_sdpa

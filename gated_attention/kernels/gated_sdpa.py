@@ -1,0 +1,90 @@
+"""`gated_sdpa`: gated softmax attention, `softmax(q k^T * scale) v * act(gate)`.
+
+The Triton kernels (`gated_sdpa_triton.py`) run on CUDA tensors, and on CPU
+tensors when TRITON_INTERPRET=1 (triton's interpreter, slow, for tests); the
+plain-torch reference (`gated_sdpa_reference.py`: SDPA, then the gate) runs
+everywhere else and for inputs the kernels do not cover. The path is chosen
+per call from the tensors and logged once.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.utils import logging
+
+from .gated_sdpa_reference import GATE_ACTIVATIONS, gated_sdpa_reference
+
+logger = logging.get_logger(__name__)
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _triton_kernel(q: torch.Tensor, k: torch.Tensor, gate_activation: str):
+    """(the Triton entry point, None) when the kernels can run these inputs, else (None, why not)."""
+    try:
+        # Imported on first use, not with this module: triton reads TRITON_INTERPRET when the
+        # kernels are defined, and triton may be missing altogether.
+        from .gated_sdpa_triton import gated_sdpa_triton, unsupported_reason
+    except ImportError as error:
+        return None, str(error)
+    reason = unsupported_reason(q, k, gate_activation)
+    return (gated_sdpa_triton, None) if reason is None else (None, reason)
+
+
+def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not allowed; allowed values: {', '.join(map(repr, BACKENDS))}")
+    if gate_activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"gate_activation={gate_activation!r} is not allowed; allowed values: {tuple(GATE_ACTIVATIONS)}")
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(f"expected q [B, T, HQ, D] and k, v [B, S, HKV, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, T, HQ, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D or HQ % k.shape[2] != 0:
+        raise ValueError(f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)}: need the same B and D and HQ % HKV == 0")
+    if gate is not None and tuple(gate.shape) not in ((B, T, HQ, D), (B, T, HQ)):
+        raise ValueError(f"gate must be [B, T, HQ, D] or [B, T, HQ] = {(B, T, HQ, D)} or {(B, T, HQ)}; got {tuple(gate.shape)}")
+    if cu_seqlens is not None and (B != 1 or k.shape[1] != T or cu_seqlens.dim() != 1):
+        raise ValueError("with cu_seqlens, q/k/v hold packed sequences: B must be 1, S == T, cu_seqlens 1-D [N+1]")
+
+
+def gated_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate: torch.Tensor | None = None,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    gate_activation: str = "sigmoid",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Gated scaled-dot-product attention; differentiable in q, k, v and gate.
+
+    Args:
+        q: `[B, T, HQ, D]`.
+        k, v: `[B, S, HKV, D]`, HQ a multiple of HKV (GQA/MQA).
+        gate: pre-activation gate logits, `[B, T, HQ, D]` (elementwise) or
+            `[B, T, HQ]` (headwise); None for plain attention.
+        causal: bottom-right aligned, query i sees keys j <= i + S - T; rows
+            that see no key give zeros.
+        scale: softmax scale, default `D ** -0.5`.
+        cu_seqlens: int32 `[N+1]` offsets of N packed sequences (B == 1, S == T).
+        gate_activation: "sigmoid" or "ns_sigmoid" (0.5 + 0.5 * sigmoid).
+        backend: "auto" (Triton when the kernels can run the inputs, else torch),
+            "triton" (raise if they cannot), "torch" (the reference).
+
+    Returns:
+        `[B, T, HQ, D]` in q's dtype.
+    """
+    _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend)
+    kwargs = dict(causal=causal, scale=scale, cu_seqlens=cu_seqlens, gate_activation=gate_activation)
+    if backend != "torch":
+        kernel, reason = _triton_kernel(q, k, gate_activation)
+        if kernel is not None:
+            logger.info_once("gated_sdpa: running the Triton kernels")
+            return kernel(q, k, v, gate, **kwargs)
+        if backend == "triton":
+            raise RuntimeError(f"gated_sdpa(backend='triton') cannot run these inputs: {reason}")
+        logger.warning_once(f"gated_sdpa: {reason}; running the torch reference (SDPA + gate) instead")
+    return gated_sdpa_reference(q, k, v, gate, **kwargs)

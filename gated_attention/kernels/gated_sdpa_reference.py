@@ -1,0 +1,79 @@
+"""Plain-torch gated SDPA: the reference for the Triton kernels and the fallback everywhere else.
+
+    o = softmax(q k^T * scale + mask) v * act(gate)
+
+Shapes: q `[B, T, HQ, D]`, k/v `[B, S, HKV, D]` with HQ a multiple of HKV (query
+head h reads key/value head `h // (HQ / HKV)`), gate `[B, T, HQ, D]`
+(elementwise) or `[B, T, HQ]` (headwise) holding pre-activation logits; output
+`[B, T, HQ, D]`. With `cu_seqlens` (int `[N+1]`, flash-attn's convention) B is
+1, T == S, and sequence n is tokens `cu_seqlens[n]:cu_seqlens[n+1]`, attending
+only to itself.
+
+Causal masking is bottom-right aligned: query i sees keys j <= i + S - T (for
+T < S, a decode step or a chunk of prefill sees the whole cache). torch's
+`is_causal=True` is top-left aligned, so it is used only when T == S; other
+lengths get an explicit mask. Rows that see no key (T > S) give zeros.
+
+The computation runs in the inputs' dtype; pass fp32 tensors for an fp32
+reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+GATE_ACTIVATIONS = {
+    "sigmoid": torch.sigmoid,
+    "ns_sigmoid": lambda z: 0.5 + 0.5 * torch.sigmoid(z),
+}
+
+
+def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bottom-right aligned causal mask `[T, S]`, True where query i may attend key j (j <= i + S - T)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """Ungated attention on one batch of equal lengths; `[B, T, HQ, D]` in and out."""
+    T, S = q.shape[1], k.shape[1]
+    first = max(T - S, 0) if causal else 0  # rows before `first` see no key
+    out = q.new_zeros(q.shape)
+    if first == T or S == 0:
+        return out
+    qs = q[:, first:].transpose(1, 2)  # [B, HQ, T', D]
+    ks, vs = k.transpose(1, 2), v.transpose(1, 2)  # [B, HKV, S, D]
+    mask = None
+    if causal and T != S:
+        mask = causal_mask(T, S, q.device)[first:]
+    o = F.scaled_dot_product_attention(
+        qs, ks, vs, attn_mask=mask, is_causal=causal and T == S, scale=scale, enable_gqa=q.shape[2] != k.shape[2]
+    )  # [B, HQ, T', D]
+    if first == 0:
+        return o.transpose(1, 2)
+    return torch.cat([out[:, :first], o.transpose(1, 2)], dim=1)
+
+
+def gated_sdpa_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate: torch.Tensor | None = None,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    gate_activation: str = "sigmoid",
+) -> torch.Tensor:
+    """Gated SDPA in plain torch; arguments as `gated_attention.kernels.gated_sdpa`."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if cu_seqlens is None:
+        out = _sdpa(q, k, v, causal, scale)
+    else:
+        bounds = cu_seqlens.tolist()
+        pieces = [_sdpa(q[:, a:b], k[:, a:b], v[:, a:b], causal, scale) for a, b in zip(bounds[:-1], bounds[1:])]
+        out = torch.cat(pieces, dim=1) if pieces else q.new_zeros(q.shape)
+    if gate is None:
+        return out
+    scores = GATE_ACTIVATIONS[gate_activation](gate).to(out.dtype)
+    return out * (scores if gate.dim() == 4 else scores.unsqueeze(-1))
