@@ -95,13 +95,20 @@ def verification_ids(vocab_size: int, max_positions: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (1, min(VERIFY_TOKENS, max_positions)), generator=g)
 
 
+@dataclass
+class LogitsComparison:
+    max_abs_diff: float
+    bit_identical: bool
+    max_abs_logit: float  # the scale the difference is measured against
+
+
 @torch.no_grad()
-def compare_logits(reference, result, vocab_size: int, max_positions: int) -> tuple[float, bool]:
-    """Max |logits difference| on the fixed prompt, and whether the logits are bit-identical."""
+def compare_logits(reference, result, vocab_size: int, max_positions: int) -> LogitsComparison:
+    """Compare two models' logits on the fixed prompt."""
     ids = verification_ids(vocab_size, max_positions)
     a = reference.eval()(ids).logits
     b = result.eval()(ids).logits
-    return (a.float() - b.float()).abs().max().item(), torch.equal(a, b)
+    return LogitsComparison((a.float() - b.float()).abs().max().item(), torch.equal(a, b), a.abs().max().item())
 
 
 def _load(folder: Path, dtype: torch.dtype | None, **config_overrides):
@@ -112,7 +119,8 @@ def _verify(src_folder: Path, stage: Path, config, dtype, overrides: dict, exact
     log("verifying: loading SRC and the result, comparing logits on a fixed prompt")
     reference = _load(src_folder, dtype, **overrides)
     result = _load(stage, dtype)
-    diff, equal = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
+    cmp = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
+    diff, equal = cmp.max_abs_diff, cmp.bit_identical
     del reference, result
     if exact:
         log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else ""))
@@ -211,7 +219,7 @@ def extend_checkpoint(
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
-    config.auto_map = None
+    config.auto_map = {}  # rewritten from the installed package below
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     model = _meta_model(config)

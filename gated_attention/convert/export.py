@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from .. import __version__
+from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from .convert import Result, compare_logits
 from .families import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
@@ -147,6 +149,59 @@ def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
     return outputs
 
 
+def _write_card(stage: Path, src: str, config) -> None:
+    spec = config.attn_gate
+    write_model_card(
+        stage,
+        "converted_model",
+        title=f"{Path(str(src)).name} in the native Qwen3.5 layout",
+        summary="A gated-attention model exported to transformers' own Qwen3.5 text architecture, "
+        "so it loads without remote code and runs on engines that support Qwen3.5.",
+        tag="qwen3_5",
+        options_rows=options_rows({"source": src, "--format": "qwen3_5"}),
+        what_changed="\n".join(
+            [
+                f"- The attention gate (G1, {spec['granularity']}"
+                + (", shared across heads" if spec["head_shared"] else "")
+                + ") moved into `q_proj`: per head, D query rows then D gate rows"
+                + (" (a per-head score becomes D equal rows)." if spec["granularity"] == "headwise" or spec["head_shared"] else "."),
+                "- RMSNorm weights are stored as `w - 1` (Qwen3.5 multiplies by `1 + w`); checked exact for every weight.",
+                "- `partial_rotary_factor` is 1.0: RoPE rotates the whole head, as in the source.",
+                "- In float32 the logits match the source; in bf16 they differ by rounding order only "
+                "(Qwen3.5's norms multiply in float32 before rounding).",
+            ]
+        ),
+        how_to_load="```python\nfrom transformers import AutoModelForCausalLM\n\n"
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")  # Qwen3_5ForCausalLM, no remote code\n```',
+        continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
+        "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
+        command="gated-attention export",
+        version=__version__,
+        **base_model_fields(str(src)),
+    )
+
+
+def _verify(folder: Path, stage: Path, config, log) -> float:
+    """Compare in float32, where the two layouts compute the same numbers.
+
+    In bf16 they round differently by design: Llama-style norms cast to bf16
+    before multiplying by w, Qwen3.5's multiply by (1 + w) in fp32 first; so a
+    bf16 comparison would mix the mapping's correctness with rounding order.
+    """
+    from transformers import AutoModelForCausalLM
+
+    log("verifying: loading SRC (gated) and the export (native Qwen3.5) in float32, comparing logits on a fixed prompt")
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    native = AutoModelForCausalLM.from_pretrained(stage, dtype=torch.float32)
+    cmp = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
+    diff, equal, scale = cmp.max_abs_diff, cmp.bit_identical, cmp.max_abs_logit
+    log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else f" (max |logits| {scale:g})"))
+    # Same products and sums; only the GEMM's summation order may differ (e.g. a headwise gate becomes D equal rows).
+    if diff > 1e-5 * max(scale, 1.0):
+        raise ConversionError(f"verification failed: the exported model's logits differ by {diff:g} in float32")
+    return diff
+
+
 def export_checkpoint(
     src: str,
     dst: str | Path,
@@ -185,12 +240,8 @@ def export_checkpoint(
         target.architectures = ["Qwen3_5ForCausalLM"]
         target.save_pretrained(stage)
         copy_side_files(folder, stage)
+        _write_card(stage, src, config)
         if verify:
-            log("verifying: loading SRC (gated) and the export (native Qwen3.5), comparing logits on a fixed prompt")
-            reference = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
-            native = AutoModelForCausalLM.from_pretrained(stage, dtype="auto")
-            diff, equal = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
-            result.max_abs_diff = diff
-            log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else ""))
+            result.max_abs_diff = _verify(folder, stage, config, log)
     log(f"wrote {dst}")
     return result

@@ -1,0 +1,193 @@
+"""Bad input to `gated-attention convert`: one line on stderr, a non-zero exit, no DST, SRC untouched."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from convert_helpers import PROMPT, file_hashes, make_source, staging_leftovers
+from gated_attention.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def base_source(tmp_path_factory):
+    return make_source("llama", tmp_path_factory.mktemp("base") / "src")
+
+
+@pytest.fixture
+def src(base_source, tmp_path):
+    return Path(shutil.copytree(base_source, tmp_path / "src"))
+
+
+def shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("model-*.safetensors"))
+
+
+def refuse(argv, capsys, dst: Path, src: Path | None, expected: str) -> str:
+    """Run the CLI; it must fail with one line on stderr naming the problem, leaving no DST and SRC as it was."""
+    before = file_hashes(src) if src is not None and src.is_dir() else None
+    capsys.readouterr()  # drop what the test itself printed
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"gated-attention {argv[0]}: error: ")
+    assert expected in err, err
+    assert not dst.exists() or dst.name == "existing"
+    assert staging_leftovers(dst) == []
+    if before is not None:
+        assert file_hashes(src) == before
+    return err
+
+
+def test_missing_path(tmp_path, capsys):
+    refuse(["convert", str(tmp_path / "nope"), str(tmp_path / "out")], capsys, tmp_path / "out", None, "no such folder")
+
+
+def test_no_config(src, tmp_path, capsys):
+    (src / "config.json").unlink()
+    refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, "has no config.json")
+
+
+def test_unsupported_architecture_lists_the_supported_ones(src, tmp_path, capsys):
+    config = json.loads((src / "config.json").read_text())
+    config.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    (src / "config.json").write_text(json.dumps(config))
+    err = refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, "unsupported architecture")
+    for name in ("Llama", "Mistral", "Qwen2", "Qwen3"):
+        assert name in err
+
+
+def test_truncated_shard(src, tmp_path, capsys):
+    last = shards(src)[-1]
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) - 100])
+    refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, "is truncated")
+
+
+def test_corrupted_header(src, tmp_path, capsys):
+    first = shards(src)[0]
+    data = bytearray(first.read_bytes())
+    data[8:24] = b"\x00garbage-bytes!!"
+    first.write_bytes(bytes(data))
+    refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, "is corrupted")
+
+
+def test_missing_shard(src, tmp_path, capsys):
+    gone = shards(src)[1]
+    gone.unlink()
+    refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, f"missing shard {gone.name}")
+
+
+def test_shapes_that_contradict_the_config(src, tmp_path, capsys):
+    config = json.loads((src / "config.json").read_text())
+    config["intermediate_size"] = 100
+    (src / "config.json").write_text(json.dumps(config))
+    refuse(
+        ["convert", str(src), str(tmp_path / "out")],
+        capsys,
+        tmp_path / "out",
+        src,
+        "in SRC but its config implies [",
+    )
+
+
+def test_existing_dst_needs_overwrite(src, tmp_path, capsys):
+    dst = tmp_path / "existing"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("old")
+    refuse(["convert", str(src), str(dst)], capsys, dst, src, "already exists; pass --overwrite")
+    assert (dst / "keep.txt").read_text() == "old"
+
+    assert main(["convert", str(src), str(dst), "--overwrite", "--no-verify"]) == 0
+    assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
+    assert staging_leftovers(dst) == []
+
+
+def test_pickle_only_needs_allow_pickle(base_source, tmp_path, capsys):
+    src = tmp_path / "pickled"
+    src.mkdir()
+    shutil.copy(base_source / "config.json", src)
+    model = AutoModelForCausalLM.from_pretrained(base_source)
+    torch.save(model.state_dict(), src / "pytorch_model.bin")
+    dst = tmp_path / "out"
+    refuse(["convert", str(src), str(dst)], capsys, dst, src, "pass --allow-pickle")
+
+    before = file_hashes(src)
+    assert main(["convert", str(src), str(dst), "--allow-pickle"]) == 0  # verified: bit-identical
+    assert "bit-identical" in capsys.readouterr().out
+    assert file_hashes(src) == before
+
+
+def test_src_inside_dst_or_dst_inside_src_is_refused(src, capsys):
+    refuse(["convert", str(src), str(src / "out")], capsys, src / "out", src, "must not be SRC")
+
+
+def test_yarn_without_original_length_is_refused(src, tmp_path, capsys):
+    refuse(
+        ["convert", str(src), str(tmp_path / "out"), "--yarn-factor", "4"],
+        capsys,
+        tmp_path / "out",
+        src,
+        "--yarn-factor needs --original-max-position-embeddings",
+    )
+
+
+def _big_source(folder: Path) -> Path:
+    """A ~100 MB Llama-shaped checkpoint of zeros: big enough that writing it takes a moment."""
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64,
+    )  # fmt: skip
+    config.save_pretrained(folder)
+    with torch.device("meta"):
+        from transformers import LlamaForCausalLM
+
+        shapes = {k: v.shape for k, v in LlamaForCausalLM(config).state_dict().items()}
+    save_file({k: torch.zeros(s) for k, s in shapes.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_interruption_leaves_no_dst(tmp_path, sig):
+    src = _big_source(tmp_path / "big")
+    before = file_hashes(src)
+    dst = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gated_attention", "convert", str(src), str(dst)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Wait until the first shard is being written into the staging folder, then interrupt.
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.incomplete-*/model*.safetensors")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "conversion never started writing"
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().splitlines()[-1] == "gated-attention convert: interrupted"
+    assert not dst.exists()
+    assert staging_leftovers(dst) == []
+    assert file_hashes(src) == before
+
+
+def test_successful_conversion_of_the_same_source_still_works(src, tmp_path):
+    # The fixtures above are only worth something if the unbroken source converts.
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 0
+    reference = AutoModelForCausalLM.from_pretrained(src).eval()
+    result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert torch.equal(reference(PROMPT).logits, result(PROMPT).logits)

@@ -1,0 +1,87 @@
+"""`gated-attention export --format qwen3_5`: transformers' native Qwen3.5 gives the gated model's logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
+
+from convert_helpers import PROMPT, TINY
+from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+from gated_attention.cli import main
+
+
+def gated_model(folder, **overrides):
+    """A trained-looking gated model: random gates, norms and biases, so every mapped piece matters."""
+    torch.manual_seed(0)
+    model = GatedAttentionForCausalLM(GatedAttentionConfig(**{**TINY, "head_dim": 16, "qk_norm": True, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))  # in [0.5, 2]: w - 1 is exact there
+            elif "attn_gate" in name or name.endswith("bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+VARIANTS = {
+    "elementwise": {},
+    "headwise": {"attn_gate": {"granularity": "headwise"}},
+    "head-shared": {"attn_gate": {"head_shared": True}},
+    "gate-bias": {"attn_gate": {"bias": True}, "attention_bias": True},
+    "qwen2-bias-tied": {"qkv_bias": True, "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_native_qwen3_5_gives_the_gated_logits(tmp_path, variant):
+    gated = gated_model(tmp_path / "gated", **VARIANTS[variant])
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 0
+    assert not list((tmp_path / "native").glob("*.py"))  # no remote code
+    native = AutoModelForCausalLM.from_pretrained(tmp_path / "native").eval()
+    assert type(native) is Qwen3_5ForCausalLM
+    with torch.no_grad():
+        expected, got = gated(PROMPT).logits, native(PROMPT).logits
+        # fp32: the same products and sums. Only a GEMM's summation order may differ (a headwise gate
+        # becomes D equal rows of a wider matmul), which moves the last bits: 1e-6 of the logit scale.
+        assert (expected - got).abs().max() <= 1e-6 * expected.abs().max()
+
+        # bf16: the two layouts round in a different order (Qwen3.5's norms multiply by 1 + w in fp32
+        # before rounding, Llama-style norms round first). The native model must be as close to the
+        # fp32 logits as the gated model in bf16 is, within 2x.
+        gated_bf16 = gated.to(torch.bfloat16)(PROMPT).logits.float()
+        native_bf16 = native.to(torch.bfloat16)(PROMPT).logits.float()
+        assert (native_bf16 - expected).abs().max() <= 2 * (gated_bf16 - expected).abs().max()
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        ({"qk_norm": False}, "qk_norm=false"),
+        ({"attn_gate": {"position": "G2"}}, "gate position is 'value'"),
+        ({"attn_gate": {"mode": "additive", "activation": "silu"}}, "multiplicative sigmoid"),
+        ({"sliding_window": 4}, "no sliding window"),
+        ({"attn_gate": {"bias": True}}, "attention_bias=false"),
+    ],
+    ids=["no-qk-norm", "G2", "additive-silu", "sliding-window", "gate-bias-without-attention-bias"],
+)
+def test_export_refuses_what_has_no_exact_mapping(tmp_path, capsys, overrides, reason):
+    gated_model(tmp_path / "gated", **overrides)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot export to qwen3_5 exactly" in err and reason in err, err
+    assert not (tmp_path / "native").exists()
+
+
+def test_norm_weight_without_an_exact_one_plus_w_form_is_refused(tmp_path, capsys):
+    model = gated_model(tmp_path / "gated")
+    with torch.no_grad():
+        # 0.001 has bits down to 2^-33; w - 1 = -0.999 keeps only down to 2^-24, so 1 + (w - 1) != w in fp32.
+        model.model.norm.weight[3] = 1e-3
+    model.save_pretrained(tmp_path / "gated")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 2
+    assert "model.norm.weight[3]" in capsys.readouterr().err
+    assert not (tmp_path / "native").exists()
