@@ -1,0 +1,160 @@
+"""The accelerate examples on a tiny gated model: DDP on two CPU processes, resume, LoRA merge and reload.
+
+Two processes on a CPU-only machine: `accelerate launch --cpu --num_processes 2`
+starts a single process unless MPI is installed, so the tests use the
+torchrun launcher (`--multi_gpu`); the examples pick the CPU and gloo when there
+is no accelerator. Each process is limited to one thread (2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gated_attention
+from gated_attention import data
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+MAX_CHARS = 150_000  # a corpus prefix: tokenizer training and tokenizing take well under a second
+COMMON = ["--seq-len", "32", "--batch-size", "2", "--max-chars", str(MAX_CHARS), "--eval-sequences", "2",
+          "--log-every", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("GATED_ATTENTION_CACHE")
+    os.environ["GATED_ATTENTION_CACHE"] = str(cache)
+    yield {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLES)}
+    if old is None:
+        os.environ.pop("GATED_ATTENTION_CACHE")
+    else:
+        os.environ["GATED_ATTENTION_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def tiny_model(env, tmp_path_factory) -> Path:
+    """A tiny random G1-gated model with the embedded tokenizer, saved like a converted checkpoint."""
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = data.load_tokenizer(300, max_chars=MAX_CHARS)
+    config = gated_attention.GatedAttentionConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=64, attn_gate={"position": "G1"},
+    )
+    torch.manual_seed(0)
+    gated_attention.GatedAttentionForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def launch_two_processes(script: str, args: list[str], env: dict) -> str:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(EXAMPLES / script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout
+
+
+def read_log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_continued_pretraining_ddp_resume_and_reload(env, tiny_model, tmp_path):
+    # lr 1e-2 so that a resume that lost the optimizer or scheduler state would change
+    # the later losses visibly (Adam's update is ~lr per weight).
+    train_args = ["--model", str(tiny_model), "--steps", "4", "--save-every", "2", "--grad-accum", "2",
+                  "--lr", "1e-2", "--gate-lr", "2e-2", *COMMON]
+    first = tmp_path / "first"
+    out = launch_two_processes("continued_pretraining.py", [*train_args, "--output-dir", str(first)], env)
+    assert "2 process(es)" in out
+    log = read_log(first)
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) and 0 < r["gate_score"] < 1 for r in log)
+    assert log[0]["gate_lr"] > log[0]["lr"]  # the gate group has its own learning rate
+
+    # Resume from the step-2 checkpoint into a fresh folder: steps 3 and 4 must be the same
+    # batches (digest of the global row indices) and, with the same two processes and the
+    # same deterministic gloo reductions, the same losses.
+    resumed = tmp_path / "resumed"
+    out = launch_two_processes(
+        "continued_pretraining.py",
+        [*train_args, "--output-dir", str(resumed), "--resume", str(first / "checkpoints" / "step-0000002")], env
+    )
+    assert "at step 2" in out
+    log_resumed = read_log(resumed)
+    assert [r["step"] for r in log_resumed] == [3, 4]
+    assert [r["batch"] for r in log_resumed] == [r["batch"] for r in log[2:]]
+    assert len({r["batch"] for r in log}) == 4
+    for a, b in zip(log_resumed, log[2:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=0)
+        assert a["gate_score"] == pytest.approx(b["gate_score"], rel=1e-6, abs=0)
+
+    # The saved folders reload through the remote-code bundle, and both runs ended at the same weights.
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(first / "final", trust_remote_code=True)
+    b = AutoModelForCausalLM.from_pretrained(resumed / "final", trust_remote_code=True)
+    assert a.config.attn_gate["position"] == "sdpa"
+    start = gated_attention.GatedAttentionForCausalLM.from_pretrained(tiny_model).state_dict()
+    for name, tensor in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], tensor, rtol=1e-6, atol=1e-7)
+    gate_names = [n for n in start if "attn_gate" in n]
+    assert gate_names and all(not torch.equal(a.state_dict()[n], start[n]) for n in gate_names)
+    ids = torch.tensor([[1, 50, 60, 70, 80]])
+    assert torch.isfinite(a(input_ids=ids, labels=ids).loss)
+
+
+def _import_example(name: str):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+@pytest.mark.slow
+def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
+    lora = _import_example("lora_finetune")
+    out = tmp_path / "lora"
+    merged = lora.main(["--model", str(tiny_model), "--output-dir", str(out), "--steps", "3", "--rank", "4",
+                        "--lr", "1e-2", *COMMON])
+    assert type(merged).__name__ == "GatedAttentionForCausalLM"  # unwrapped: no PEFT layers left
+    assert not any("lora_" in n or "modules_to_save" in n for n, _ in merged.named_parameters())
+    start = gated_attention.GatedAttentionForCausalLM.from_pretrained(tiny_model).state_dict()
+    state = merged.state_dict()
+    # The gates were trained in full (modules_to_save) and the LoRA deltas were merged.
+    assert not torch.equal(state["model.layers.0.self_attn.attn_gate.weight"], start["model.layers.0.self_attn.attn_gate.weight"])
+    assert not torch.equal(state["model.layers.0.self_attn.q_proj.weight"], start["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(state["model.embed_tokens.weight"], start["model.embed_tokens.weight"])  # not a LoRA target
+
+    ids = torch.randint(3, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = merged.eval()(input_ids=ids).logits
+    # Reload in a fresh interpreter through the remote-code bundle; fp32 weights round-trip
+    # through safetensors exactly and the arithmetic is the same code, so the logits are equal.
+    torch.save(ids, tmp_path / "ids.pt")
+    script = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(out / 'merged')!r}, trust_remote_code=True)\n"
+        "assert type(m).__module__.startswith('transformers_modules'), type(m).__module__\n"
+        f"ids = torch.load({str(tmp_path / 'ids.pt')!r})\n"
+        "with torch.no_grad():\n"
+        f"    torch.save(m.eval()(input_ids=ids).logits, {str(tmp_path / 'logits.pt')!r})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), before)

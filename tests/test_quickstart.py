@@ -1,0 +1,150 @@
+"""Embedded data, the shared training loop, and `gated-attention quickstart --smoke` end to end."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gated_attention
+from gated_attention import data
+from gated_attention.training import GateScoreMeter, StepBatches, make_optimizer
+
+MAX_CHARS = 150_000  # a corpus prefix, so the tokenizer trains in well under a second
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_split_is_fixed_and_disjoint():
+    train = data.corpus_split("train")
+    valid = data.corpus_split("validation")
+    names = {d.name for d in data.corpus_documents()}
+    assert {d.name for d in train} | {d.name for d in valid} == names
+    assert not {d.name for d in train} & {d.name for d in valid}
+    assert [d.name for d in data.corpus_split("validation")] == [d.name for d in valid]  # same order every call
+    assert any(n.startswith("pydoc:") for n in names) and any(n.startswith("stdlib:") for n in names)
+    prefix = data.corpus_split("train", max_chars=MAX_CHARS)
+    assert [d.name for d in prefix] == [d.name for d in train[: len(prefix)]]
+
+
+def test_tokenizer_is_cached_and_loads_with_autotokenizer(cache):
+    from transformers import AutoTokenizer
+
+    folder = data.tokenizer_path(300, MAX_CHARS, cache)
+    stamp = (folder / "tokenizer.json").stat().st_mtime_ns
+    assert data.tokenizer_path(300, MAX_CHARS, cache) == folder
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp  # not trained again
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert len(tok) == 300
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    text = "def f(x):\n    return 'é' * x  # ünïcode"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id  # BOS first, as the models are trained
+    assert tok.decode(ids, skip_special_tokens=True) == text  # byte-level: nothing is unknown
+
+
+def test_pack_rows_start_with_bos_and_follow_the_stream():
+    stream = np.arange(10, 33, dtype=np.int32)  # 23 tokens
+    rows = data.pack(stream, seq_len=6, bos_id=1)  # 5 stream tokens per row -> 4 rows, 3 left over
+    assert rows.shape == (4, 6)
+    assert (rows[:, 0] == 1).all()
+    assert torch.equal(rows[:, 1:].reshape(-1), torch.arange(10, 30))
+
+
+# ---------------------------------------------------------------- training loop
+
+
+def test_step_batches_cover_each_global_batch_once_and_are_reproducible():
+    b = StepBatches(num_rows=10, global_batch=8, seed=3)
+    first_epoch = torch.cat([b.indices(0), b.indices(1)[:2]])
+    assert sorted(first_epoch.tolist()) == list(range(10))  # an epoch is a permutation
+    assert torch.equal(StepBatches(10, 8, 3).indices(5), b.indices(5))  # a pure function of (seed, step)
+    idx = b.indices(2)
+    shards = [StepBatches.shard(idx, m, 2, r, 2) for m in range(2) for r in range(2)]
+    assert torch.equal(torch.cat(shards).sort().values, idx.sort().values)
+
+
+def _tiny(gate):
+    config = gated_attention.GatedAttentionConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        attn_gate=gate,
+    )
+    return gated_attention.GatedAttentionForCausalLM(config)
+
+
+def test_gate_parameters_get_their_own_learning_rate():
+    model = _tiny({"position": "G1", "bias": True})
+    optimizer = make_optimizer(model, lr=1e-5, gate_lr=1e-3)
+    by_lr = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            by_lr[id(p)] = group["lr"]
+    for name, p in model.named_parameters():
+        assert by_lr[id(p)] == (1e-3 if "attn_gate" in name else 1e-5), name
+
+
+def test_gate_meter_reads_exact_init_gates_as_one_half():
+    model = _tiny({"position": "G1"})
+    for name, p in model.named_parameters():
+        if "attn_gate" in name:
+            torch.nn.init.zeros_(p)  # the converter's exact init: every score is sigmoid(0) = 0.5
+    with GateScoreMeter(model) as meter:
+        model(input_ids=torch.randint(0, 64, (2, 5)))
+        assert meter.pop() == 0.5
+        assert math.isnan(meter.pop())  # nothing ran since
+    with GateScoreMeter(_tiny(None)) as meter:
+        assert math.isnan(meter.pop())
+
+
+# ---------------------------------------------------------------- quickstart
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_quickstart_smoke_end_to_end(cache, tmp_path):
+    out = tmp_path / "qs"
+    cmd = [sys.executable, "-m", "gated_attention", "quickstart", "--smoke", "--out", str(out), "--cache", str(cache),
+           "--threads", "1", "--no-progress", "--steps", "4", "--pretrain-steps", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "are bit-identical" in proc.stdout  # the conversion was proved exact on validation data
+    assert "val ppl" in proc.stdout and "F-Attn" in proc.stdout  # the table was printed
+
+    results = {r["model"]: r for r in _read(out / "results.csv")}
+    assert list(results) == ["scratch, no gate", "scratch, G1 gate", "Llama source (pretrained)",
+                             "Llama source + continued", "converted + continued"]
+    for name, r in results.items():
+        for key in ("val_ppl", "ppl_long", "ppl_long_yarn", "f_attn", "m_act"):
+            assert math.isfinite(float(r[key])), (name, key)
+        gated = "G1" in name or "converted" in name
+        assert (0 < float(r["gate_mean"]) < 1) if gated else math.isnan(float(r["gate_mean"])), name
+    # Same init, same batches, same steps: our ungated model trains exactly like transformers'
+    # Llama (the tolerance allows for summation-order differences; none are expected on CPU).
+    assert float(results["scratch, no gate"]["val_ppl"]) == pytest.approx(
+        float(results["Llama source (pretrained)"]["val_ppl"]), rel=1e-4)
+
+    training = _read(out / "training.csv")
+    assert {r["model"] for r in training} == {"scratch, no gate", "scratch, G1 gate", "Llama source + continued",
+                                              "converted + continued"}
+    assert len(training) == 4 * 4
+    layers = _read(out / "layers.csv")
+    assert len(layers) == 5 * 2  # five models, two layers each
+    for name in ("loss.png", "gate_score.png", "first_token_attention.png", "max_activation.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert (out / "converted" / "config.json").exists()
