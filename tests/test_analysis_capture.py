@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import gated_attention as ga
-from gated_attention.analysis.capture import Capture, model_layout, torch_linear_attention
+from gated_attention.analysis.capture import Capture, _layer_types, model_layout, torch_linear_attention
 from gated_attention.analysis.interventions import apply_edits, connection_edits, intervene
 from gated_attention.cli import main
 
@@ -57,6 +57,9 @@ FAMILIES = {
     ),
     "gated_attention-G5-dense": (dict(model_type="gated_attention", attn_gate={"position": "dense"}), [1, 2, 3, 4, 5], "attn_gate"),
     "gated_attention-ungated": (dict(model_type="gated_attention", attn_gate=None), [1, 2, 3, 4, 5], None),
+    "gated_attention_moe": (
+        dict(model_type="gated_attention_moe", **MOE, shared_expert_intermediate_size=16), [1, 2, 3, 4, 5], "attn_gate"
+    ),
 }
 
 
@@ -225,10 +228,13 @@ def test_model_layout_of_an_fla_hybrid():
         hidden_size=32, num_hidden_layers=4, num_heads=2, head_dim=16, vocab_size=96,
         attn={"layers": [1, 3], "num_heads": 2, "num_kv_heads": 2},
     )
+    # fla lists its attention layers 0-based in config.attn["layers"].
+    assert _layer_types(config, 4) == ["linear_attention", "full_attention"] * 2
+    assert _layer_types(fla_models.GatedDeltaNetConfig(num_hidden_layers=2), 2) == ["linear_attention"] * 2
     try:
         model = fla_models.GatedDeltaNetForCausalLM(config)
     except ImportError as e:  # fla's attention layer needs flash-attn, which has no CPU build
-        pytest.skip(f"fla hybrid cannot be built here: {e}")
+        pytest.skip(f"fla hybrid model cannot be built here: {e}")
     assert model_layout(model).full_attention_layers == [2, 4]
 
 

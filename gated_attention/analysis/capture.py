@@ -88,8 +88,9 @@ def _text_config(model: nn.Module):
 
 
 def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList:
+    """The ModuleList of decoder layers: named `layers` (else `h`/`blocks`), of the config's length, shallowest."""
     candidates = [
-        (name.count("."), name, module)
+        (name.rsplit(".", 1)[-1] != "layers", name.count("."), name, module)
         for name, module in model.named_modules()
         if isinstance(module, nn.ModuleList)
         and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")
@@ -97,16 +98,17 @@ def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList:
     ]
     if not candidates:
         raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (no ModuleList named 'layers')")
-    return min(candidates, key=lambda c: (c[0], c[1]))[2]
+    return min(candidates, key=lambda c: c[:3])[3]
 
 
 def _layer_types(config, num_layers: int) -> list[str]:
     types = getattr(config, "layer_types", None)
     if types:
         return list(types)
-    if hasattr(config, "attn") and not isinstance(getattr(config, "attn"), (str, int, float)):
-        # fla hybrids: config.attn = {"layers": [0-based indices], ...} or None for a pure linear model.
-        attention = set((config.attn or {}).get("layers", []))
+    attn = getattr(config, "attn", "absent")
+    if attn is None or isinstance(attn, dict):
+        # fla hybrids: config.attn = {"layers": [0-based indices], ...}, None for a pure linear model.
+        attention = set((attn or {}).get("layers", []))
         return ["full_attention" if i in attention else "linear_attention" for i in range(num_layers)]
     return ["full_attention"] * num_layers
 
