@@ -11,10 +11,14 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 TINY = dict(
@@ -40,6 +44,13 @@ SOURCE_FAMILIES = {
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 5, "head_dim": 32}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32}),
+    # MoE: transformers 5 saves both in the legacy per-expert layout (Mixtral: block_sparse_moe.experts.N.w1).
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": True},
+    ),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5}),
 }
 PROMPT = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))  # 12 > window 5
 

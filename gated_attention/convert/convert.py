@@ -21,14 +21,7 @@ from .. import __version__
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from ..hub.remote_code import write_remote_code
-from .families import (
-    GATED_MODEL_TYPES,
-    GATE_BIAS_INIT,
-    detect_family,
-    dense_config,
-    load_source_config,
-    plan_dense,
-)
+from .families import GATE_BIAS_INIT, GATED_MODEL_TYPES, detect_family, load_source_config, plan_weights, target_config
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
@@ -163,11 +156,11 @@ def convert_checkpoint(
     ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
     src_config = load_source_config(folder, family)
 
-    config = dense_config(src_config, family, gate_spec)
+    config = target_config(src_config, family, gate_spec)
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     model = _meta_model(config)
-    outputs = plan_dense(ckpt, model, init=init, dtype=requested)
+    outputs = plan_weights(ckpt, model, init=init, dtype=requested)
     dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
@@ -223,7 +216,7 @@ def extend_checkpoint(
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     model = _meta_model(config)
-    outputs = plan_dense(ckpt, model, init="copy", dtype=requested)
+    outputs = plan_weights(ckpt, model, init="copy", dtype=requested)
     dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
 
     log(f"extending {src} -> {dst}: {rope.describe()}")

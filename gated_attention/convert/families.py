@@ -49,6 +49,8 @@ FAMILIES = (
     Family("Mistral", ("mistral",), "dense"),
     Family("Qwen2/Qwen2.5", ("qwen2",), "dense"),
     Family("Qwen3", ("qwen3",), "dense"),
+    Family("Qwen3-MoE", ("qwen3_moe",), "moe"),
+    Family("Mixtral", ("mixtral",), "moe"),
 )
 GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
 
@@ -86,22 +88,21 @@ def _dtype_name(dtype) -> str | None:
     return str(dtype).removeprefix("torch.")
 
 
-# --- dense: Llama, Mistral, Qwen2, Qwen3 ------------------------------------------------------------
+# --- config mapping ---------------------------------------------------------------------------------
 
 
-def dense_config(src, family: Family, gate_spec: dict) -> GatedAttentionConfig:
-    """The GatedAttentionConfig with the source's fields and the given gate spec."""
+def _attention_kwargs(src, gate_spec: dict) -> dict:
+    """The dense fields every family shares (Llama names), from a transformers config."""
     head_dim = getattr(src, "head_dim", None) or src.hidden_size // src.num_attention_heads
     model_type = src.model_type
     sliding_window = getattr(src, "sliding_window", None)
     layer_types = getattr(src, "layer_types", None)
-    if model_type == "mistral":
-        layer_types = None  # Mistral windows every layer when sliding_window is set; ours does the same
-    elif layer_types is not None:
+    if layer_types is not None:
         layer_types = list(layer_types)
         if "sliding_attention" not in layer_types:
             sliding_window = None  # Qwen2/3 keep a window size around with use_sliding_window=false
-    kwargs = dict(
+    # else (Mistral, Mixtral, Qwen3-MoE): sliding_window, when set, windows every layer, as ours does with layer_types=None
+    return dict(
         vocab_size=src.vocab_size,
         hidden_size=src.hidden_size,
         intermediate_size=src.intermediate_size,
@@ -119,7 +120,7 @@ def dense_config(src, family: Family, gate_spec: dict) -> GatedAttentionConfig:
         qkv_bias=model_type == "qwen2",  # Qwen2: bias on q/k/v, none on o_proj
         attention_dropout=getattr(src, "attention_dropout", 0.0),
         mlp_bias=bool(getattr(src, "mlp_bias", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         sliding_window=sliding_window,
         layer_types=layer_types,
         attn_gate=gate_spec,
@@ -128,9 +129,72 @@ def dense_config(src, family: Family, gate_spec: dict) -> GatedAttentionConfig:
         eos_token_id=getattr(src, "eos_token_id", None),
         use_cache=getattr(src, "use_cache", True),
     )
-    config = GatedAttentionConfig(**kwargs)
+
+
+def dense_config(src, gate_spec: dict) -> GatedAttentionConfig:
+    """The GatedAttentionConfig with a Llama / Mistral / Qwen2 / Qwen3 source's fields and the given gate."""
+    config = GatedAttentionConfig(**_attention_kwargs(src, gate_spec))
     config.dtype = _dtype_name(getattr(src, "dtype", None))
     return config
+
+
+def moe_config(src, gate_spec: dict):
+    """The GatedAttentionMoeConfig of a Qwen3-MoE or Mixtral source."""
+    from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
+
+    kwargs = _attention_kwargs(src, gate_spec)
+    if src.model_type == "mixtral":
+        # Mixtral: every layer sparse, experts as wide as intermediate_size, top-k weights renormalised.
+        moe = dict(
+            num_experts=src.num_local_experts,
+            num_experts_per_tok=src.num_experts_per_tok,
+            moe_intermediate_size=src.intermediate_size,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    else:
+        moe = dict(
+            num_experts=src.num_experts,
+            num_experts_per_tok=src.num_experts_per_tok,
+            moe_intermediate_size=src.moe_intermediate_size,
+            norm_topk_prob=src.norm_topk_prob,
+            decoder_sparse_step=src.decoder_sparse_step,
+            mlp_only_layers=list(src.mlp_only_layers or []),
+        )
+    moe.update(
+        output_router_logits=getattr(src, "output_router_logits", False),
+        router_aux_loss_coef=getattr(src, "router_aux_loss_coef", 0.001),
+    )
+    config = GatedAttentionMoeConfig(**kwargs, **moe)
+    config.dtype = _dtype_name(getattr(src, "dtype", None))
+    return config
+
+
+def target_config(src, family: Family, gate_spec: dict):
+    if family.kind == "dense":
+        return dense_config(src, gate_spec)
+    if family.kind == "moe":
+        return moe_config(src, gate_spec)
+    raise ConversionError(f"{family} sources are not supported yet")
+
+
+# --- weight plan -------------------------------------------------------------------------------------
+
+_MIXTRAL_EXPERT = re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+# Per-expert tensors (the layout transformers 5 still saves for Qwen3-MoE and Mixtral) fused into
+# our Qwen3-MoE in-memory layout: gate_up_proj [E, 2I, H] (expert e = gate_e rows then up_e rows)
+# and down_proj [E, H, I].
+_PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def source_to_target_name(name: str) -> str:
+    """Mixtral's saved names -> Qwen3-MoE names; everything else is already a target name."""
+    m = _MIXTRAL_EXPERT.search(name)
+    if m:
+        return name[: m.start()] + f".mlp.experts.{m.group(1)}.{_MIXTRAL_NAMES[m.group(2)]}.weight"
+    return name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
 
 
 def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
@@ -140,6 +204,11 @@ def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 
     if scale != 1.0:
         t.mul_(scale)  # a power of two: exact in every float format
     return t
+
+
+def _read_each(ckpt: SourceCheckpoint, names: list[str], dtype: torch.dtype):
+    for name in names:  # one expert matrix in memory at a time
+        yield _read(ckpt, name, dtype)
 
 
 def _full(shape: tuple[int, ...], dtype: torch.dtype, value: float) -> torch.Tensor:
@@ -163,29 +232,56 @@ def _check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None
         raise ConversionError(f"tensor {name} has shape {list(got)} in SRC but its config implies {list(want)}")
 
 
-def plan_dense(
-    ckpt: SourceCheckpoint,
-    model,
-    *,
-    init: str,
-    dtype: torch.dtype | None,
-    rename: Callable[[str], str] = lambda name: name,
-) -> list[OutputTensor]:
-    """Output tensors of a dense (or attention-part of any) conversion, in source order.
+def _fused_experts(ckpt: SourceCheckpoint, grouped: dict, dtype, expected) -> list[OutputTensor]:
+    """Output tensors for per-expert source tensors, grouped as {(prefix): {expert: {proj: source name}}}."""
+    outputs = []
+    for prefix, experts in grouped.items():
+        ids = sorted(experts)
+        if ids != list(range(len(ids))):
+            raise ConversionError(f"SRC's experts under {prefix} are numbered {ids[:8]}..., not 0..{len(ids) - 1}")
+        for target, projs in ((f"{prefix}.gate_up_proj", ("gate_proj", "up_proj")), (f"{prefix}.down_proj", ("down_proj",))):
+            names = []
+            for e in ids:
+                for proj in projs:
+                    if proj not in experts[e]:
+                        raise ConversionError(f"SRC lacks tensor {prefix}.{e}.{proj}.weight (expert {e} is incomplete)")
+                    names.append(experts[e][proj])
+            if target not in expected:
+                raise ConversionError(f"SRC has experts under {prefix}, which a model with this config does not have")
+            rows, cols = ckpt.tensors[names[0]].shape
+            for n in names:
+                _check_shape(n, ckpt.tensors[n].shape, (rows, cols))
+            _check_shape(f"{prefix}.*.{'/'.join(projs)} (fused)", (len(ids), rows * len(projs), cols), expected[target])
+            out_dtype = _out_dtype(ckpt.tensors[names[0]].dtype, dtype)
+            outputs.append(OutputTensor(target, expected[target], out_dtype, partial(_read_each, ckpt, names, out_dtype), names))
+    return outputs
+
+
+def plan_weights(ckpt: SourceCheckpoint, model, *, init: str, dtype: torch.dtype | None) -> list[OutputTensor]:
+    """Output tensors of a conversion (`init` "exact" or "bias") or a copy (`init` "copy"), in source order.
 
     `model` is the target model on the meta device: its state dict says which
-    tensors must exist and their shapes. Gate tensors follow their layer's
-    `o_proj`, so they land in the same shard as the rest of the layer.
+    tensors must exist and their shapes, so every name and shape is checked
+    before anything is written. Gate tensors follow their layer's `o_proj`, so
+    they land in the same shard as the rest of the layer.
     """
     expected = expected_shapes(model)
     tied = getattr(model.config, "tie_word_embeddings", False)
-    gate_bias = init == "bias"
+    renamed = {src_name: source_to_target_name(src_name) for src_name in ckpt.tensors}
+    present = set(renamed.values())
     outputs: list[OutputTensor] = []
-    present = {rename(n) for n in ckpt.tensors}
+    experts: dict[str, dict[int, dict[str, str]]] = {}
     for src_name, info in ckpt.tensors.items():
         if IGNORED_SOURCE_TENSORS.search(src_name) or (tied and src_name == "lm_head.weight"):
             continue  # with tied embeddings the model uses embed_tokens for lm_head, as the source does
-        name = rename(src_name)
+        name = renamed[src_name]
+        m = _PER_EXPERT.match(name)
+        if m:
+            layer = experts.setdefault(m["prefix"], {})
+            if not layer:  # the fused tensors go where the layer's first expert was
+                outputs.append(m["prefix"])
+            layer.setdefault(int(m["expert"]), {})[m["proj"]] = src_name
+            continue
         if name not in expected:
             raise ConversionError(f"SRC has tensor {src_name}, which a {model.config.model_type} model with this config does not have")
         _check_shape(src_name, info.shape, expected[name])
@@ -196,10 +292,12 @@ def plan_dense(
         )
         if name.endswith("self_attn.o_proj.weight"):
             prefix = name.removesuffix("o_proj.weight") + "attn_gate."
-            for suffix, value in (("weight", 0.0), ("bias", GATE_BIAS_INIT if gate_bias else 0.0)):
+            for suffix, value in (("weight", 0.0), ("bias", GATE_BIAS_INIT if init == "bias" else 0.0)):
                 if prefix + suffix in expected and prefix + suffix not in present:
                     shape = expected[prefix + suffix]
                     outputs.append(OutputTensor(prefix + suffix, shape, out_dtype, partial(_full, shape, out_dtype, value)))
+    fused = {o.name: o for o in _fused_experts(ckpt, experts, dtype, expected)}
+    outputs = [o for item in outputs for o in ([fused[f"{item}.gate_up_proj"], fused[f"{item}.down_proj"]] if isinstance(item, str) else [item])]
     made = {o.name for o in outputs}
     for name, shape in expected.items():
         if name not in made:

@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,12 +49,17 @@ SIDE_FILE_PATTERNS = (
 
 @dataclass
 class OutputTensor:
-    """One tensor of the output: its final name, shape and dtype, and how to make it."""
+    """One tensor of the output: its final name, shape and dtype, and how to make it.
+
+    `make()` returns the tensor, or an iterable of tensors whose bytes, in
+    order, are the tensor's (so a fused `[E, ...]` tensor can be written one
+    expert at a time).
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    make: Callable[[], torch.Tensor]
+    make: Callable[[], torch.Tensor | Iterable[torch.Tensor]]
     sources: list[str] = field(default_factory=list)  # source tensor names, for ordering and messages
 
     @property
@@ -141,11 +146,20 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | 
     with open(path, "wb") as f:
         f.write(_header(tensors))
         for spec in tensors:
-            t = spec.make()
-            if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
-                raise AssertionError(f"{spec.name}: made {t.dtype} {list(t.shape)}, planned {spec.dtype} {list(spec.shape)}")
-            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-            del t
+            made = spec.make()
+            if isinstance(made, torch.Tensor):
+                if tuple(made.shape) != spec.shape:
+                    raise AssertionError(f"{spec.name}: made shape {list(made.shape)}, planned {list(spec.shape)}")
+                made = (made,)
+            written = 0
+            for chunk in made:  # a tensor, or its leading-dimension slices in order (fused MoE experts)
+                if chunk.dtype != spec.dtype:
+                    raise AssertionError(f"{spec.name}: made {chunk.dtype}, planned {spec.dtype}")
+                f.write(chunk.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+                written += chunk.numel() * chunk.element_size()
+                del chunk
+            if written != spec.nbytes:
+                raise AssertionError(f"{spec.name}: made {written} bytes, planned {spec.nbytes}")
             if progress is not None:
                 progress.update(spec.nbytes)
 
