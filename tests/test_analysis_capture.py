@@ -275,7 +275,9 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     assert arrays["m_first"].shape == (3, 4)  # prose, code, math; L + 1 = 4 positions
     assert arrays["full_attention_layers"].tolist() == [1, 2, 3]
     summary = (out / "summary.md").read_text()
-    assert "exact on 3/3 inputs" in summary and "| f_attn |" in summary
+    assert "exact on 3/3 inputs" in summary
+    for metric in ("f_attn", "m_act", "gate_mean", "gate_frac_below_0.5", "sink_spike_alignment", "inter_spike_retention"):
+        assert f"| {metric} |" in summary, metric
     assert "wrote" in capsys.readouterr().out
 
     text = tmp_path / "in.txt"

@@ -45,7 +45,7 @@ class InputResult:
     m_sink: np.ndarray  # [L+1]
     m_act_layers: np.ndarray  # [L+1]
     first_token_attention: np.ndarray  # [n_attn, H]
-    gate_mean: float
+    gate: dict[str, float]  # "mean", "frac_below_0.1", "frac_below_0.5" over this input's scores (NaN: no gates)
 
 
 class GateAccumulator:
@@ -62,7 +62,8 @@ class GateAccumulator:
             s = s.unsqueeze(-2)
         return s.reshape(-1, s.shape[-2], s.shape[-1]).cpu().double().numpy()
 
-    def add(self, f: int, scores: torch.Tensor) -> tuple[float, int]:
+    def add(self, f: int, scores: torch.Tensor) -> tuple[dict[str, float], int]:
+        """Accumulate one layer's scores; return their `gate_statistics` and count."""
         s = self.per_head(scores)
         n = s.shape[0] * s.shape[2]  # scores per head
         stats = M.gate_statistics_per_head(s)
@@ -72,7 +73,7 @@ class GateAccumulator:
         acc["n"] += n
         # Clipping keeps additive (SiLU) gates in the edge bins instead of dropping them.
         acc["hist"] += np.histogram(np.clip(s, 0.0, 1.0), bins=GATE_BINS)[0]
-        return float(s.mean()), s.size
+        return M.gate_statistics(s), s.size
 
     def table(self) -> list[dict]:
         rows = []
@@ -112,10 +113,12 @@ def capture_inputs(model: nn.Module, inputs, device) -> tuple[ModelLayout, list[
             model(input_ids=ids.to(device), use_cache=False)
             record = cap.records[-1]
             token_max, sink, first_attention = reduce_record(record, cap.layout)
-            gate_sum, gate_n = 0.0, 0
+            gate_sums, gate_n = {}, 0
             for f, scores in record.gates.items():
-                mean, n = gates.add(f, scores)
-                gate_sum, gate_n = gate_sum + mean * n, gate_n + n
+                stats, n = gates.add(f, scores)
+                gate_sums = {key: gate_sums.get(key, 0.0) + value * n for key, value in stats.items()}
+                gate_n += n
+            gate = {key: value / gate_n for key, value in gate_sums.items()} if gate_n else M.gate_statistics([])
             anchor = sink if sink >= 0 else 0  # no attention maps: fall back to the first token
             results.append(
                 InputResult(
@@ -126,7 +129,7 @@ def capture_inputs(model: nn.Module, inputs, device) -> tuple[ModelLayout, list[
                     m_sink=token_max[:, anchor],
                     m_act_layers=token_max.max(axis=1),
                     first_token_attention=first_attention,
-                    gate_mean=gate_sum / gate_n if gate_n else M.NAN,
+                    gate=gate,
                 )
             )
     return cap.layout, results, gates
@@ -172,7 +175,7 @@ def input_metrics(result: InputResult, full_attention_layers: list[int]) -> dict
     row = {
         "f_attn": float(np.mean(result.first_token_attention)) if result.first_token_attention.size else M.NAN,
         "m_act": float(result.m_act_layers[1:].mean()),
-        "gate_mean": result.gate_mean,
+        **{f"gate_{key}": value for key, value in result.gate.items()},
     }
     for anchor, m in (("consensus_sink", result.m_sink), ("first_token", result.m_first)):
         row[f"alignment_{anchor}"] = M.sink_spike_alignment(m, fa)
@@ -187,7 +190,7 @@ def _nanmean(values) -> float:
     return float(np.nanmean(v)) if v.size and not np.isnan(v).all() else M.NAN
 
 
-def summary_rows(rows: list[dict], gate_table: list[dict], fa: list[int], n_bootstrap: int, seed: int) -> list[dict]:
+def summary_rows(rows: list[dict], fa: list[int], n_bootstrap: int, seed: int) -> list[dict]:
     def ci(metric: str, anchor: str, values) -> dict:
         mean, low, high = M.bootstrap_ci(values, n_resamples=n_bootstrap, seed=seed)
         n = int(np.sum(~np.isnan(np.asarray(values, dtype=np.float64))))
@@ -197,12 +200,8 @@ def summary_rows(rows: list[dict], gate_table: list[dict], fa: list[int], n_boot
         ci("f_attn", "first_token", [r["f_attn"] for r in rows]),
         ci("m_act", "", [r["m_act"] for r in rows]),
         ci("gate_mean", "", [r["gate_mean"] for r in rows]),
+        *(ci(f"gate_frac_below_{t:g}", "", [r[f"gate_frac_below_{t:g}"] for r in rows]) for t in M.GATE_THRESHOLDS),
     ]
-    for t in M.GATE_THRESHOLDS:  # pooled over scores: a per-input CI would need per-input thresholds counts
-        key = f"frac_below_{t:g}"
-        n = sum(g["n_scores"] for g in gate_table)
-        value = sum(g[key] * g["n_scores"] for g in gate_table) / n if n else M.NAN
-        out.append({"metric": f"gate_{key}", "anchor": "", "mean": value, "ci_low": M.NAN, "ci_high": M.NAN, "n": n})
     for anchor in ANCHORS:
         out.append(ci("sink_spike_alignment", anchor, [r[f"alignment_{anchor}"] for r in rows]))
         out.append(ci("peak_excess", anchor, [_nanmean(r[f"peak_excess_{anchor}"]) for r in rows]))
@@ -342,10 +341,11 @@ def run_analysis(
     fa = layout.full_attention_layers
     rows = [input_metrics(r, fa) for r in results]
     gate_table = gates.table()
-    metric_rows = summary_rows(rows, gate_table, fa, n_bootstrap, seed)
+    metric_rows = summary_rows(rows, fa, n_bootstrap, seed)
 
     write_arrays(out_dir, layout, results, gates)
-    input_columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act", "gate_mean"]
+    input_columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act"]
+    input_columns += [f"gate_{key}" for key in M.gate_statistics([])]
     input_columns += [f"{m}_{a}" for a in ANCHORS for m in ("alignment", "isr", "a_isp")]
     _write_csv(
         out_dir / "inputs.csv",
