@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import sysconfig
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +248,11 @@ def tokenizer_for(model_name_or_path: str, vocab_size: int | None = None, **kwar
     except (OSError, ValueError, TypeError):
         if vocab_size is None:
             raise
+        warnings.warn(
+            f"{model_name_or_path} has no tokenizer: using the embedded-corpus tokenizer with {vocab_size} tokens "
+            "(right for models trained on the embedded corpus, meaningless for others)",
+            stacklevel=2,
+        )
         return load_tokenizer(vocab_size)
 
 

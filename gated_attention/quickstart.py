@@ -322,6 +322,7 @@ def draw_plots(out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     training, layers = read_csv(out / "training.csv"), read_csv(out / "layers.csv")
     runs = list(dict.fromkeys(r["model"] for r in training))
@@ -332,6 +333,9 @@ def draw_plots(out: Path) -> list[Path]:
         pts = [(float(r[x]), float(r[y])) for r in rows if r["model"] == model and r[y] not in ("", "nan")]
         return [p[0] for p in pts], [p[1] for p in pts]
 
+    def style(model):  # solid: from scratch; dashed: the conversion experiment
+        return {"ls": "-" if model.startswith("scratch") else "--"}
+
     def smooth(values, window):
         if len(values) < window:
             return values
@@ -341,8 +345,8 @@ def draw_plots(out: Path) -> list[Path]:
     for model in runs:
         steps, loss = series(training, model, "step", "loss")
         w = max(1, len(loss) // 30)
-        ax.plot(steps[w - 1 :], smooth(loss, w), label=model)
-    ax.set(xlabel="step", ylabel=f"training loss (nats, moving mean)", title="Training loss")
+        ax.plot(steps[w - 1 :], smooth(loss, w), label=model, **style(model))
+    ax.set(xlabel="step", ylabel="training loss (nats, moving mean)", title="Training loss")
     ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(out / "loss.png")
@@ -353,7 +357,7 @@ def draw_plots(out: Path) -> list[Path]:
     for model in runs:
         steps, gate = series(training, model, "step", "gate_score")
         if gate:
-            ax.plot(steps, gate, label=model)
+            ax.plot(steps, gate, label=model, **style(model))
     ax.axhline(0.5, color="gray", lw=0.8, ls=":")
     ax.set(xlabel="step", ylabel="mean gate score (training batches)", title="Gate score during training")
     ax.legend(fontsize=8)
@@ -369,7 +373,8 @@ def draw_plots(out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for model in models:
             layer, value = series(layers, model, "layer", column)
-            ax.plot(layer, value, marker="o", label=model)
+            ax.plot(layer, value, marker="o", label=model, **style(model))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="layer (1-based)", ylabel=ylabel, title=ylabel.split(" (")[0].capitalize() + " per layer")
         ax.legend(fontsize=8)
         fig.tight_layout()
