@@ -35,14 +35,16 @@ def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not allowed; allowed values: {', '.join(map(repr, BACKENDS))}")
     if gate_activation not in GATE_ACTIVATIONS:
-        raise ValueError(f"gate_activation={gate_activation!r} is not allowed; allowed values: {tuple(GATE_ACTIVATIONS)}")
+        allowed = ", ".join(map(repr, GATE_ACTIVATIONS))
+        raise ValueError(f"gate_activation={gate_activation!r} is not allowed; allowed values: {allowed}")
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"expected q [B, T, HQ, D] and k, v [B, S, HKV, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v))
+        raise ValueError(f"expected q [B, T, HQ, D] and k, v [B, S, HKV, D]; got {shapes}")
     B, T, HQ, D = q.shape
     if k.shape[0] != B or k.shape[3] != D or HQ % k.shape[2] != 0:
         raise ValueError(f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)}: need the same B and D and HQ % HKV == 0")
     if gate is not None and tuple(gate.shape) not in ((B, T, HQ, D), (B, T, HQ)):
-        raise ValueError(f"gate must be [B, T, HQ, D] or [B, T, HQ] = {(B, T, HQ, D)} or {(B, T, HQ)}; got {tuple(gate.shape)}")
+        raise ValueError(f"gate must be [B, T, HQ, D] = {(B, T, HQ, D)} or [B, T, HQ]; got {tuple(gate.shape)}")
     if cu_seqlens is not None and (B != 1 or k.shape[1] != T or cu_seqlens.dim() != 1):
         raise ValueError("with cu_seqlens, q/k/v hold packed sequences: B must be 1, S == T, cu_seqlens 1-D [N+1]")
 

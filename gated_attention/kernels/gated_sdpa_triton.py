@@ -579,7 +579,8 @@ def _bwd_dkdv_kernel(
         # Query i sees key j iff i >= j - (S - T): rows from `lo` see part of this block,
         # rows from `full_start` see all of it.
         lo = tl.minimum(tl.maximum(pid_n * BLOCK_N - causal_shift, 0), T) // BLOCK_M * BLOCK_M
-        full_start = tl.cdiv(tl.minimum(tl.maximum(pid_n * BLOCK_N + BLOCK_N - 1 - causal_shift, 0), T), BLOCK_M) * BLOCK_M
+        full_start = tl.minimum(tl.maximum(pid_n * BLOCK_N + BLOCK_N - 1 - causal_shift, 0), T)
+        full_start = tl.cdiv(full_start, BLOCK_M) * BLOCK_M
     else:
         lo = 0
         full_start = 0

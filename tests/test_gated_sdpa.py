@@ -1,0 +1,134 @@
+"""gated_sdpa: the torch reference against hand-written math, the dispatch, and the Triton kernel tests.
+
+The kernel tests live in `test_gated_sdpa_triton.py`. Without a GPU they need triton's interpreter,
+which must be switched on (TRITON_INTERPRET=1) before triton itself is imported: triton's own
+`tl.sigmoid`, `tl.max`, ... are `@triton.jit` functions fixed at import. In this test process triton is
+already imported (by torch, transformers or fla) and the variable would leak into every other test
+module, so `test_triton_kernels_under_the_interpreter` runs that file in a child pytest with the variable
+set; nothing in this process changes. With a GPU (or a suite started with TRITON_INTERPRET=1) that file
+runs in-process and the child is not needed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gated_attention.kernels import gated_sdpa
+from gated_attention.kernels.gated_sdpa_reference import causal_mask, gated_sdpa_reference
+
+KERNEL_MODULE = "gated_attention.kernels.gated_sdpa_triton"
+KERNEL_TESTS = Path(__file__).with_name("test_gated_sdpa_triton.py")
+
+
+def make_inputs(B, T, S, HQ, HKV, D, gate, seed=0):
+    """fp32 q [B, T, HQ, D], k/v [B, S, HKV, D] and gate logits ([B, T, HQ, D] or [B, T, HQ] or None)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, n, h, D, generator=g) for n, h in ((T, HQ), (S, HKV), (S, HKV)))
+    elementwise, headwise = torch.randn(B, T, HQ, D, generator=g), torch.randn(B, T, HQ, generator=g)
+    logits = {None: None, "elementwise": elementwise, "headwise": headwise}
+    return q, k, v, logits[gate]
+
+
+def naive_gated_attention(q, k, v, gate, allowed, scale):
+    """softmax over the allowed keys, written out; `allowed` [T, S] bool; rows with no allowed key give 0."""
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # [B, S, HQ, D]
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: NaN -> 0
+    out = torch.einsum("bhts,bshd->bthd", probs, v)
+    if gate is not None:
+        out = out * (torch.sigmoid(gate) if gate.dim() == 4 else torch.sigmoid(gate)[..., None])
+    return out
+
+
+# --- the reference against hand-written math -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "T,S,causal,HKV,gate",
+    [
+        (6, 6, True, 2, "elementwise"),
+        (3, 8, True, 1, "headwise"),
+        (7, 3, True, 4, None),
+        (5, 9, False, 2, "elementwise"),
+    ],
+    ids=["T=S", "T<S-bottom-right", "T>S-empty-rows", "non-causal"],
+)
+def test_reference_matches_explicit_softmax(T, S, causal, HKV, gate):
+    q, k, v, g = (None if x is None else x.double() for x in make_inputs(2, T, S, 4, HKV, 8, gate))
+    allowed = causal_mask(T, S) if causal else torch.ones(T, S, dtype=torch.bool)
+    expected = naive_gated_attention(q, k, v, g, allowed, scale=8**-0.5)
+    got = gated_sdpa(q, k, v, g, causal=causal, backend="torch")
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)  # fp64: only rounding differs
+    if causal and T > S:
+        assert not got[:, : T - S].any()
+
+
+def test_reference_packed_sequences_attend_only_to_themselves():
+    lengths = [1, 4, 7]
+    cu_seqlens = torch.tensor([0, 1, 5, 12], dtype=torch.int32)
+    q, k, v, g = (x.double() for x in make_inputs(1, 12, 12, 2, 1, 8, "headwise"))
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    allowed = (seq[:, None] == seq[None, :]) & causal_mask(12, 12)
+    expected = naive_gated_attention(q, k, v, g, allowed, scale=8**-0.5)
+    got = gated_sdpa(q, k, v, g, cu_seqlens=cu_seqlens, backend="torch")
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+# --- dispatch ----------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_raise():
+    q, k, v, g = make_inputs(1, 4, 4, 4, 2, 8, "elementwise")
+    with pytest.raises(ValueError, match="HQ % HKV"):
+        gated_sdpa(q, k[:, :, :1].expand(1, 4, 3, 8), v[:, :, :1].expand(1, 4, 3, 8))
+    with pytest.raises(ValueError, match="gate must be"):
+        gated_sdpa(q, k, v, g[..., :4])
+    with pytest.raises(ValueError, match="backend"):
+        gated_sdpa(q, k, v, backend="cuda")
+    with pytest.raises(ValueError, match="gate_activation"):
+        gated_sdpa(q, k, v, g, gate_activation="silu")
+
+
+def test_missing_triton_falls_back_to_the_reference(monkeypatch):
+    """Where triton does not import, "auto" runs the reference and "triton" says why it cannot run."""
+    monkeypatch.setitem(sys.modules, KERNEL_MODULE, None)  # makes `from .gated_sdpa_triton import ...` fail
+    q, k, v, g = make_inputs(1, 5, 5, 2, 1, 16, "elementwise")
+    torch.testing.assert_close(gated_sdpa(q, k, v, g), gated_sdpa_reference(q, k, v, g), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="cannot run"):
+        gated_sdpa(q, k, v, g, backend="triton")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA the Triton path runs")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="under the interpreter the Triton path runs")
+def test_cpu_tensors_run_the_reference():
+    q, k, v, g = make_inputs(1, 5, 5, 2, 1, 16, "headwise")
+    torch.testing.assert_close(gated_sdpa(q, k, v, g), gated_sdpa_reference(q, k, v, g), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="cannot run"):  # "tensors are on cpu", or triton is missing
+        gated_sdpa(q, k, v, g, backend="triton")
+
+
+# --- the kernel tests, in a child process under the interpreter ----------------------------------------
+
+
+def test_triton_kernels_under_the_interpreter():
+    """Runs test_gated_sdpa_triton.py with TRITON_INTERPRET=1 in a child pytest (see the module docstring)."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the kernel tests run in this process (test_gated_sdpa_triton.py)")
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(KERNEL_TESTS)]
+    repo = KERNEL_TESTS.parent.parent
+    child = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    report = child.stdout + child.stderr
+    print(report)  # the per-test lines (ids name the dtypes) show with `pytest -rP`
+    assert child.returncode == 0, f"kernel tests failed under the interpreter:\n{report[-6000:]}"
+    summary = child.stdout.strip().splitlines()[-1]  # "N passed in ...s"; a skip would mean a kernel did not run
+    assert " passed" in summary and "skipped" not in summary and "deselected" not in summary, report[-3000:]
