@@ -23,6 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 
 from ..configuration.gate_spec import gate_enabled
+from ..kernels.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
 
 
 def ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -127,6 +128,15 @@ class GatedAttention(nn.Module):
         if config.attn_output_norm == "rmsnorm":
             self.attn_output_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.attn_output_act = F.silu if config.attn_output_activation == "silu" else None
+        # attn_implementation="gated_triton" applies a G1 multiplicative sigmoid/ns_sigmoid gate inside the fused
+        # kernel; only possible when nothing (norm, activation) sits between SDPA and the gate.
+        self.fusable_gate = (
+            self.gate_position == "sdpa"
+            and spec["mode"] == "multiplicative"
+            and spec["activation"] in ("sigmoid", "ns_sigmoid")
+            and config.attn_output_norm is None
+            and self.attn_output_act is None
+        )
 
     def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.gate_position != position:
@@ -163,6 +173,12 @@ class GatedAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        fused_gate = self.fusable_gate and self.config._attn_implementation == GATED_TRITON
+        if fused_gate:  # hand the gate logits to the kernel, which applies act() in its epilogue
+            logits = self.attn_gate.gate_logits(x)  # [B, T, HQ or 1 (head_shared), D or 1 (headwise)]
+            logits = logits.expand(*input_shape, self.num_heads, logits.shape[-1])
+            gate = logits[..., 0] if logits.shape[-1] == 1 else logits  # [B, T, HQ] or [B, T, HQ, D]
+            kwargs = {**kwargs, "gate": gate, "gate_activation": self.attn_gate.activation}
         attn_output, attn_weights = attention_interface(
             self,
             q,
@@ -179,7 +195,8 @@ class GatedAttention(nn.Module):
             attn_output = self.attn_output_norm(attn_output)
         if self.attn_output_act is not None:
             attn_output = self.attn_output_act(attn_output)
-        attn_output = self._gate("sdpa", x, attn_output)
+        if not fused_gate:
+            attn_output = self._gate("sdpa", x, attn_output)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()  # [B, T, HQ * D]
         attn_output = self.o_proj(attn_output)
         attn_output = self._gate("dense", x, attn_output)
