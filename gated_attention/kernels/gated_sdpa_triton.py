@@ -45,6 +45,7 @@ this file loads where triton is missing (the dispatcher then falls back).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -637,6 +638,7 @@ def _gate_strides(gate: torch.Tensor | None) -> tuple[int, int, int]:
     return (0, 0, 0) if gate is None else (gate.stride(0), gate.stride(1), gate.stride(2))
 
 
+@functools.lru_cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
