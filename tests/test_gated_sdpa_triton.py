@@ -236,3 +236,25 @@ def test_generate_with_gated_triton_uses_the_decode_path(kernel_calls, monkeypat
     assert torch.equal(generated["gated_triton"], generated["sdpa"])
     assert len(kernel_calls) == 3 * TINY["num_hidden_layers"]  # prefill + 2 decode steps
     assert splits[:2] == [1, 1] and min(splits[2:]) > 1  # prefill (2 layers): ordinary forward; decode: split KV
+
+
+def test_model_packed_sequences_use_the_kernel(kernel_calls):
+    """B = 1 with three packed sequences: the fused kernel with cu_seqlens equals "sdpa" with its packed mask."""
+    model = tiny_model({"position": "G1", "granularity": "elementwise"})
+    lengths = [5, 9, 7]
+    ids = torch.randint(0, TINY["vocab_size"], (1, sum(lengths)), device=DEVICE)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None].to(DEVICE)  # restarts mark the sequences
+    cu = torch.tensor([0, 5, 14, 21], dtype=torch.int32, device=DEVICE)
+    flash_kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9, max_length_k=9)
+    results = {}
+    for implementation in ("sdpa", "gated_triton"):
+        model.set_attn_implementation(implementation)
+        model.zero_grad()
+        logits = model(ids, position_ids=position_ids, use_cache=False, **flash_kwargs).logits
+        logits.square().mean().backward()
+        results[implementation] = logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert kernel_calls == [True] * TINY["num_hidden_layers"]
+    (logits, grads), (fused_logits, fused_grads) = results["sdpa"], results["gated_triton"]
+    torch.testing.assert_close(fused_logits, logits, rtol=0, atol=1e-5 * logits.abs().max().item())
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5 * grad.abs().max().item(), msg=name)

@@ -12,7 +12,11 @@ modeling/attention.py). Which path runs:
 - plain causal attention with no padding, whose T queries are the last T of the
   S keys (training, prefill, decode with `DynamicCache`): the mask builder
   returns None and `gated_sdpa` runs the kernel (decode takes its split-KV path);
-- anything needing a mask (padding, packed sequences given by position_ids, a
+- packed sequences with flash-attn's kwargs `cu_seq_lens_q` / `cu_seq_lens_k`
+  (as transformers' `DataCollatorWithFlattening(return_flash_attn_kwargs=True)`
+  gives them, B == 1): the kernel with `cu_seqlens`, whatever mask was built, as
+  transformers' flash-attention path does;
+- anything else needing a mask (padding, packing given by position_ids alone, a
   sliding window, a static cache) or dropout: transformers' SDPA with sdpa's
   explicit boolean mask, then the gate, i.e. exactly the "sdpa" computation.
   This fallback is logged once.
@@ -83,9 +87,16 @@ def gated_triton_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """query `[B, HQ, T, D]`, key/value `[B, HKV, S, D]` (transformers' layout) -> (`[B, T, HQ, D]`, None)."""
-    S = key.shape[2]
+    T, S = query.shape[2], key.shape[2]
     windowed = sliding_window is not None and S > sliding_window
-    if attention_mask is None and dropout == 0.0 and not windowed:
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    packed = (
+        cu_seqlens is not None
+        and query.shape[0] == 1
+        and T == S
+        and (kwargs.get("cu_seq_lens_k") is None or torch.equal(kwargs["cu_seq_lens_k"], cu_seqlens))
+    )
+    if (attention_mask is None or packed) and dropout == 0.0 and not windowed:
         out = gated_sdpa(
             query.transpose(1, 2),  # [B, T, HQ, D] views: the kernels read strided inputs
             key.transpose(1, 2),
@@ -93,6 +104,7 @@ def gated_triton_attention_forward(
             gate,
             causal=getattr(module, "is_causal", True),
             scale=scaling,
+            cu_seqlens=cu_seqlens.to(torch.int32) if packed else None,
             gate_activation=gate_activation,
         )
         return out, None
