@@ -11,7 +11,7 @@ from .configuration.gated_attention import GatedAttentionConfig
 from .configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .modeling.gated_attention import GatedAttentionForCausalLM, GatedAttentionModel
 from .modeling.gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel
-from .modeling.moe import GlobalLoadBalancer
+from .modeling.load_balancing import GlobalLoadBalancer
 
 __version__ = "0.1.0"
 

@@ -26,7 +26,8 @@ from transformers.utils.output_capturing import OutputRecorder
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .attention import GatedAttention
 from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
-from .moe import GlobalLoadBalancer, SparseMoeBlock, is_sparse_layer, load_balancing_loss, router_z_loss
+from .load_balancing import GlobalLoadBalancer, load_balancing_loss, router_z_loss
+from .moe import SparseMoeBlock, is_sparse_layer
 
 
 class GatedAttentionMoeDecoderLayer(GatedAttentionDecoderLayer):
