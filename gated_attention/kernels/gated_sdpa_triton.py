@@ -172,7 +172,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, o
             v = tl.load(v_ptrs, mask=offs_n[:, None] < S, other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = acc * alpha[:, None] + tl.dot(p.to(ELEM).to(DOT), v.to(DOT), input_precision=PRECISION)
+        acc = tl.dot(p.to(ELEM).to(DOT), v.to(DOT), acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -427,7 +427,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, o
             p = tl.where(valid, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(ELEM).to(DOT), k, input_precision=PRECISION)
+        dq = tl.dot(ds.to(ELEM).to(DOT), k, dq, input_precision=PRECISION)
     return dq
 
 
@@ -516,10 +516,10 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, stride_qt, stride_ot,
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:
             pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, pT, 0.0)
-        dv += tl.dot(pT.to(ELEM).to(DOT), do, input_precision=PRECISION)
+        dv = tl.dot(pT.to(ELEM).to(DOT), do, dv, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
-        dk += tl.dot(dsT.to(ELEM).to(DOT), q, input_precision=PRECISION)
+        dk = tl.dot(dsT.to(ELEM).to(DOT), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
