@@ -39,6 +39,8 @@ class GatedAttentionConfig(PreTrainedConfig):
 
     model_type = "gated_attention"
     keys_to_ignore_at_inference = ["cache"]
+    # The layer types this family builds; families with other mixers (the GDN hybrid) extend it.
+    allowed_layer_types = ATTENTION_LAYER_TYPES
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",
@@ -101,7 +103,7 @@ class GatedAttentionConfig(PreTrainedConfig):
         self.attn_gate = normalize_gate_spec(self.attn_gate)
         validate_attn_output_ablations(self.attn_output_norm, self.attn_output_activation)
         super().__post_init__(**kwargs)
-        if any(t not in ATTENTION_LAYER_TYPES for t in self.layer_types):
-            raise ValueError(f"layer_types entries must be one of {ATTENTION_LAYER_TYPES}, got {self.layer_types}")
+        if any(t not in self.allowed_layer_types for t in self.layer_types):
+            raise ValueError(f"layer_types entries must be one of {self.allowed_layer_types}, got {self.layer_types}")
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
             raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is None")

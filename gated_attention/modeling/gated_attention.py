@@ -68,6 +68,8 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
     # Families that change only the layer (e.g. the MoE model) or the output type set these.
     decoder_layer_class: type[nn.Module] = GatedAttentionDecoderLayer
     output_class: type[BaseModelOutputWithPast] = BaseModelOutputWithPast
+    # Layer type -> the mask its layers get; families with other layer types (the GDN hybrid) extend it.
+    mask_functions = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
 
     def __init__(self, config: GatedAttentionConfig):
         super().__init__(config)
@@ -113,11 +115,8 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
                 "cache": cache,
                 "position_ids": position_ids,
             }
-            mask_by_type = {}
-            if "full_attention" in self.config.layer_types:
-                mask_by_type["full_attention"] = create_causal_mask(**mask_kwargs)
-            if "sliding_attention" in self.config.layer_types:
-                mask_by_type["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+            layer_kinds = dict.fromkeys(self.config.layer_types)  # each kind once, in order
+            mask_by_type = {kind: self.mask_functions[kind](**mask_kwargs) for kind in layer_kinds}
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
