@@ -333,14 +333,10 @@ def test_remote_code_bundle_loads_without_the_package(tmp_path, run_without_pack
     model = tiny_model(attn_gate={"position": "G1", "granularity": "headwise"}, qk_norm=True)
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    assert sorted(p.name for p in folder.glob("*.py")) == [
-        "configuration_gate_spec.py",
-        "configuration_gated_attention.py",
-        "configuration_presets.py",
-        "modeling_attention.py",
-        "modeling_base.py",
-        "modeling_gated_attention.py",
-    ]
+    bundle = {p.name for p in folder.glob("*.py")}
+    assert {"configuration_gated_attention.py", "modeling_gated_attention.py", "modeling_attention.py"} <= bundle
+    for name in bundle:  # flat files: only sibling imports, which is all transformers copies
+        assert "from .." not in (folder / name).read_text(), name
     ids = torch.randint(0, TINY["vocab_size"], (1, 8))
     with torch.no_grad():
         torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "expected.pt")
