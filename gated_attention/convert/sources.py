@@ -5,17 +5,18 @@ or shards listed in `model.safetensors.index.json`) or, only with
 `allow_pickle`, PyTorch pickles (`pytorch_model*.bin`, read with
 `torch.load(weights_only=True, mmap=True)`).
 
-Safetensors shards are read with plain file reads into freshly allocated
-tensors, not through a memory map: a mapped shard counts towards the
-process's resident memory once its pages are touched, so reading a whole
-shard through `safe_open` would hold it twice (mapping plus copies). Here only
-the tensor being converted is in memory. Every header is checked before any
+Safetensors tensors are mapped one at a time, each with its own private
+mapping that goes away with the tensor: a mapped page counts towards the
+process's resident memory while it is mapped, so mapping whole shards (as
+`safe_open` does) would keep a shard resident. Here only the tensor being
+converted is. Every header is checked before any
 output is written, so a truncated or corrupted shard is refused up front.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import struct
 from dataclasses import dataclass
@@ -166,15 +167,20 @@ def read_safetensors_header(file: Path) -> dict[str, TensorInfo]:
 
 
 def read_tensor(info: TensorInfo) -> torch.Tensor:
-    """Read one safetensors tensor into a new CPU tensor (plain reads, no mapping)."""
-    out = torch.empty(info.shape, dtype=info.dtype)
-    buf = out.reshape(-1).view(torch.uint8).numpy()
+    """One safetensors tensor, mapped from the file on its own.
+
+    The mapping covers this tensor only and is private (copy-on-write), so
+    in-place arithmetic never reaches the file, and it is unmapped as soon as
+    the tensor is freed: resident memory holds one tensor, not a shard. Pages
+    come straight from the page cache, without a copy into fresh memory.
+    """
+    if info.nbytes == 0:
+        return torch.empty(info.shape, dtype=info.dtype)
+    start = info.begin - info.begin % mmap.ALLOCATIONGRANULARITY
     with open(info.file, "rb") as f:
-        f.seek(info.begin)
-        got = f.readinto(memoryview(buf))
-    if got != info.nbytes:
-        raise ConversionError(f"{info.file.name} is truncated: tensor {info.name} is short by {info.nbytes - got} bytes")
-    return out
+        mapped = mmap.mmap(f.fileno(), info.end - start, access=mmap.ACCESS_COPY, offset=start)
+    raw = torch.frombuffer(mapped, dtype=torch.uint8, count=info.nbytes, offset=info.begin - start)
+    return raw.view(info.dtype).view(info.shape)  # keeps `mapped` alive exactly as long as it is used
 
 
 # --- the checkpoint ------------------------------------------------------------------------------
