@@ -9,8 +9,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from .configuration.gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec
 from .configuration.gated_attention import GatedAttentionConfig
 from .configuration.gated_attention_moe import GatedAttentionMoeConfig
+from .configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
 from .modeling.gated_attention import GatedAttentionForCausalLM, GatedAttentionModel
 from .modeling.gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel
+from .modeling.gated_deltanet_hybrid import GatedDeltaNetHybridForCausalLM, GatedDeltaNetHybridModel
 from .modeling.load_balancing import GlobalLoadBalancer
 
 __version__ = "0.1.0"
@@ -18,6 +20,7 @@ __version__ = "0.1.0"
 _REGISTRY = [
     (GatedAttentionConfig, GatedAttentionModel, GatedAttentionForCausalLM),
     (GatedAttentionMoeConfig, GatedAttentionMoeModel, GatedAttentionMoeForCausalLM),
+    (GatedDeltaNetHybridConfig, GatedDeltaNetHybridModel, GatedDeltaNetHybridForCausalLM),
 ]
 for _config, _model, _causal_lm in _REGISTRY:
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
@@ -32,6 +35,9 @@ __all__ = [
     "GatedAttentionMoeConfig",
     "GatedAttentionMoeForCausalLM",
     "GatedAttentionMoeModel",
+    "GatedDeltaNetHybridConfig",
+    "GatedDeltaNetHybridForCausalLM",
+    "GatedDeltaNetHybridModel",
     "GlobalLoadBalancer",
     "normalize_gate_spec",
 ]

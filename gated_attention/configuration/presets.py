@@ -85,6 +85,59 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# Seed 002 (hybrid Gated DeltaNet). Its table of model shapes did not survive extraction; what it states: 24
+# sequence-mixing layers at both sizes (340M and 1.3B); rho:1 means one full-attention layer per rho layers
+# (rho = L / L_FA = 3, 6, 12, 24; see `gated_deltanet_hybrid.py` for the placement); models built with fla,
+# trained at sequence length 4096; full attention ungated in the base models; "GDN-GatedFA" adds an elementwise
+# output gate to the full-attention layers and "GDN-NoOutGate" removes the GDN output gates (appendix D.5); single
+# full-attention layers at 4, 12 or 20 (1-based) for the spike experiments (D.3). The shapes are fla's standard GDN
+# recipe at these sizes (fla-org/flame configs): GDN heads of 256 with 0.75 * hidden for q/k (3 heads at hidden
+# 1024, 6 at 2048), value heads twice as wide (expand_v 2), short convolutions of 4, SwiGLU MLPs of
+# 256 * ceil(8/3 * hidden / 256), attention heads of 64, RoPE base 10k, 32k vocabulary (Llama-2 tokenizer), untied
+# embeddings. Non-embedding sizes: 342M (3:1) to 357M (24:1), and 1.37B to 1.43B; `tests/test_hybrid.py` checks
+# them against the stated 340M / 1.3B within 10%.
+def _gdn_shape(hidden_size: int, intermediate_size: int, attention_heads: int) -> dict[str, Any]:
+    return {
+        "vocab_size": 32000,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": 24,
+        "num_attention_heads": attention_heads,
+        "num_key_value_heads": attention_heads,
+        "head_dim": 64,
+        "linear_num_key_heads": hidden_size * 3 // 4 // 256,
+        "linear_key_head_dim": 256,
+        "linear_value_head_dim": 512,
+        "linear_conv_kernel_dim": 4,
+        "linear_output_gate": True,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "attn_gate": None,
+    }
+
+
+def _single_full_attention(layer: int) -> list[str]:
+    return ["full_attention" if i == layer - 1 else "linear_attention" for i in range(24)]
+
+
+_GDN_SIZES = {"340m": _gdn_shape(1024, 2816, 16), "1.3b": _gdn_shape(2048, 5632, 32)}
+PRESETS["gated_deltanet_hybrid"] = {
+    f"gdn-{size}-{rho}to1": {**shape, "hybrid_ratio": rho} for size, shape in _GDN_SIZES.items() for rho in (3, 6, 12, 24)
+}
+PRESETS["gated_deltanet_hybrid"].update(
+    {
+        "gdn-340m-3to1-gatedfa": {**_GDN_SIZES["340m"], "hybrid_ratio": 3, "attn_gate": {"position": "sdpa"}},
+        "gdn-340m-3to1-nooutgate": {**_GDN_SIZES["340m"], "hybrid_ratio": 3, "linear_output_gate": False},
+        **{
+            f"gdn-340m-fa{layer}": {**_GDN_SIZES["340m"], "layer_types": _single_full_attention(layer)}
+            for layer in (4, 12, 20)
+        },
+        "gdn-1.3b-fa12": {**_GDN_SIZES["1.3b"], "layer_types": _single_full_attention(12)},
+    }
+)
+
 def preset_kwargs(model_type: str, name: str) -> dict[str, Any]:
     """A deep copy of the config kwargs of preset `name` for `model_type`."""
     table = PRESETS.get(model_type, {})

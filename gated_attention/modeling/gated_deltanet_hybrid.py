@@ -1,0 +1,102 @@
+"""Hybrid causal LM: Gated DeltaNet layers interleaved with gated softmax attention (seed 002).
+
+Each decoder layer is pre-norm, `h = x + mixer(norm(x)); out = h + mlp(norm(h))`,
+with `linear_attn` (a `GatedDeltaNet`) on "linear_attention" layers and
+`self_attn` (the shared `GatedAttention`, gate and all) on attention layers, as
+in transformers' Qwen3.5 / Qwen3-Next. The MLP is Llama's, or the MoE family's
+sparse block when `config.num_experts > 0`; the model, masks and output are the
+MoE family's (hence the dense model's), with one more mask: linear-attention
+layers get the 2-D padding mask. The cache is transformers' hybrid
+`DynamicCache(config=...)`: key/value layers for attention, conv + recurrent
+states for Gated DeltaNet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.masking_utils import create_recurrent_attention_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.output_capturing import OutputRecorder
+
+from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
+from .attention import GatedAttention
+from .gated_attention import GatedAttentionModel
+from .gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel, GatedAttentionMoePreTrainedModel
+from .gated_deltanet import GatedDeltaNet
+from .moe import SparseMoeBlock, is_sparse_layer
+
+
+class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: GatedDeltaNetHybridConfig, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        if self.layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config, layer_idx)
+        else:
+            self.self_attn = GatedAttention(config, layer_idx)
+        self.mlp = SparseMoeBlock(config) if is_sparse_layer(config, layer_idx) else LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        x = self.input_layernorm(hidden_states)
+        if self.layer_type == "linear_attention":
+            mixed = self.linear_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)
+        else:
+            mixed, _ = self.self_attn(
+                x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache, **kwargs
+            )
+        h = hidden_states + mixed
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
+    config: GatedDeltaNetHybridConfig
+    config_class = GatedDeltaNetHybridConfig
+    _no_split_modules = ["GatedDeltaNetHybridDecoderLayer"]
+    # The torch delta-rule path loops over chunks in Python and the conv cache changes shape at prefill.
+    _can_compile_fullgraph = False
+    _can_record_outputs = {
+        "router_logits": OutputRecorder(Qwen3MoeTopKRouter, index=0),
+        "hidden_states": GatedDeltaNetHybridDecoderLayer,
+        "attentions": GatedAttention,
+    }
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, GatedDeltaNet):
+            A_log, dt_bias = module.initial_decay_parameters(device=module.A_log.device)
+            init.copy_(module.A_log, A_log)
+            init.copy_(module.dt_bias, dt_bias)
+
+
+class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentionModel):
+    decoder_layer_class = GatedDeltaNetHybridDecoderLayer
+    output_class = GatedAttentionMoeModel.output_class
+    mask_functions = {**GatedAttentionModel.mask_functions, "linear_attention": create_recurrent_attention_mask}
+
+
+class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM):
+    """The MoE family's causal LM (its forward: loss, and the router losses when `num_experts > 0`)."""
+
+    def __init__(self, config: GatedDeltaNetHybridConfig):
+        # Not GatedAttentionMoeForCausalLM.__init__, which would build (and then drop) an MoE model.
+        GatedDeltaNetHybridPreTrainedModel.__init__(self, config)
+        self.model = GatedDeltaNetHybridModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
