@@ -232,8 +232,9 @@ def test_all_attention_schedule_equals_the_dense_model():
         {},
         {"linear_output_gate": False, "attn_gate": None},
         {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+        {"hybrid_ratio": None, "layer_types": ["linear_attention"] * 4},
     ],
-    ids=["gated", "no-gates", "moe-mlp"],
+    ids=["gated", "no-gates", "moe-mlp", "gdn-only"],
 )
 def test_generate_with_cache_equals_recomputation(overrides):
     model = tiny_model(**overrides)

@@ -138,8 +138,10 @@ class GatedDeltaNet(nn.Module):
             x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
         B, T, _ = x.shape
         cu_seqlens = kwargs.get("cu_seq_lens_q")
-        if cu_seqlens is not None and cache is not None:
-            raise ValueError("packed sequences (cu_seq_lens_q) cannot be combined with a cache")
+        if cu_seqlens is not None:
+            # Packed sequences are a training input: one state per sequence, nothing to continue
+            # from, so the cache (which a training forward may still carry) is left alone.
+            cache = None
         # Read before the conv update below, which marks the layer as having a past.
         recurrent_state = cache.get_recurrent_state(self.layer_idx) if cache is not None else None
 

@@ -89,6 +89,32 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
     output_class = GatedAttentionMoeModel.output_class
     mask_functions = {**GatedAttentionModel.mask_functions, "linear_attention": create_recurrent_attention_mask}
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ):
+        if position_ids is None and all(t == "linear_attention" for t in self.config.layer_types):
+            # Pure Gated DeltaNet (seed 002's rho = infinity): nothing reads positions, and the cache has
+            # no attention layer to count past tokens (its get_seq_length raises).
+            length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            position_ids = torch.arange(length, device=self.embed_tokens.weight.device)[None]
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+
 
 class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM):
     """The MoE family's causal LM (its forward: loss, and the router losses when `num_experts > 0`)."""
