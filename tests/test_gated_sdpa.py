@@ -3,8 +3,8 @@
 The kernel tests live in `test_gated_sdpa_triton.py`. Without a GPU they need triton's interpreter,
 which must be switched on (TRITON_INTERPRET=1) before triton itself is imported: triton's own
 `tl.sigmoid`, `tl.max`, ... are `@triton.jit` functions fixed at import. In this test process triton is
-already imported (by torch, transformers or fla) and the variable would leak into every other test
-module, so `test_triton_kernels_under_the_interpreter` runs that file in a child pytest with the variable
+already imported (transformers.modeling_utils imports it) and the variable would leak into every other
+test module, so `test_triton_kernels_under_the_interpreter` runs that file in a child pytest with the variable
 set; nothing in this process changes. With a GPU (or a suite started with TRITON_INTERPRET=1) that file
 runs in-process and the child is not needed.
 """
