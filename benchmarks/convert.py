@@ -53,7 +53,7 @@ for name in sorted(os.listdir(src)):
         save_file(load_file(os.path.join(src, name)), os.path.join(dst, name), metadata={"format": "pt"})
 """
 IMPORTS_PLAIN = "import torch, safetensors.torch"
-IMPORTS_CONVERT = "import gated_attention.cli, gated_attention.convert.convert"
+IMPORTS_CONVERT = "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert"
 
 
 def build_checkpoint(folder: Path, shards: int = 4) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -76,3 +77,74 @@ def file_hashes(folder: Path) -> dict[str, str]:
 
 def staging_leftovers(dst: Path) -> list[str]:
     return [p.name for p in dst.parent.glob(f".{dst.name}.*")]
+
+
+FLA_HYBRID = dict(  # fla's GatedDeltaNetConfig keys, as its save_pretrained writes them
+    model_type="gated_deltanet",
+    architectures=["GatedDeltaNetForCausalLM"],
+    vocab_size=TINY["vocab_size"],
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_heads=2,
+    num_v_heads=4,
+    head_dim=16,
+    expand_v=1.5,
+    use_gate=True,
+    use_short_conv=True,
+    conv_size=4,
+    hidden_ratio=4,
+    intermediate_size=None,  # fla: 256 * ceil(2/3 * 4 * 64 / 256) = 256
+    hidden_act="swish",
+    norm_eps=1e-6,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    attn={"layers": [1, 3], "num_heads": 4, "num_kv_heads": 2, "qkv_bias": True, "window_size": 5, "rope_theta": 10000.0},
+    dtype="float32",
+)
+
+
+def make_fla_hybrid_source(folder: Path, reference: Path, max_shard_size: str = "30KB") -> Path:
+    """An fla Gated DeltaNet hybrid checkpoint (fla's config.json and parameter names), and in
+    `reference` the same weights as our hybrid with the gate off.
+
+    fla's own model cannot even be built here (its attention layers need flash-attn, its norms
+    Triton), so the checkpoint is written from our ungated hybrid under fla's names, spelled out
+    below from fla's modeling code: embeddings, attn_norm, mlp_norm, attn.
+    """
+    from huggingface_hub import save_torch_state_dict
+
+    from gated_attention import GatedDeltaNetHybridConfig, GatedDeltaNetHybridForCausalLM
+
+    torch.manual_seed(0)
+    config = GatedDeltaNetHybridConfig(
+        vocab_size=TINY["vocab_size"], hidden_size=64, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, qkv_bias=True, sliding_window=5,
+        layer_types=["linear_attention", "sliding_attention", "linear_attention", "sliding_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+        linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=128, attn_gate=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    model = GatedDeltaNetHybridForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias") and "dt_bias" not in name:
+                p.normal_(0, 0.5)
+    model.save_pretrained(reference)
+    fla_names = {
+        "model.embed_tokens.": "model.embeddings.",
+        ".input_layernorm.": ".attn_norm.",
+        ".post_attention_layernorm.": ".mlp_norm.",
+        ".self_attn.": ".attn.",
+        ".linear_attn.": ".attn.",
+    }
+    state = {}
+    for name, tensor in model.state_dict().items():
+        for ours, theirs in fla_names.items():
+            name = name.replace(ours, theirs)
+        state[name] = tensor.contiguous()
+    folder.mkdir(parents=True)
+    save_torch_state_dict(state, folder, max_shard_size=max_shard_size)
+    (folder / "config.json").write_text(json.dumps(FLA_HYBRID))
+    return folder

@@ -8,10 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from convert_helpers import PROMPT, SOURCE_FAMILIES, file_hashes, make_source
+from convert_helpers import PROMPT, SOURCE_FAMILIES, file_hashes, make_fla_hybrid_source, make_source
 from gated_attention.cli import main
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FAMILIES = [*SOURCE_FAMILIES, "fla_hybrid"]
+RESULT_CLASS = {"qwen3_moe": "GatedAttentionMoeForCausalLM", "mixtral": "GatedAttentionMoeForCausalLM", "fla_hybrid": "GatedDeltaNetHybridForCausalLM"}
 
 
 @pytest.fixture(scope="module")
@@ -19,14 +21,18 @@ def converted(tmp_path_factory):
     """Each family saved as a multi-shard source, converted in fp32 and bf16 (exact init, verified)."""
     root = tmp_path_factory.mktemp("families")
     out = {}
-    for family in SOURCE_FAMILIES:
-        src = make_source(family, root / f"{family}-src")
+    for family in FAMILIES:
+        if family == "fla_hybrid":  # fla cannot run here: the reference is the same weights in our ungated hybrid
+            src = make_fla_hybrid_source(root / f"{family}-src", reference=root / f"{family}-reference")
+            reference = root / f"{family}-reference"
+        else:
+            src = reference = make_source(family, root / f"{family}-src")
         (src / "tokenizer_config.json").write_text('{"model_max_length": 128}')  # a side file to be copied
         hashes = file_hashes(src)
         for dtype in DTYPES:
             dst = root / f"{family}-{dtype}"
             code = main(["convert", str(src), str(dst), "--dtype", dtype, "--max-shard-size", "40KB"])
-            out[family, dtype] = (src, dst, code)
+            out[family, dtype] = (reference, dst, code)
         assert file_hashes(src) == hashes, f"{family}: SRC changed"
     return out
 
@@ -38,7 +44,7 @@ MIXTRAL_BF16 = pytest.mark.xfail(
 )
 CASES = [
     pytest.param(family, dtype, marks=MIXTRAL_BF16 if (family, dtype) == ("mixtral", "bfloat16") else ())
-    for family in sorted(SOURCE_FAMILIES)
+    for family in sorted(FAMILIES)
     for dtype in sorted(DTYPES)
 ]
 
@@ -49,14 +55,14 @@ def test_converted_logits_are_bit_identical(converted, family, dtype):
     assert code == 0  # the converter's own verification passed
     source = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype]).eval()
     result = AutoModelForCausalLM.from_pretrained(dst).eval()
-    assert type(result).__name__ == ("GatedAttentionMoeForCausalLM" if "moe" in family or family == "mixtral" else "GatedAttentionForCausalLM")
+    assert type(result).__name__ == RESULT_CLASS.get(family, "GatedAttentionForCausalLM")
     assert result.dtype == DTYPES[dtype]
     with torch.no_grad():
         expected, got = source(PROMPT).logits, result(PROMPT).logits
     # Exact init: sigmoid(0) = 0.5 and 2 * W are exact, so not a single bit may differ.
     assert torch.equal(expected, got), (expected.float() - got.float()).abs().max()
     # ...and the gate is really there, with zero weights (a zero-weight gate is how exactness is reached).
-    gate = result.model.layers[0].self_attn.attn_gate
+    gate = next(layer.self_attn.attn_gate for layer in result.model.layers if hasattr(layer, "self_attn"))
     assert gate.weight.shape == (result.config.num_attention_heads * result.config.head_dim, result.config.hidden_size)
     assert not gate.weight.any()
 
@@ -83,7 +89,7 @@ def test_output_is_sharded_with_index_and_side_files(converted):
 
 def test_converted_models_load_as_remote_code_without_the_package(converted, tmp_path, run_without_package):
     cases = {}
-    for family in SOURCE_FAMILIES:
+    for family in FAMILIES:
         _, dst, _ = converted[family, "float32"]
         result = AutoModelForCausalLM.from_pretrained(dst).eval()
         with torch.no_grad():
@@ -103,7 +109,7 @@ def test_converted_models_load_as_remote_code_without_the_package(converted, tmp
         print("ok", len(expected["cases"]))
         """
     )
-    assert out.split() == ["ok", str(len(SOURCE_FAMILIES))]
+    assert out.split() == ["ok", str(len(FAMILIES))]
 
 
 def test_headwise_exact_and_bias_init_close_but_not_exact(converted, tmp_path, capsys):

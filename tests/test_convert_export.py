@@ -85,3 +85,44 @@ def test_norm_weight_without_an_exact_one_plus_w_form_is_refused(tmp_path, capsy
     assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 2
     assert "model.norm.weight[3]" in capsys.readouterr().err
     assert not (tmp_path / "native").exists()
+
+
+def test_hybrid_exports_to_native_qwen3_5(tmp_path):
+    from gated_attention import GatedDeltaNetHybridConfig, GatedDeltaNetHybridForCausalLM
+    from gated_attention.convert.export import qwen3_5_torch_path
+
+    torch.manual_seed(0)
+    config = GatedDeltaNetHybridConfig(
+        **{**TINY, "num_hidden_layers": 4}, head_dim=16, qk_norm=True, hybrid_ratio=2,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+    )  # fmt: skip
+    gated = GatedDeltaNetHybridForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in gated.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif "attn_gate" in name:
+                p.normal_(0, 0.5)
+    gated.save_pretrained(tmp_path / "gated")
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 0
+    native = AutoModelForCausalLM.from_pretrained(tmp_path / "native").eval()
+    assert type(native) is Qwen3_5ForCausalLM
+    assert native.config.layer_types == config.layer_types
+    with torch.no_grad(), qwen3_5_torch_path():  # transformers would route Qwen3.5's GDN to fla's GPU kernels
+        expected, got = gated(PROMPT).logits, native(PROMPT).logits
+    # fp32; the two sides run different (chunked) delta-rule code, so the last bits may differ: 1e-5 of the scale.
+    assert (expected - got).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_hybrid_without_output_gate_is_refused(tmp_path, capsys):
+    from gated_attention import GatedDeltaNetHybridConfig, GatedDeltaNetHybridForCausalLM
+
+    config = GatedDeltaNetHybridConfig(
+        **{**TINY, "num_hidden_layers": 2}, head_dim=16, qk_norm=True, hybrid_ratio=2, linear_output_gate=False,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+    )  # fmt: skip
+    GatedDeltaNetHybridForCausalLM(config).save_pretrained(tmp_path / "gated")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 2
+    assert "linear_output_gate=false" in capsys.readouterr().err
+    assert not (tmp_path / "native").exists()

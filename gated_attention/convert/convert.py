@@ -21,7 +21,15 @@ from .. import __version__
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from ..hub.remote_code import write_remote_code
-from .families import GATE_BIAS_INIT, GATED_MODEL_TYPES, detect_family, load_source_config, plan_weights, target_config
+from .families import (
+    GATE_BIAS_INIT,
+    GATED_MODEL_TYPES,
+    detect_family,
+    load_source_config,
+    plan_weights,
+    source_to_target_name,
+    target_config,
+)
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
@@ -124,6 +132,34 @@ def _verify(src_folder: Path, stage: Path, config, dtype, overrides: dict, exact
     return diff
 
 
+def _verify_hybrid(ckpt: SourceCheckpoint, stage: Path, config, rename, dtype, exact: bool, log) -> float:
+    """fla's own model runs only with CUDA kernels and flash-attn, so the reference is SRC's weights
+    in our hybrid model with the gate off: this checks the gate init and every tensor's place, not
+    fla's kernels against ours."""
+    log("verifying: fla models need CUDA and flash-attn to run, so the reference is SRC's weights in "
+        "gated_deltanet_hybrid with the gate off")
+    ref_config = type(config).from_dict({**config.to_dict(), "attn_gate": None})
+    # Built in the target dtype (not cast afterwards: .to() would also round RoPE's fp32 inv_freq buffer).
+    target_dtype = dtype or getattr(torch, str(config.dtype))
+    reference = AutoModelForCausalLM.from_config(ref_config, dtype=target_dtype)
+    state = {rename(name): ckpt.read(name) for name in ckpt.tensors if not (config.tie_word_embeddings and name == "lm_head.weight")}
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ConversionError(f"verification failed: SRC's weights do not fit the ungated model ({(missing + unexpected)[0]})")
+    reference.tie_weights()
+    result = _load(stage, dtype)
+    cmp = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
+    del reference, result, state
+    if exact:
+        log(f"verify: max |logits(ungated) - logits(DST)| = {cmp.max_abs_diff:g}" + (" (bit-identical)" if cmp.bit_identical else ""))
+        if not cmp.bit_identical:
+            raise ConversionError(f"verification failed: exact conversion changed the logits (max abs diff {cmp.max_abs_diff:g})")
+    else:
+        log(f"verify: max |logits(ungated) - logits(DST)| = {cmp.max_abs_diff:g} (--init bias is near-identity, not exact)")
+    return cmp.max_abs_diff
+
+
 # --- convert -----------------------------------------------------------------------------------------
 
 
@@ -160,7 +196,8 @@ def convert_checkpoint(
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     model = _meta_model(config)
-    outputs = plan_weights(ckpt, model, init=init, dtype=requested)
+    rename = src_config.target_name if family.kind == "hybrid" else source_to_target_name
+    outputs = plan_weights(ckpt, model, init=init, dtype=requested, rename=rename)
     dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
@@ -170,7 +207,9 @@ def convert_checkpoint(
         _write_config_and_code(stage, model, dtype_name)
         copy_side_files(folder, stage)
         _write_card(stage, src, family.name, gate, init, dtype_name, rope, model.config, command="convert")
-        if verify:
+        if verify and family.kind == "hybrid":
+            result.max_abs_diff = _verify_hybrid(ckpt, stage, config, rename, requested, init == "exact", log)
+        elif verify:
             overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
             result.max_abs_diff = _verify(folder, stage, config, requested, overrides, init == "exact", log)
     log(f"wrote {dst} ({len(result.shards)} shard{'s' * (len(result.shards) > 1)})")

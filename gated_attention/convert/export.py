@@ -15,6 +15,7 @@ checked one by one: `1 + (w - 1)` must give back w exactly in the stored dtype.
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from pathlib import Path
 
@@ -28,6 +29,22 @@ from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolv
 from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
 
 FORMATS = ("qwen3_5",)
+EXPORTABLE = ("gated_attention", "gated_deltanet_hybrid")
+# Gated DeltaNet: Qwen3.5 fuses q/k/v into one projection and one convolution (concatenated along
+# dim 0, in this order) and renames the rest; its gated output norm keeps a plain weight (no 1 + w).
+GDN_FUSED = {
+    "q_proj.weight": ("in_proj_qkv.weight", ("q_proj.weight", "k_proj.weight", "v_proj.weight")),
+    "q_conv1d.weight": ("conv1d.weight", ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")),
+}
+GDN_RENAMED = {
+    "g_proj.weight": "in_proj_z.weight",
+    "a_proj.weight": "in_proj_a.weight",
+    "b_proj.weight": "in_proj_b.weight",
+    "o_norm.weight": "norm.weight",
+    "o_proj.weight": "out_proj.weight",
+    "A_log": "A_log",
+    "dt_bias": "dt_bias",
+}
 
 
 def check_exportable(config) -> None:
@@ -36,8 +53,15 @@ def check_exportable(config) -> None:
     def refuse(reason: str):
         raise ConversionError(f"cannot export to qwen3_5 exactly: {reason}")
 
-    if config.model_type != "gated_attention":
-        refuse(f"model_type {config.model_type!r} is not supported (supported: gated_attention)")
+    if config.model_type not in EXPORTABLE:
+        refuse(f"model_type {config.model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})")
+    if config.model_type == "gated_deltanet_hybrid":
+        if config.num_experts > 0:
+            refuse("the hybrid has MoE MLPs; Qwen3.5's text model has dense MLPs")
+        if not config.linear_output_gate:
+            refuse("Qwen3.5's Gated DeltaNet always has its output gate; this model has linear_output_gate=false")
+    if all(t == "linear_attention" for t in config.layer_types):
+        return  # no attention layer: nothing below applies
     spec = config.attn_gate
     if spec["position"] != "sdpa":
         refuse(f"Qwen3.5 gates the SDPA output (G1) only; this model's gate position is {spec['position']!r}")
@@ -49,13 +73,22 @@ def check_exportable(config) -> None:
         refuse("the gate has a bias, but Qwen3.5 keeps gate and query in one q_proj, which has no bias here (attention_bias=false)")
     if not config.qk_norm:
         refuse("Qwen3.5 always applies RMSNorm to q and k; this model has qk_norm=false")
-    if config.sliding_window is not None or any(t != "full_attention" for t in config.layer_types):
+    if config.sliding_window is not None or "sliding_attention" in config.layer_types:
         refuse("Qwen3.5 attention has no sliding window")
     if config.attn_output_norm is not None or config.attn_output_activation is not None:
         refuse("Qwen3.5 has no norm or activation on the SDPA output")
     if config.mlp_bias:
         refuse("Qwen3.5's MLP has no bias")
     # qkv_bias without attention_bias (Qwen2) maps too: Qwen3.5 then gets a zero o_proj bias (adding 0 is exact).
+
+
+LINEAR_FIELDS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 
 def qwen3_5_config(config):
@@ -79,7 +112,8 @@ def qwen3_5_config(config):
         rope_parameters=rope,
         attention_bias=config.attention_bias or config.qkv_bias,
         attention_dropout=config.attention_dropout,
-        layer_types=["full_attention"] * config.num_hidden_layers,
+        layer_types=list(config.layer_types),
+        **{k: getattr(config, k) for k in LINEAR_FIELDS if hasattr(config, k)},
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -117,6 +151,35 @@ def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, spe
     return out.reshape(H * 2 * D, *trailing)
 
 
+def _read_each(ckpt: SourceCheckpoint, names: list[str]):
+    for name in names:  # concatenation along dim 0 is the parts' bytes in order
+        yield ckpt.read(name)
+
+
+def _gdn_outputs(ckpt: SourceCheckpoint, name: str, expected: dict) -> list[OutputTensor]:
+    prefix, leaf = name.split(".linear_attn.")
+    prefix += ".linear_attn."
+    info = ckpt.tensors[name]
+    if leaf in GDN_FUSED:
+        target, parts = GDN_FUSED[leaf]
+        sources = [prefix + p for p in parts]
+        missing = [s for s in sources if s not in ckpt.tensors]
+        if missing:
+            raise ConversionError(f"SRC lacks tensor {missing[0]}")
+        shape = (sum(ckpt.tensors[s].shape[0] for s in sources), *info.shape[1:])
+        out = [OutputTensor(prefix + target, shape, info.dtype, partial(_read_each, ckpt, sources), sources)]
+    elif leaf in GDN_RENAMED:
+        out = [OutputTensor(prefix + GDN_RENAMED[leaf], info.shape, info.dtype, partial(ckpt.read, name), [name])]
+    elif any(leaf == parts[i] for _, parts in GDN_FUSED.values() for i in (1, 2)):
+        return []  # k/v parts: written with their q part
+    else:
+        raise ConversionError(f"SRC tensor {name} has no place in Qwen3_5ForCausalLM")
+    for o in out:
+        if o.name not in expected or o.shape != expected[o.name]:
+            raise ConversionError(f"tensor {o.name} would have shape {list(o.shape)}, Qwen3.5 expects {list(expected.get(o.name, ()))}")
+    return out
+
+
 def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
     expected = expected_shapes(model)
     H, D = config.num_attention_heads, config.head_dim
@@ -124,6 +187,9 @@ def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
     for name, info in ckpt.tensors.items():
         if ".attn_gate." in name or (config.tie_word_embeddings and name == "lm_head.weight"):
             continue  # gates travel inside q_proj
+        if ".linear_attn." in name:
+            outputs.extend(_gdn_outputs(ckpt, name, expected))
+            continue
         if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
             gate_name = name.replace("q_proj.", "attn_gate.")
             gate_name = gate_name if gate_name in ckpt.tensors else None
@@ -166,6 +232,12 @@ def _write_card(stage: Path, src: str, config) -> None:
                 + ") moved into `q_proj`: per head, D query rows then D gate rows"
                 + (" (a per-head score becomes D equal rows)." if spec["granularity"] == "headwise" or spec["head_shared"] else "."),
                 "- RMSNorm weights are stored as `w - 1` (Qwen3.5 multiplies by `1 + w`); checked exact for every weight.",
+                *(
+                    ["- Gated DeltaNet layers: q/k/v projections and convolutions fused into `in_proj_qkv` and `conv1d`; "
+                     "`g_proj`, `a_proj`, `b_proj`, `o_norm`, `o_proj` renamed `in_proj_z`, `in_proj_a`, `in_proj_b`, `norm`, `out_proj`."]
+                    if "linear_attention" in config.layer_types
+                    else []
+                ),
                 "- `partial_rotary_factor` is 1.0: RoPE rotates the whole head, as in the source.",
                 "- In float32 the logits match the source; in bf16 they differ by rounding order only "
                 "(Qwen3.5's norms multiply in float32 before rounding).",
@@ -181,6 +253,27 @@ def _write_card(stage: Path, src: str, config) -> None:
     )
 
 
+@contextlib.contextmanager
+def qwen3_5_torch_path():
+    """Run transformers' Qwen3.5 Gated DeltaNet on its own torch functions while inside.
+
+    transformers routes Qwen3.5's delta rule and convolutions to fla's Triton
+    kernels whenever fla imports, and those fail without a GPU (see DESIGN.md,
+    pitfalls); verification runs on the CPU, so it unwraps them for its forward.
+    """
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as q
+
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")
+    saved = {n: getattr(q, n) for n in names}
+    try:
+        for n, fn in saved.items():
+            setattr(q, n, getattr(fn, "__wrapped__", fn))
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(q, n, fn)
+
+
 def _verify(folder: Path, stage: Path, config, log) -> float:
     """Compare in float32, where the two layouts compute the same numbers.
 
@@ -193,7 +286,8 @@ def _verify(folder: Path, stage: Path, config, log) -> float:
     log("verifying: loading SRC (gated) and the export (native Qwen3.5) in float32, comparing logits on a fixed prompt")
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     native = AutoModelForCausalLM.from_pretrained(stage, dtype=torch.float32)
-    cmp = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
+    with qwen3_5_torch_path():
+        cmp = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
     diff, equal, scale = cmp.max_abs_diff, cmp.bit_identical, cmp.max_abs_logit
     log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else f" (max |logits| {scale:g})"))
     # Same products and sums; only the GEMM's summation order may differ (e.g. a headwise gate becomes D equal rows).
@@ -223,8 +317,10 @@ def export_checkpoint(
     dst = Path(dst)
     check_destination(folder, dst, overwrite)
     model_type = read_config_dict(folder).get("model_type")
-    if model_type != "gated_attention":
-        raise ConversionError(f"cannot export to qwen3_5 exactly: SRC model_type {model_type!r} is not supported (supported: gated_attention)")
+    if model_type not in EXPORTABLE:
+        raise ConversionError(
+            f"cannot export to qwen3_5 exactly: SRC model_type {model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})"
+        )
     config = AutoConfig.from_pretrained(folder)
     check_exportable(config)
     ckpt = SourceCheckpoint(folder)

@@ -16,7 +16,6 @@ gradient is scaled by sigmoid'(10) = 4.5e-5.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -51,6 +50,7 @@ FAMILIES = (
     Family("Qwen3", ("qwen3",), "dense"),
     Family("Qwen3-MoE", ("qwen3_moe",), "moe"),
     Family("Mixtral", ("mixtral",), "moe"),
+    Family("fla Gated DeltaNet hybrid", ("gated_deltanet",), "hybrid"),
 )
 GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
 
@@ -73,8 +73,15 @@ def detect_family(config_dict: dict) -> Family:
 
 
 def load_source_config(folder, family: Family):
-    """The source config through transformers' own class (standardises legacy RoPE fields)."""
+    """The source config through transformers' own class (standardises legacy RoPE fields).
+
+    fla's config is read as the plain dict it is (with fla's defaults), so
+    conversion needs neither fla's import nor its CUDA-only kernels.
+    """
     from transformers import AutoConfig
+
+    if family.kind == "hybrid":
+        return FlaHybridSource.from_folder(folder)
 
     try:
         return AutoConfig.from_pretrained(folder)
@@ -171,12 +178,128 @@ def moe_config(src, gate_spec: dict):
     return config
 
 
+# --- fla Gated DeltaNet hybrids (fla's `gated_deltanet` with an `attn` layer list; M-A-P's hybrids) -----
+
+# fla's GatedDeltaNetConfig defaults, for keys a config.json leaves out.
+FLA_GDN_DEFAULTS = dict(
+    hidden_size=2048, expand_v=2.0, use_gate=True, use_short_conv=True, allow_neg_eigval=False, conv_size=4,
+    head_dim=256, num_heads=6, num_v_heads=None, max_position_embeddings=2048, hidden_ratio=4,
+    intermediate_size=None, hidden_act="swish", num_hidden_layers=21, norm_eps=1e-6, attn=None, use_cache=True,
+    pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.02,
+    vocab_size=32000, attnres_block_size=None, output_gate_activation="swish",
+)  # fmt: skip
+
+
+class FlaHybridSource:
+    """An fla `gated_deltanet` config.json with fla's defaults filled in, and its layer plan."""
+
+    def __init__(self, config: dict):
+        self.raw = {**FLA_GDN_DEFAULTS, **config}
+        self.model_type = "gated_deltanet"
+        self.dtype = self.raw.get("dtype") or self.raw.get("torch_dtype")
+        attn = self.raw["attn"] or {"layers": []}
+        if not isinstance(attn, dict) or not isinstance(attn.get("layers"), list):
+            raise ConversionError("SRC's fla config: `attn` must be a dict with a `layers` list (or null)")
+        self.attn = attn
+        self.attention_layers = set(attn["layers"])
+
+    @classmethod
+    def from_folder(cls, folder) -> FlaHybridSource:
+        from .sources import read_config_dict
+
+        return cls(read_config_dict(folder))
+
+    def unsupported(self) -> str | None:
+        r = self.raw
+        if not r["use_short_conv"]:
+            return "use_short_conv=false (the Gated DeltaNet layer here always has its short convolutions)"
+        if r["allow_neg_eigval"]:
+            return "allow_neg_eigval=true (beta in [0, 2]) is not implemented by the hybrid model"
+        if r["use_gate"] and r["output_gate_activation"] not in ("swish", "silu"):
+            return f"output_gate_activation={r['output_gate_activation']!r} (only swish/silu)"
+        if r["attnres_block_size"] is not None:
+            return "attention residuals (attnres_block_size) are not implemented by the hybrid model"
+        if r["hidden_act"] not in ("swish", "silu"):
+            return f"hidden_act={r['hidden_act']!r} (only swish/silu)"
+        if self.attn.get("qk_norm"):
+            return "attn.qk_norm=true"  # fla's get_attention never passes it on; refuse rather than guess
+        return None
+
+    def intermediate_size(self) -> int:
+        """fla's GatedMLP width: given, or the multiple of 256 nearest above 2/3 * ratio * hidden."""
+        r = self.raw
+        if r["intermediate_size"] is not None:
+            return r["intermediate_size"]
+        size = int(r["hidden_size"] * (r["hidden_ratio"] or 4) * 2 / 3)
+        return 256 * ((size + 255) // 256)
+
+    def target_name(self, name: str) -> str:
+        """fla parameter name -> ours: embeddings, block norms, and `attn` by layer type."""
+        if name == "model.embeddings.weight":
+            return "model.embed_tokens.weight"
+        m = re.match(r"^model\.layers\.(\d+)\.(attn_norm|mlp_norm|attn)\.(.*)$", name)
+        if not m:
+            return name
+        layer, part, rest = int(m[1]), m[2], m[3]
+        if part == "attn":
+            part = "self_attn" if layer in self.attention_layers else "linear_attn"
+        else:
+            part = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}[part]
+        return f"model.layers.{layer}.{part}.{rest}"
+
+
+def hybrid_config(src: FlaHybridSource, gate_spec: dict):
+    from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
+
+    if (reason := src.unsupported()) is not None:
+        raise ConversionError(f"SRC's fla Gated DeltaNet config is not supported: {reason}")
+    r, attn = src.raw, src.attn
+    L = r["num_hidden_layers"]
+    window = attn.get("window_size")
+    layer_types = [
+        ("sliding_attention" if window else "full_attention") if i in src.attention_layers else "linear_attention"
+        for i in range(L)
+    ]
+    num_heads = attn.get("num_heads") or 1  # unused when there are no attention layers
+    config = GatedDeltaNetHybridConfig(
+        vocab_size=r["vocab_size"],
+        hidden_size=r["hidden_size"],
+        intermediate_size=src.intermediate_size(),
+        num_hidden_layers=L,
+        num_attention_heads=num_heads,
+        num_key_value_heads=attn.get("num_kv_heads") or num_heads,
+        head_dim=r["hidden_size"] // num_heads,  # fla's Attention: hidden_size / num_heads
+        hidden_act="silu",
+        max_position_embeddings=r["max_position_embeddings"],
+        initializer_range=r["initializer_range"],
+        rms_norm_eps=r["norm_eps"],
+        tie_word_embeddings=r["tie_word_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": float(attn.get("rope_theta") or 10000.0)},
+        qkv_bias=bool(attn.get("qkv_bias", False)),  # fla: bias on q/k/v, never on o_proj
+        sliding_window=window,
+        layer_types=layer_types,
+        attn_gate=gate_spec,
+        linear_num_key_heads=r["num_heads"],
+        linear_num_value_heads=r["num_v_heads"] or r["num_heads"],
+        linear_key_head_dim=r["head_dim"],
+        linear_value_head_dim=int(r["head_dim"] * r["expand_v"]),
+        linear_conv_kernel_dim=r["conv_size"],
+        linear_output_gate=r["use_gate"],
+        pad_token_id=r["pad_token_id"],
+        bos_token_id=r["bos_token_id"],
+        eos_token_id=r["eos_token_id"],
+        use_cache=r["use_cache"],
+    )
+    config.dtype = _dtype_name(src.dtype)
+    return config
+
+
 def target_config(src, family: Family, gate_spec: dict):
     if family.kind == "dense":
         return dense_config(src, gate_spec)
     if family.kind == "moe":
         return moe_config(src, gate_spec)
-    raise ConversionError(f"{family} sources are not supported yet")
+    return hybrid_config(src, gate_spec)
 
 
 # --- weight plan -------------------------------------------------------------------------------------
@@ -257,7 +380,9 @@ def _fused_experts(ckpt: SourceCheckpoint, grouped: dict, dtype, expected) -> li
     return outputs
 
 
-def plan_weights(ckpt: SourceCheckpoint, model, *, init: str, dtype: torch.dtype | None) -> list[OutputTensor]:
+def plan_weights(
+    ckpt: SourceCheckpoint, model, *, init: str, dtype: torch.dtype | None, rename=source_to_target_name
+) -> list[OutputTensor]:
     """Output tensors of a conversion (`init` "exact" or "bias") or a copy (`init` "copy"), in source order.
 
     `model` is the target model on the meta device: its state dict says which
@@ -267,9 +392,9 @@ def plan_weights(ckpt: SourceCheckpoint, model, *, init: str, dtype: torch.dtype
     """
     expected = expected_shapes(model)
     tied = getattr(model.config, "tie_word_embeddings", False)
-    renamed = {src_name: source_to_target_name(src_name) for src_name in ckpt.tensors}
+    renamed = {src_name: rename(src_name) for src_name in ckpt.tensors}
     present = set(renamed.values())
-    outputs: list[OutputTensor] = []
+    outputs: list[OutputTensor | str] = []  # a str marks where a layer's fused experts go
     experts: dict[str, dict[int, dict[str, str]]] = {}
     for src_name, info in ckpt.tensors.items():
         if IGNORED_SOURCE_TENSORS.search(src_name) or (tied and src_name == "lm_head.weight"):
@@ -297,9 +422,11 @@ def plan_weights(ckpt: SourceCheckpoint, model, *, init: str, dtype: torch.dtype
                     shape = expected[prefix + suffix]
                     outputs.append(OutputTensor(prefix + suffix, shape, out_dtype, partial(_full, shape, out_dtype, value)))
     fused = {o.name: o for o in _fused_experts(ckpt, experts, dtype, expected)}
-    outputs = [o for item in outputs for o in ([fused[f"{item}.gate_up_proj"], fused[f"{item}.down_proj"]] if isinstance(item, str) else [item])]
-    made = {o.name for o in outputs}
+    planned: list[OutputTensor] = []
+    for item in outputs:
+        planned.extend([fused[f"{item}.gate_up_proj"], fused[f"{item}.down_proj"]] if isinstance(item, str) else [item])
+    made = {o.name for o in planned}
     for name, shape in expected.items():
         if name not in made:
             raise ConversionError(f"SRC lacks tensor {name}, which its config implies (shape {list(shape)})")
-    return outputs
+    return planned
