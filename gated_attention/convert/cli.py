@@ -54,9 +54,11 @@ def _add_rope(p: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert",
-        help="convert a Llama/Mistral/Qwen2/Qwen3 checkpoint into a gated model with unchanged outputs",
-        description="Convert a checkpoint into a gated-attention model. With the default --init exact the "
-        "result's logits are bit-identical to SRC's. One tensor is in memory at a time.",
+        help="convert a Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/Mixtral/fla-hybrid checkpoint into a gated model, outputs unchanged",
+        description="Convert a checkpoint into a gated-attention model: Llama (incl. llama3 RoPE), Mistral, "
+        "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, or an fla Gated DeltaNet hybrid (fla's `attn` layer list). With the "
+        "default --init exact the result's logits are bit-identical to SRC's (checked after writing unless "
+        "--no-verify). One tensor is in memory at a time; DST appears only when complete.",
     )
     _add_common(p)
     p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise", help="gate granularity (default elementwise)")
@@ -77,7 +79,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
         help="gated model -> a transformers-native architecture, where the mapping is exact",
-        description="Export a gated dense model to transformers' native Qwen3.5 text layout (Qwen3_5ForCausalLM): "
+        description="Export a gated dense or hybrid model to transformers' native Qwen3.5 text layout (Qwen3_5ForCausalLM): "
         "gate interleaved into q_proj per head, (1 + w) norms, full rotary. Refuses, saying why, where that is not exact.",
     )
     _add_common(p, dtype=False)

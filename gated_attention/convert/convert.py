@@ -178,7 +178,7 @@ def convert_checkpoint(
     revision: str | None = None,
     log=print,
 ) -> Result:
-    """Convert a Llama / Mistral / Qwen2 / Qwen3 checkpoint into a gated model.
+    """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral or fla Gated DeltaNet hybrid checkpoint.
 
     With `init="exact"` the result's logits are bit-identical to the source's
     (checked when `verify`), in the source dtype or in `dtype`.
@@ -323,14 +323,15 @@ def _write_card(stage, src, family_name, gate, init, dtype_name, rope: RopeChang
         "With `pip install gated-attention`, `import gated_attention` first and drop `trust_remote_code`."
     )
     continue_pretraining = (
-        "The gates start where they do no harm; they only help once trained. Continue pretraining with "
-        "`accelerate launch` (see the gated-attention `examples/`), optionally with PEFT (put "
-        "`attn_gate` in `modules_to_save` or `target_modules`).\n\n"
-        "Known trap: converted gates may barely move in continued pretraining. Give the gate parameters "
-        "(`*.self_attn.attn_gate.*`) their own, larger learning rate and log the mean gate score to see whether they learn:\n\n"
-        "```python\ngate = [p for n, p in model.named_parameters() if \".attn_gate.\" in n]\n"
-        "rest = [p for n, p in model.named_parameters() if \".attn_gate.\" not in n]\n"
-        "optimizer = torch.optim.AdamW([{\"params\": rest, \"lr\": 1e-5}, {\"params\": gate, \"lr\": 1e-3}])\n```"
+        "The gates start where they do no harm and only help once trained. With the gated-attention "
+        "repository's example script (`accelerate launch`, DDP or FSDP configs in `examples/configs/`):\n\n"
+        "```bash\naccelerate launch --config_file examples/configs/ddp.yaml examples/continued_pretraining.py \\\n"
+        "    --model PATH_OR_REPO --output-dir runs/cpt --text-files data/ \\\n"
+        "    --seq-len 2048 --batch-size 4 --grad-accum 8 --steps 2000 --lr 2e-5 --gate-lr 1e-3\n```\n\n"
+        "Known trap (official Gated Attention repo, issue #10): converted gates may barely move in continued "
+        "pretraining. Give the gate parameters (`*.self_attn.attn_gate.*`) their own, larger learning rate "
+        "(`--gate-lr` above) and watch the mean gate score the script logs; it starts at exactly 0.5 "
+        "with the exact init. With PEFT, put `attn_gate` in `modules_to_save` (see `examples/lora_finetune.py`)."
     )
     write_model_card(
         stage,
