@@ -2,10 +2,10 @@
 
 Field names are transformers' Llama/Qwen names, so a Llama, Mistral, Qwen2 or
 Qwen3 `config.json` maps onto this config key for key (see `convert/`). On top
-of them: `qkv_bias` (Qwen2: bias on q/k/v but not o_proj, whereas
-`attention_bias` is Llama's bias on all four), `qk_norm` (Qwen3), `sliding_window` (Mistral/Qwen2; None = off), the
-gate spec `attn_gate` (see `gate_spec.py`) and the paper's two non-gate
-ablations on the SDPA output.
+of them: `qkv_bias` (Qwen2: bias on q/k/v but not on o_proj, whereas
+`attention_bias` is Llama's bias on all four), `qk_norm` (Qwen3),
+`sliding_window` (Mistral/Qwen2; None = off), the gate spec `attn_gate` (see
+`gate_spec.py`) and the paper's two non-gate ablations on the SDPA output.
 """
 
 from __future__ import annotations
