@@ -11,7 +11,7 @@ written and, unless `verify=False`, the logits have been compared.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +43,6 @@ class Result:
     dst: Path
     shards: list[str]
     max_abs_diff: float | None = None  # None when not verified
-    notes: list[str] = field(default_factory=list)
 
 
 def _gate_spec(gate: str, init: str) -> dict:
