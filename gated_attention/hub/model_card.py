@@ -1,5 +1,8 @@
 """Model cards for converted checkpoints, rendered from the templates in `model_cards/`.
 
+The package reaches them through the link `hub/model_cards`, which wheels
+resolve into real files.
+
 Templates are Markdown with `$name` placeholders (`string.Template`); every
 placeholder must be given, so a renamed field fails loudly instead of leaving
 `$name` in a published card.
@@ -11,7 +14,8 @@ import re
 from pathlib import Path
 from string import Template
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "model_cards"
+# A link to the repository's model_cards/, so the templates also ship inside wheels.
+TEMPLATE_DIR = Path(__file__).parent / "model_cards"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -23,7 +27,7 @@ def render_model_card(template: str, **fields: str) -> str:
     """Fill `model_cards/<template>.md`; raises KeyError naming a missing field."""
     path = TEMPLATE_DIR / f"{template}.md"
     if not path.is_file():
-        raise FileNotFoundError(f"model card template {path} not found (model_cards/ ships with the source tree)")
+        raise FileNotFoundError(f"model card template {path} not found")
     return Template(path.read_text(encoding="utf-8")).substitute(fields)
 
 
