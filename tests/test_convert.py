@@ -37,16 +37,7 @@ def converted(tmp_path_factory):
     return out
 
 
-MIXTRAL_BF16 = pytest.mark.xfail(
-    strict=True,
-    reason="Mixtral keeps its top-k router weights in fp32, our MoE block (Qwen3-MoE's) casts them to the "
-    "model dtype, so in bf16 the expert mix rounds differently; needs a Mixtral-style router option in the MoE model",
-)
-CASES = [
-    pytest.param(family, dtype, marks=MIXTRAL_BF16 if (family, dtype) == ("mixtral", "bfloat16") else ())
-    for family in sorted(FAMILIES)
-    for dtype in sorted(DTYPES)
-]
+CASES = [(family, dtype) for family in sorted(FAMILIES) for dtype in sorted(DTYPES)]
 
 
 @pytest.mark.parametrize("family, dtype", CASES)

@@ -5,7 +5,9 @@ Qwen3-MoE `config.json` maps onto it key for key (`num_local_experts`, which
 transformers 5 writes for Qwen3-MoE, is accepted for `num_experts`), and two
 additions: an optional shared expert with its own sigmoid gate (Qwen2-MoE's
 `shared_expert_intermediate_size`; 0, the default, means none, so a Qwen3-MoE
-state dict loads strictly) and `router_z_loss_coef` (ST-MoE's z-loss).
+state dict loads strictly), `router_z_loss_coef` (ST-MoE's z-loss) and
+`router_scores_fp32` (Mixtral's numerics: the top-k weights stay in fp32
+instead of being cast to the model dtype before the expert mix).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class GatedAttentionMoeConfig(GatedAttentionConfig):
     output_router_logits: bool = False
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
+    router_scores_fp32: bool = False
 
     def __post_init__(self, **kwargs):
         self.mlp_only_layers = [] if self.mlp_only_layers is None else list(self.mlp_only_layers)

@@ -159,6 +159,7 @@ def moe_config(src, gate_spec: dict):
             norm_topk_prob=True,
             decoder_sparse_step=1,
             mlp_only_layers=[],
+            router_scores_fp32=True,
         )
     else:
         moe = dict(
