@@ -15,7 +15,13 @@ times one decode step (T = 1) against a long cache: the fused split-KV path agai
 Before timing, each configuration checks the fused forward against sdpa+gate (max abs difference).
 On a machine without a GPU the script says so and exits 0.
 
+`--compile-only SM` (e.g. 90) needs no GPU: it compiles every kernel (bf16 and fp32, head dims 64/128,
+causal or not, packed or not, each gate mode, the first GPU launch configs) for that compute capability
+with triton's bundled ptxas, which catches errors in the compiled path that the interpreter cannot
+(a few minutes per head dim on a CPU). Exits 1 if any kernel fails to compile.
+
 Usage: python benchmarks/gated_sdpa.py [--seqlens 1024 2048 4096 8192 16384] [--head-dims 64 128]
+       python benchmarks/gated_sdpa.py --compile-only 90 [--head-dims 128]
 """
 
 from __future__ import annotations
@@ -78,6 +84,68 @@ def bench(fn, inputs, grad_out=None) -> float:
     return do_bench(lambda: torch.autograd.backward(fn(*inputs), grad_out), grad_to_none=list(inputs))
 
 
+def compile_only(sm: int, head_dims: list[int]) -> int:
+    """Compile each kernel for compute capability `sm` without a GPU; returns the number of failures."""
+    import itertools
+
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    from gated_attention.kernels import gated_sdpa_triton as K
+
+    def build(label, kernel, pointers, constants, config=None):
+        fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an Autotuner wraps the JITFunction
+        constants = {**constants, **(config.kwargs if config else {})}
+        signature = {
+            n: "constexpr" if n in constants else "*" + pointers[n] if n in pointers
+            else "fp32" if n in ("qk_scale", "sm_scale") else "i32"
+            for n in fn.arg_names
+        }
+        options = {"num_warps": config.num_warps if config else 4, "num_stages": config.num_stages if config else 1}
+        try:
+            compiled = triton_compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", sm, 32),
+                                      options=options)
+            print(f"ok    {label}  shared memory {compiled.metadata.shared} B", flush=True)
+            return 0
+        except Exception as error:  # noqa: BLE001 - report every kernel, then fail
+            print(f"FAIL  {label}: {type(error).__name__}: {str(error)[:2000]}", flush=True)
+            return 1
+
+    failures = 0
+    dot_dtypes = {"bf16": tl.bfloat16, "fp32": tl.float32}
+    cases = itertools.product(dot_dtypes, head_dims, (True, False), (False, True), (0, 1, 2))
+    for dt, D, causal, varlen, gate in cases:
+        common = dict(HEAD_DIM=D, IS_CAUSAL=causal, IS_VARLEN=varlen, GATE_MODE=gate, DOT=dot_dtypes[dt],
+                      PRECISION="ieee" if dt == "fp32" else None)
+        if not varlen:
+            common["CU_SEQLENS"] = None
+        label = f"{dt} D={D} causal={causal} varlen={varlen} gate={gate}"
+        io = {"Q": dt, "K": dt, "V": dt, "G": dt, "O": dt, "OU": dt, "LSE": "fp32", "CU_SEQLENS": "i32"}
+        failures += build(f"forward  {label}", K._fwd_kernel, io, {**common, "ACT": 0, "STORE_UNGATED": True},
+                          K._FWD_CONFIGS[0])
+        if gate == 0:  # the gate only enters the backward through dO_eff
+            io = {"Q": dt, "K": dt, "V": dt, "DO": dt, "LSE": "fp32", "DELTA": "fp32", "DQ": dt, "DK": dt, "DV": dt,
+                  "CU_SEQLENS": "i32"}
+            failures += build(f"dq       {label}", K._bwd_dq_kernel, io, common, K._DQ_CONFIGS[0])
+            failures += build(f"dk/dv    {label}", K._bwd_dkdv_kernel, io, common, K._DKDV_CONFIGS[0])
+        if not varlen and causal:
+            io = {"OU": dt, "DO": dt, "G": dt, "DO_EFF": dt, "DELTA": "fp32", "DG": dt}
+            failures += build(f"bwd prep {dt} D={D} gate={gate}", K._bwd_preprocess_kernel, io,
+                              dict(HEAD_DIM=D, GATE_MODE=gate, ACT=1, BLOCK_M=64))
+            io = {"OP": "fp32", "LSEP": "fp32", "G": dt, "O": dt, "OU": dt, "LSE": "fp32"}
+            failures += build(f"combine  {dt} D={D} gate={gate}", K._decode_combine_kernel, io,
+                              dict(HEAD_DIM=D, GATE_MODE=gate, ACT=0, STORE_UNGATED=True, BLOCK_M=16))
+        if not varlen and gate == 0:
+            io = {"Q": dt, "K": dt, "V": dt, "OP": "fp32", "LSEP": "fp32"}
+            failures += build(f"split    {dt} D={D} causal={causal}", K._decode_split_kernel, io,
+                              dict(HEAD_DIM=D, IS_CAUSAL=causal, DOT=dot_dtypes[dt],
+                                   PRECISION=common["PRECISION"], BLOCK_M=16, BLOCK_N=64))
+    print(f"compile-only sm_{sm}: {failures} failure(s)")
+    return failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
@@ -86,7 +154,11 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=2048, help="HQ * D")
     parser.add_argument("--group", type=int, default=4, help="HQ / HKV")
     parser.add_argument("--decode-cache", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--compile-only", type=int, metavar="SM", help="compile the kernels for sm_SM, no GPU needed")
     args = parser.parse_args()
+
+    if args.compile_only:
+        return 1 if compile_only(args.compile_only, args.head_dims) else 0
 
     if not torch.cuda.is_available():
         print("gated_sdpa benchmark: no CUDA GPU on this machine; nothing to measure (the kernels need a GPU).")
