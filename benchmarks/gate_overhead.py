@@ -60,7 +60,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
 
     models = build(args)
