@@ -18,7 +18,7 @@ def register(subparsers) -> None:
         description=(
             "Capture the residual stream, attention maps (eager attention) and gate scores of MODEL on "
             "built-in prose/code/math samples (or --text-file), and write arrays.npz, tidy CSV tables, "
-            "PNG plots and summary.md to DIR. Metric definitions: DESIGN.md, 'Seed-2 metric definitions'."
+            "PNG plots and summary.md to DIR. Metric definitions: README.md, 'analyze', and gated_attention/analysis/metrics.py."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

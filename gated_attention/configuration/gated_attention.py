@@ -25,7 +25,7 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 class GatedAttentionConfig(PreTrainedConfig):
     r"""Dense decoder-only LM with gated softmax attention.
 
-    `attn_gate` is the gate spec dict of DESIGN.md (`position`, `granularity`,
+    `attn_gate` is the gate spec dict (`position`, `granularity`,
     `head_shared`, `mode`, `activation`, `input_dependent`, `bias`); omitted
     keys take their defaults, so `{}` is the paper's G1 elementwise sigmoid
     gate and `None` (or `{"position": None}`) is the ungated baseline.
