@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 from .sources import ConversionError
 
@@ -93,66 +94,69 @@ def _rope_change(args):
     return RopeChange(args.rope_theta, args.yarn_factor, args.original_max_position_embeddings)
 
 
-def _cli_error(e: ConversionError):
-    from ..cli import CLIError
+def _user_errors(run):
+    """Report a ConversionError (bad input) as the CLI's one-line error."""
 
-    return CLIError(str(e))
+    @functools.wraps(run)
+    def wrapper(args) -> int:
+        from ..cli import CLIError
+
+        try:
+            return run(args)
+        except ConversionError as e:
+            raise CLIError(str(e)) from None
+
+    return wrapper
 
 
+@_user_errors
 def run_convert(args) -> int:
     from .convert import convert_checkpoint
 
-    try:
-        convert_checkpoint(
-            args.src,
-            args.dst,
-            gate=args.gate,
-            init=args.init,
-            dtype=args.dtype,
-            rope=_rope_change(args),
-            overwrite=args.overwrite,
-            allow_pickle=args.allow_pickle,
-            verify=args.verify,
-            max_shard_size=args.max_shard_size,
-            revision=args.revision,
-        )
-    except ConversionError as e:
-        raise _cli_error(e) from None
+    convert_checkpoint(
+        args.src,
+        args.dst,
+        gate=args.gate,
+        init=args.init,
+        dtype=args.dtype,
+        rope=_rope_change(args),
+        overwrite=args.overwrite,
+        allow_pickle=args.allow_pickle,
+        verify=args.verify,
+        max_shard_size=args.max_shard_size,
+        revision=args.revision,
+    )
     return 0
 
 
+@_user_errors
 def run_extend(args) -> int:
     from .convert import extend_checkpoint
 
-    try:
-        extend_checkpoint(
-            args.src,
-            args.dst,
-            rope=_rope_change(args),
-            dtype=args.dtype,
-            overwrite=args.overwrite,
-            verify=args.verify,
-            max_shard_size=args.max_shard_size,
-            revision=args.revision,
-        )
-    except ConversionError as e:
-        raise _cli_error(e) from None
+    extend_checkpoint(
+        args.src,
+        args.dst,
+        rope=_rope_change(args),
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+        verify=args.verify,
+        max_shard_size=args.max_shard_size,
+        revision=args.revision,
+    )
     return 0
 
 
+@_user_errors
 def run_export(args) -> int:
     from .export import export_checkpoint
 
-    try:
-        export_checkpoint(
-            args.src,
-            args.dst,
-            format=args.format,
-            overwrite=args.overwrite,
-            verify=args.verify,
-            max_shard_size=args.max_shard_size,
-            revision=args.revision,
-        )
-    except ConversionError as e:
-        raise _cli_error(e) from None
+    export_checkpoint(
+        args.src,
+        args.dst,
+        format=args.format,
+        overwrite=args.overwrite,
+        verify=args.verify,
+        max_shard_size=args.max_shard_size,
+        revision=args.revision,
+    )
     return 0
