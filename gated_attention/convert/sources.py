@@ -16,6 +16,7 @@ output is written, so a truncated or corrupted shard is refused up front.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import re
 import struct
@@ -67,10 +68,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 # --- resolving SRC ------------------------------------------------------------------------------

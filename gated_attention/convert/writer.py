@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -64,10 +65,7 @@ class OutputTensor:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 # --- staging --------------------------------------------------------------------------------------
