@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import os
 import re
 from pathlib import Path
@@ -92,8 +91,3 @@ def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:
         (folder / name).write_text(source, encoding="utf-8")
     model.config.auto_map = auto_map_for(model)
     return sorted(files)
-
-
-def read_auto_map(folder: str | os.PathLike) -> dict[str, str] | None:
-    with open(Path(folder) / "config.json", encoding="utf-8") as f:
-        return json.load(f).get("auto_map")
