@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from gated_attention.kernels import gated_sdpa
 from gated_attention.kernels.gated_sdpa_reference import causal_mask, gated_sdpa_reference
@@ -113,6 +114,41 @@ def test_cpu_tensors_run_the_reference():
     torch.testing.assert_close(gated_sdpa(q, k, v, g), gated_sdpa_reference(q, k, v, g), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="cannot run"):  # "tensors are on cpu", or triton is missing
         gated_sdpa(q, k, v, g, backend="triton")
+
+
+@pytest.mark.parametrize("family", ["dense", "hybrid"])
+def test_models_default_to_the_fused_kernel_on_cuda(family, monkeypatch, tmp_path):
+    """No attn_implementation asked for: "gated_triton" where CUDA and triton are and the gate can be fused,
+    transformers' "sdpa" elsewhere.
+
+    An explicit choice always wins. The CUDA machine is simulated; the choice is made when the model is built
+    and again when it is loaded, never read from config.json.
+    """
+    pytest.importorskip("triton")
+    from gated_attention import GatedAttentionConfig, GatedDeltaNetHybridConfig
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=8)
+    if family == "dense":
+        make_config = lambda **kw: GatedAttentionConfig(num_hidden_layers=2, **shape, **kw)  # noqa: E731
+    else:
+        make_config = lambda **kw: GatedDeltaNetHybridConfig(  # noqa: E731
+            num_hidden_layers=4, hybrid_ratio="2:1", linear_num_key_heads=2, linear_key_head_dim=8,
+            linear_value_head_dim=8, **shape, **kw,
+        )
+    AutoModelForCausalLM.from_config(make_config()).save_pretrained(tmp_path)
+    # A fresh config each time: building a model records the implementation in its config, which then counts as asked.
+    built = lambda **kw: AutoModelForCausalLM.from_config(make_config(), **kw).config._attn_implementation  # noqa: E731
+    loaded = lambda **kw: AutoModelForCausalLM.from_pretrained(tmp_path, **kw).config._attn_implementation  # noqa: E731
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (built(), loaded()) == ("sdpa", "sdpa")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert (built(), loaded()) == ("gated_triton", "gated_triton")
+    assert (built(attn_implementation="sdpa"), loaded(attn_implementation="eager")) == ("sdpa", "eager")
+    # Nothing to fuse (no gate, or a gate elsewhere than after SDPA): the kernel would only replace SDPA's own.
+    for attn_gate in (None, {"position": "value"}):
+        assert AutoModelForCausalLM.from_config(make_config(attn_gate=attn_gate)).config._attn_implementation == "sdpa"
 
 
 # --- the kernel tests, in a child process under the interpreter ----------------------------------------

@@ -38,6 +38,23 @@ GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def fusable_gate(config) -> bool:
+    """Whether attn_implementation="gated_triton" applies this config's gate inside the fused kernel.
+
+    Only a G1 multiplicative sigmoid / ns_sigmoid gate can be fused, and only when
+    nothing (an output norm or activation) sits between SDPA and the gate.
+    """
+    spec = config.attn_gate
+    return (
+        gate_enabled(spec)
+        and spec["position"] == "sdpa"
+        and spec["mode"] == "multiplicative"
+        and spec["activation"] in ("sigmoid", "ns_sigmoid")
+        and config.attn_output_norm is None
+        and config.attn_output_activation is None
+    )
+
+
 class AttentionGate(nn.Module):
     """Gate scores `act(X W + b)` (or `act(c)` for an input-independent gate).
 
@@ -128,15 +145,7 @@ class GatedAttention(nn.Module):
         if config.attn_output_norm == "rmsnorm":
             self.attn_output_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.attn_output_act = F.silu if config.attn_output_activation == "silu" else None
-        # attn_implementation="gated_triton" applies a G1 multiplicative sigmoid/ns_sigmoid gate inside the fused
-        # kernel; only possible when nothing (norm, activation) sits between SDPA and the gate.
-        self.fusable_gate = (
-            self.gate_position == "sdpa"
-            and spec["mode"] == "multiplicative"
-            and spec["activation"] in ("sigmoid", "ns_sigmoid")
-            and config.attn_output_norm is None
-            and self.attn_output_act is None
-        )
+        self.fusable_gate = fusable_gate(config)
 
     def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.gate_position != position:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
+import torch
 from transformers import PreTrainedModel
 from transformers.initialization import normal_, zeros_
+from transformers.utils import logging
 
-from .attention import AttentionGate
+from ..kernels.attention_interface import GATED_TRITON
+from .attention import AttentionGate, fusable_gate
+
+logger = logging.get_logger(__name__)
 
 try:
     from gated_attention.hub.remote_code import write_remote_code
@@ -16,7 +22,13 @@ except ImportError:  # running from a remote-code copy, where transformers copie
 
 
 class GatedPreTrainedModel(PreTrainedModel):
-    """Adds the gate's init and the remote-code bundle to `save_pretrained`.
+    """Adds the gate's init, the fused-kernel default and the remote-code bundle to `save_pretrained`.
+
+    With no `attn_implementation` asked for, a model whose gate the kernel can
+    fuse (see `fusable_gate`) uses "gated_triton" where CUDA and triton are
+    present; other models, and every model elsewhere, get transformers' default
+    ("sdpa"). "gated_triton" runs the torch reference for tensors that are not on
+    CUDA, so a model built on a GPU machine and run on its CPU still works.
 
     Saved from the installed package, a checkpoint gets flat copies of the
     modeling files and an `auto_map`, so `from_pretrained(...,
@@ -41,6 +53,13 @@ class GatedPreTrainedModel(PreTrainedModel):
                     zeros_(module.bias)
             else:
                 zeros_(module.logits)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        fused_default = fusable_gate(self.config) and torch.cuda.is_available() and importlib.util.find_spec("triton")
+        if requested_attention is None and fused_default:
+            logger.info_once(f'attn_implementation defaults to "{GATED_TRITON}" on CUDA; pass "sdpa" to opt out')
+            return GATED_TRITON
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
         bundle = write_remote_code is not None and self._auto_class is None
