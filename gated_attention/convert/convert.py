@@ -111,8 +111,15 @@ def compare_logits(reference, result, vocab_size: int, max_positions: int) -> Lo
     return LogitsComparison((a.float() - b.float()).abs().max().item(), torch.equal(a, b), a.abs().max().item())
 
 
+# Both sides of a comparison run transformers' SDPA, so that a bit-identical conversion compares equal on
+# any machine (with no implementation asked for, our models pick "gated_triton" where CUDA is present).
+VERIFY_ATTENTION = "sdpa"
+
+
 def _load(folder: Path, dtype: torch.dtype | None, **config_overrides):
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or "auto", **config_overrides)
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype or "auto", attn_implementation=VERIFY_ATTENTION, **config_overrides
+    )
 
 
 def _verify(src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log) -> float:
@@ -140,7 +147,7 @@ def _verify_hybrid(ckpt: SourceCheckpoint, stage: Path, config, rename, dtype, e
     ref_config = type(config).from_dict({**config.to_dict(), "attn_gate": None})
     # Built in the target dtype (not cast afterwards: .to() would also round RoPE's fp32 inv_freq buffer).
     target_dtype = dtype or getattr(torch, str(config.dtype))
-    reference = AutoModelForCausalLM.from_config(ref_config, dtype=target_dtype)
+    reference = AutoModelForCausalLM.from_config(ref_config, dtype=target_dtype, attn_implementation=VERIFY_ATTENTION)
     state = {rename(name): ckpt.read(name) for name in ckpt.tensors if not (config.tie_word_embeddings and name == "lm_head.weight")}
     missing, unexpected = reference.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]

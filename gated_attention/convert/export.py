@@ -23,7 +23,7 @@ import torch
 
 from .. import __version__
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
-from .convert import Result, compare_logits
+from .convert import VERIFY_ATTENTION, Result, compare_logits
 from .families import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
@@ -284,8 +284,8 @@ def _verify(folder: Path, stage: Path, config, log) -> float:
     from transformers import AutoModelForCausalLM
 
     log("verifying: loading SRC (gated) and the export (native Qwen3.5) in float32, comparing logits on a fixed prompt")
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    native = AutoModelForCausalLM.from_pretrained(stage, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=VERIFY_ATTENTION)
+    native = AutoModelForCausalLM.from_pretrained(stage, dtype=torch.float32, attn_implementation=VERIFY_ATTENTION)
     with qwen3_5_torch_path():
         cmp = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
     diff, equal, scale = cmp.max_abs_diff, cmp.bit_identical, cmp.max_abs_logit
