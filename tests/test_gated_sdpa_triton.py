@@ -143,6 +143,21 @@ def test_unsupported_head_dim_falls_back():
         gated_sdpa(q, k, v, g, backend="triton")
 
 
+def test_batch_entries_past_int32_offsets_fall_back(monkeypatch):
+    """Offsets inside one batch entry are int32 in the kernels; a longer entry must take the reference path."""
+    import gated_attention.kernels.gated_sdpa_triton as kernels
+
+    monkeypatch.setattr(kernels, "INTERPRET", True)  # meta tensors pass the device check on any machine
+    q = torch.empty(1, 2**19, 32, 128, device="meta", dtype=torch.bfloat16)  # 2**31 elements in one entry
+    k = torch.empty(1, 2**19, 8, 128, device="meta", dtype=torch.bfloat16)
+    assert "2**31" in kernels.unsupported_reason(q, k, k, "sigmoid")
+    q, k = q[:, :-1], k[:, :-1]  # one query row fewer: the farthest offset is 2**31 - 4097
+    assert kernels.unsupported_reason(q, k, k, "sigmoid") is None
+    # A view's strides count, not its size: v holds 2**29 elements but spans about 2**33.
+    v = torch.empty(1, 2**19 - 1, 8, 2048, device="meta", dtype=torch.bfloat16)[..., :128]
+    assert "2**31" in kernels.unsupported_reason(q, k, v, "sigmoid")
+
+
 # --- attn_implementation="gated_triton" in a model -------------------------------------------------------
 
 TINY = dict(

@@ -19,7 +19,7 @@ logger = logging.get_logger(__name__)
 BACKENDS = ("auto", "triton", "torch")
 
 
-def _triton_kernel(q: torch.Tensor, k: torch.Tensor, gate_activation: str):
+def _triton_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_activation: str):
     """(the Triton entry point, None) when the kernels can run these inputs, else (None, why not)."""
     try:
         # Imported on first use, not with this module: triton reads TRITON_INTERPRET when the
@@ -27,7 +27,7 @@ def _triton_kernel(q: torch.Tensor, k: torch.Tensor, gate_activation: str):
         from .gated_sdpa_triton import gated_sdpa_triton, unsupported_reason
     except ImportError as error:
         return None, str(error)
-    reason = unsupported_reason(q, k, gate_activation)
+    reason = unsupported_reason(q, k, v, gate_activation)
     return (gated_sdpa_triton, None) if reason is None else (None, reason)
 
 
@@ -82,7 +82,7 @@ def gated_sdpa(
     _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend)
     kwargs = dict(causal=causal, scale=scale, cu_seqlens=cu_seqlens, gate_activation=gate_activation)
     if backend != "torch":
-        kernel, reason = _triton_kernel(q, k, gate_activation)
+        kernel, reason = _triton_kernel(q, k, v, gate_activation)
         if kernel is not None:
             logger.info_once("gated_sdpa: running the Triton kernels")
             return kernel(q, k, v, gate, **kwargs)

@@ -46,6 +46,7 @@ this file loads where triton is missing (the dispatcher then falls back).
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -68,6 +69,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 GATE_ACTIVATIONS = {"sigmoid": 0, "ns_sigmoid": 1}
 GATE_NONE, GATE_ELEMENTWISE, GATE_HEADWISE = 0, 1, 2
 LOG2E = 1.4426950408889634
+INT32_MAX = 2**31 - 1
 
 # Decode path: used when the query rows of one GQA group fit one tile and the
 # keys can be cut into at least two slices of at least this many keys.
@@ -605,7 +607,13 @@ def _bwd_dkdv_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def unsupported_reason(q: torch.Tensor, k: torch.Tensor, gate_activation: str) -> str | None:
+def _batch_entry_extent(x: torch.Tensor) -> int:
+    """Elements one batch entry of `x` spans: its farthest offset + 1, at least its contiguous size."""
+    farthest = sum((n - 1) * stride for n, stride in zip(x.shape[1:], x.stride()[1:]))
+    return max(farthest + 1, math.prod(x.shape[1:]))
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_activation: str) -> str | None:
     """Why these inputs cannot run on the kernels, or None when they can."""
     if q.device.type != "cuda" and not INTERPRET:
         return f"tensors are on {q.device.type} (the Triton kernels need CUDA, or TRITON_INTERPRET=1 on the CPU)"
@@ -615,8 +623,11 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, gate_activation: str) -
         return f"head_dim {q.shape[-1]} is not one of {SUPPORTED_HEAD_DIMS}"
     if gate_activation not in GATE_ACTIVATIONS:
         return f"gate_activation {gate_activation!r} is not one of {tuple(GATE_ACTIVATIONS)}"
-    if k.dtype != q.dtype:
-        return f"q is {q.dtype} but k/v are {k.dtype}"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q is {q.dtype} but k/v are {k.dtype}/{v.dtype}"
+    # Batch and sequence starts are int64 in the kernels, offsets inside one batch entry (or packed sequence) int32.
+    if max(_batch_entry_extent(x) for x in (q, k, v)) > INT32_MAX:
+        return "one batch entry of q/k/v spans more than 2**31 - 1 elements (the kernels' offsets are int32)"
     return None
 
 
