@@ -1,4 +1,5 @@
-"""The accelerate examples on a tiny gated model: DDP on two CPU processes, resume, LoRA merge and reload.
+"""The accelerate examples on a tiny gated model: DDP on two CPU processes, resume, LoRA merge and reload,
+and the long-context recipe (RoPE base change, training, YaRN evaluation and checkpoint).
 
 Two processes on a CPU-only machine: `accelerate launch --cpu --num_processes 2`
 starts a single process unless MPI is installed, so the tests use the
@@ -8,6 +9,7 @@ is no accelerator. Each process is limited to one thread (2 cores).
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import math
@@ -18,9 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import gated_attention
 from gated_attention import data
+from gated_attention.training import evaluate_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -158,3 +162,35 @@ def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert torch.equal(torch.load(tmp_path / "logits.pt"), before)
+
+
+def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
+    """examples/long_context.py: RoPE base change, training at 48 tokens, perplexity by length with and without YaRN.
+
+    The YaRN column is computed in memory (`with_rope`); OUTPUT/final-yarn is written separately by
+    `extend_checkpoint`. Loaded from disk, that checkpoint must reproduce the column.
+    """
+    long_context = _import_example("long_context")
+    out = tmp_path / "long"
+    rows = long_context.main(["--model", str(tiny_model), "--output-dir", str(out), "--rope-theta", "50000",
+                              "--steps", "2", "--eval-lengths", "32", "96", "--yarn-factor", "2",
+                              *COMMON, "--seq-len", "48"])
+    with open(out / "perplexity_by_length.csv", newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["length"]) for r in table] == [32, 96]
+    for r in table:
+        values = [float(r[k]) for k in ("before", "rope_base_trained", "rope_base_trained_yarn")]
+        assert all(math.isfinite(v) and v > 1 for v in values), r
+    assert [r["rope_base_trained_yarn"] for r in rows] == [float(r["rope_base_trained_yarn"]) for r in table]
+
+    final = json.loads((out / "final" / "config.json").read_text())
+    yarn = json.loads((out / "final-yarn" / "config.json").read_text())
+    assert final["rope_parameters"] == {"rope_theta": 50000.0, "rope_type": "default"}
+    assert yarn["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 2.0,
+                                       "original_max_position_embeddings": 48}
+    assert yarn["max_position_embeddings"] == 96
+
+    model = AutoModelForCausalLM.from_pretrained(out / "final-yarn")
+    tokenizer = data.tokenizer_for(str(tiny_model), vocab_size=model.config.vocab_size)
+    valid = data.packed_rows(tokenizer, 96, split="validation", max_chars=MAX_CHARS, max_rows=2)
+    assert math.exp(evaluate_loss(model, valid, 2)) == pytest.approx(rows[1]["rope_base_trained_yarn"], rel=1e-6)
