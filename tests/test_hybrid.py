@@ -9,11 +9,13 @@ without cache for generate().
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
@@ -23,6 +25,7 @@ from gated_attention import (
     GatedDeltaNetHybridConfig,
     GatedDeltaNetHybridForCausalLM,
 )
+from gated_attention.compat import ATTENTION_FREE_CACHED_GENERATE
 from gated_attention.modeling.gated_deltanet import GatedDeltaNet
 
 TINY = dict(
@@ -155,10 +158,11 @@ def test_gdn_layer_matches_qwen3_5(qwen_torch_path, value_heads):
 
         # Prefill then single-token decode through each side's hybrid DynamicCache.
         our_cache, their_cache = DynamicCache(config=config), DynamicCache(config=qcfg)
+        their_cache_kwarg = "cache" if "cache" in inspect.signature(theirs.forward).parameters else "cache_params"  # < 5.24
         steps = [x[:, :9], *(x[:, t : t + 1] for t in range(9, 13)), x[:, 13:20]]
         for chunk in steps:
             torch.testing.assert_close(
-                ours(chunk, cache=our_cache), theirs(chunk, cache=their_cache), atol=ATOL, rtol=0
+                ours(chunk, cache=our_cache), theirs(chunk, **{their_cache_kwarg: their_cache}), atol=ATOL, rtol=0
             )
 
 
@@ -238,6 +242,10 @@ def test_all_attention_schedule_equals_the_dense_model():
 )
 def test_generate_with_cache_equals_recomputation(overrides):
     model = tiny_model(**overrides)
+    if "full_attention" not in model.config.layer_types and not ATTENTION_FREE_CACHED_GENERATE:
+        with pytest.raises(ValueError, match="needs transformers>=5.24"):
+            model.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=1)
+        pytest.skip(f"transformers {transformers.__version__} cannot generate with a cache of linear-attention layers alone")
     ids = torch.randint(3, TINY["vocab_size"], (2, 9))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding: zeroed GDN inputs write nothing into the state

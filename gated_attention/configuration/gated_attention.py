@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
+# First: it checks the installed transformers, which the imports below depend on.
+from ..compat import CACHE_NAME  # isort: skip
+
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
@@ -38,7 +41,7 @@ class GatedAttentionConfig(PreTrainedConfig):
     """
 
     model_type = "gated_attention"
-    keys_to_ignore_at_inference = ["cache"]
+    keys_to_ignore_at_inference = [CACHE_NAME]
     # The layer types this family builds; families with other mixers (the GDN hybrid) extend it.
     allowed_layer_types = ATTENTION_LAYER_TYPES
     base_model_tp_plan = {

@@ -14,12 +14,11 @@ from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
+from ..compat import accepts_cache_kwarg, cache_of, mask_kwargs, slice_logits_to_keep, with_cache
 from ..configuration.gated_attention import GatedAttentionConfig
 from .attention import GatedAttention
 from .base import GatedPreTrainedModel
@@ -33,7 +32,7 @@ class GatedAttentionDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_cache_kwarg
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -82,7 +81,7 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_cache_kwarg
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -108,15 +107,15 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
 
         # generate() may hand over masks it already built, one per layer type.
         if not isinstance(mask_by_type := attention_mask, dict):
-            mask_kwargs = {
-                "config": self.config,
-                "inputs_embeds": inputs_embeds,
-                "attention_mask": attention_mask,
-                "cache": cache,
-                "position_ids": position_ids,
-            }
+            kwargs_for_masks = mask_kwargs(
+                cache,
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+            )
             layer_kinds = dict.fromkeys(self.config.layer_types)  # each kind once, in order
-            mask_by_type = {kind: self.mask_functions[kind](**mask_kwargs) for kind in layer_kinds}
+            mask_by_type = {kind: self.mask_functions[kind](**kwargs_for_masks) for kind in layer_kinds}
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
@@ -131,7 +130,7 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
-        return self.output_class(last_hidden_state=hidden_states, cache=cache if use_cache else None)
+        return with_cache(self.output_class, cache if use_cache else None, last_hidden_state=hidden_states)
 
 
 class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GenerationMixin):
@@ -146,7 +145,7 @@ class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_cache_kwarg
     @can_return_tuple
     def forward(
         self,
@@ -174,10 +173,11 @@ class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(
+        return with_cache(
+            CausalLMOutputWithPast,
+            cache_of(outputs),
             loss=loss,
             logits=logits,
-            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

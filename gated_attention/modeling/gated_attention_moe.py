@@ -17,12 +17,11 @@ from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.initialization import normal_
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder
 
+from ..compat import accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .attention import GatedAttention
 from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
@@ -90,7 +89,7 @@ class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationM
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_cache_kwarg
     @can_return_tuple
     def forward(
         self,
@@ -140,12 +139,13 @@ class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationM
             if loss is not None:
                 router_loss = self.config.router_aux_loss_coef * aux_loss + self.config.router_z_loss_coef * z_loss
                 loss = loss + router_loss.to(loss.device)
-        return GatedAttentionMoeCausalLMOutput(
+        return with_cache(
+            GatedAttentionMoeCausalLMOutput,
+            cache_of(outputs),
             loss=loss,
             aux_loss=aux_loss,
             z_loss=z_loss,
             logits=logits,
-            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             router_logits=outputs.router_logits,

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache
 
+from ..compat import get_recurrent_state
 from ..kernels.gated_delta_rule import gated_delta_rule
 
 
@@ -143,7 +144,7 @@ class GatedDeltaNet(nn.Module):
             # from, so the cache (which a training forward may still carry) is left alone.
             cache = None
         # Read before the conv update below, which marks the layer as having a past.
-        recurrent_state = cache.get_recurrent_state(self.layer_idx) if cache is not None else None
+        recurrent_state = get_recurrent_state(cache, self.layer_idx) if cache is not None else None
 
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [B, T, 2HK + HV*V]
         q, k, v = self._conv(mixed, cache, cu_seqlens).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)

@@ -14,6 +14,7 @@ states for Gated DeltaNet.
 from __future__ import annotations
 
 import torch
+import transformers
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
@@ -21,9 +22,9 @@ from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import OutputRecorder
 
+from ..compat import ATTENTION_FREE_CACHED_GENERATE, accepts_cache_kwarg
 from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
 from .attention import GatedAttention
 from .gated_attention import GatedAttentionModel
@@ -44,7 +45,7 @@ class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_cache_kwarg
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -89,7 +90,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
     output_class = GatedAttentionMoeModel.output_class
     mask_functions = {**GatedAttentionModel.mask_functions, "linear_attention": create_recurrent_attention_mask}
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_cache_kwarg
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -126,3 +127,13 @@ class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAt
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def generate(self, *args, **kwargs):
+        use_cache = kwargs.get("use_cache", self.generation_config.use_cache)
+        attention_free = "full_attention" not in self.config.layer_types
+        if attention_free and use_cache and not ATTENTION_FREE_CACHED_GENERATE:
+            raise ValueError(
+                f"generate() with a cache on a model without attention layers needs transformers>=5.24 "
+                f"(installed: {transformers.__version__}); upgrade, or pass use_cache=False"
+            )
+        return super().generate(*args, **kwargs)

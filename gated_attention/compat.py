@@ -1,0 +1,102 @@
+"""Every difference between the transformers versions this package supports, in one place.
+
+The models are written against the newest API. What older releases lack or
+name differently is bridged here, by feature detection rather than by version
+numbers, so a release that backports a feature just works:
+
+- 5.24 renamed the cache argument and output field `past_key_values` to `cache`
+  (model forwards, model outputs, the mask builders such as `create_causal_mask`).
+  Model code here says `cache`; `CACHE_NAME` is what the installed release calls it.
+- 5.23 added `transformers.modeling_utils.slice_logits_to_keep`.
+- 5.23 added `Cache.get_recurrent_state` for linear-attention layers.
+- Before 5.24, `generate()` asks the cache for its length, which a cache of
+  linear-attention layers alone cannot tell: a model without attention layers
+  generates only with `use_cache=False` there (`ATTENTION_FREE_CACHED_GENERATE`).
+
+Importing this module checks the installed release first, so a checkpoint's
+remote-code copy fails with one line naming the release it needs instead of an
+`ImportError` or `TypeError` deep inside a forward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import transformers
+from packaging.version import Version
+
+TRANSFORMERS_FLOOR = "5.17"
+TRANSFORMERS_CEILING = "6"  # exclusive
+SUPPORTED_TRANSFORMERS = f"transformers>={TRANSFORMERS_FLOOR},<{TRANSFORMERS_CEILING}"
+
+if not Version(TRANSFORMERS_FLOOR) <= Version(transformers.__version__) < Version(TRANSFORMERS_CEILING):
+    raise ImportError(
+        f"gated-attention models need {SUPPORTED_TRANSFORMERS}; "
+        f"this environment has transformers {transformers.__version__} "
+        f'(pip install "{SUPPORTED_TRANSFORMERS}")'
+    )
+
+# After the version check, which must fail before anything else can.
+import torch  # noqa: E402
+from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
+from transformers.utils.deprecation import deprecate_kwarg  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
+
+ATTENTION_FREE_CACHED_GENERATE = Version(transformers.__version__) >= Version("5.24")
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def accepts_cache_kwarg(forward):
+    """Let a forward written with `cache=` also take the installed release's name for it.
+
+    On releases that say `cache`, `past_key_values=` is deprecated there and
+    transformers' own decorator maps it (with its warning). Older releases'
+    `generate()` passes `past_key_values=` on every step: that is mapped silently.
+    """
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        if "past_key_values" in kwargs:
+            kwargs["cache"] = kwargs.pop("past_key_values")
+        return forward(*args, **kwargs)
+
+    return wrapped
+
+
+def with_cache(output_class, cache: Cache | None, **fields):
+    """`output_class(..., cache=cache)` under the installed release's field name."""
+    return output_class(**fields, **{CACHE_NAME: cache})
+
+
+def cache_of(output) -> Cache | None:
+    """The cache an output carries, whatever the installed release calls the field."""
+    return getattr(output, CACHE_NAME)
+
+
+def mask_kwargs(cache: Cache | None, **kwargs) -> dict:
+    """Keyword arguments for transformers' mask builders (`create_causal_mask`, ...)."""
+    return {**kwargs, CACHE_NAME: cache}
+
+
+try:
+    from transformers.modeling_utils import slice_logits_to_keep
+except ImportError:  # before 5.23
+
+    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        """`[B, T, D]` -> the positions the logits are needed for: the last `logits_to_keep` (0 = all) or given indices."""
+        if isinstance(logits_to_keep, int):
+            logits_to_keep = slice(-logits_to_keep, None)
+        return hidden_states[:, logits_to_keep, :]
+
+
+def get_recurrent_state(cache: Cache, layer_idx: int) -> torch.Tensor | None:
+    """The linear-attention layer's recurrent state, or None before its first update."""
+    if hasattr(cache, "get_recurrent_state"):
+        return cache.get_recurrent_state(layer_idx)
+    layer = cache.layers[layer_idx]  # before 5.23: the same rule, read off the layer
+    return layer.recurrent_states[0] if layer.has_previous_state[0] else None
