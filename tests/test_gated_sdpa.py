@@ -151,6 +151,25 @@ def test_models_default_to_sdpa_even_on_cuda(family, monkeypatch, tmp_path):
     assert model.config._attn_implementation == "gated_triton"
 
 
+def test_tests_pin_one_launch_config_and_autotuning_keys_on_length_buckets(monkeypatch):
+    """conftest sets GATED_ATTENTION_TRITON_AUTOTUNE=0: one config per kernel; the autotuner's key holds
+    power-of-two length buckets, so one shape's tuning does not fix the tiles for every length."""
+    kernels = pytest.importorskip(KERNEL_MODULE)
+    for kernel in (kernels._fwd_kernel, kernels._bwd_dq_kernel, kernels._bwd_dkdv_kernel):
+        assert len(kernel.configs) == 1
+        assert {"T_BUCKET", "S_BUCKET"} <= set(kernel.keys)
+    lengths = (1, 128, 129, 1000, 4096, 5000, 100_000)
+    assert [kernels.seq_bucket(n) for n in lengths] == [128, 128, 256, 1024, 4096, 8192, 16384]
+    gpu = [(128, 64, 4, 3), (64, 64, 4, 3)]
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(kernels, "AUTOTUNE", True)
+    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kernels._configs(gpu, (64, 32))] == [(128, 3), (64, 3)]
+    monkeypatch.setattr(kernels, "AUTOTUNE", False)
+    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kernels._configs(gpu, (64, 32))] == [(128, 3)]
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    assert [c.kwargs["BLOCK_N"] for c in kernels._configs(gpu, (64, 32))] == [32]
+
+
 # --- the kernel tests, in a child process under the interpreter ----------------------------------------
 
 
