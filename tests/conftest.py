@@ -23,6 +23,10 @@ BLOCK_PACKAGE = "import sys; sys.modules['gated_attention'] = None\n"
 # loads) inherit the setting through the environment.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+# The Triton kernels launch with one fixed config each instead of autotuning (seconds per new shape on a
+# GPU, which made the CUDA kernel tests take minutes); only the benchmarks autotune. Read when the kernel
+# module is first imported, which is after this; child processes inherit it.
+os.environ.setdefault("GATED_ATTENTION_TRITON_AUTOTUNE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -360,10 +360,15 @@ def test_remote_code_bundle_loads_without_the_package(tmp_path, run_without_pack
         again = AutoModelForCausalLM.from_pretrained({str(tmp_path / "again")!r}, trust_remote_code=True)
         with torch.no_grad():
             assert torch.equal(again(expected["ids"]).logits, expected["logits"])
-        # On a CUDA machine the remote-code copy also defaults to its own "gated_triton" (here: the torch path).
+        # On a CUDA machine the remote-code copy also defaults to "sdpa" (the fused kernel is opt-in), and
+        # asked for, its own "gated_triton" loads (here: the torch path, hence not bit-identical).
         from unittest import mock
         with mock.patch("torch.cuda.is_available", return_value=True):
-            fused = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+            default = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+            fused = AutoModelForCausalLM.from_pretrained(
+                {str(folder)!r}, trust_remote_code=True, attn_implementation="gated_triton"
+            ).eval()
+        assert default.config._attn_implementation == "sdpa", default.config._attn_implementation
         assert fused.config._attn_implementation == "gated_triton", fused.config._attn_implementation
         with torch.no_grad():
             torch.testing.assert_close(fused(expected["ids"]).logits, expected["logits"], rtol=1e-5, atol=1e-5)

@@ -31,6 +31,12 @@ def _triton_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_activ
     return (gated_sdpa_triton, None) if reason is None else (None, reason)
 
 
+def _log_once(log, message: str) -> None:
+    # torch.compile cannot trace a Logger call (with fullgraph=True it raises there); the eager calls log.
+    if not torch.compiler.is_compiling():
+        log(message)
+
+
 def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not allowed; allowed values: {', '.join(map(repr, BACKENDS))}")
@@ -84,9 +90,9 @@ def gated_sdpa(
     if backend != "torch":
         kernel, reason = _triton_kernel(q, k, v, gate_activation)
         if kernel is not None:
-            logger.info_once("gated_sdpa: running the Triton kernels")
+            _log_once(logger.info_once, "gated_sdpa: running the Triton kernels")
             return kernel(q, k, v, gate, **kwargs)
         if backend == "triton":
             raise RuntimeError(f"gated_sdpa(backend='triton') cannot run these inputs: {reason}")
-        logger.warning_once(f"gated_sdpa: {reason}; running the torch reference (SDPA + gate) instead")
+        _log_once(logger.warning_once, f"gated_sdpa: {reason}; running the torch reference (SDPA + gate) instead")
     return gated_sdpa_reference(q, k, v, gate, **kwargs)

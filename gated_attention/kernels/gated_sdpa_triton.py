@@ -36,8 +36,15 @@ Passes:
 
 Under TRITON_INTERPRET=1 (CPU tensors) the interpreter's `tl.dot` mishandles
 bf16, so every dot operand is first rounded to the input dtype and then
-upcast to fp32 there; autotuning gets a single config because benchmarking
-needs a driver.
+upcast to fp32 there.
+
+Launch configurations: on a GPU each of the forward, dq and dk/dv kernels is
+autotuned over a few tile shapes, keyed on the head dim, the flags and a
+power-of-two bucket of the query and key lengths (so a 1k first call does not
+fix the tiles for 16k). Autotuning costs seconds per new key, so with
+GATED_ATTENTION_TRITON_AUTOTUNE=0 (the tests set it) each kernel launches with
+the first config of its list alone; the interpreter always gets one config of
+its own, since benchmarking needs a driver. Both variables are read at import.
 
 triton is imported inside `try:` so that a checkpoint's remote-code copy of
 this file loads where triton is missing (the dispatcher then falls back).
@@ -58,12 +65,13 @@ except ImportError as error:  # gated_sdpa.py catches this and uses the torch re
     raise ImportError(f"triton is not available: {error}") from error
 
 
-def _interpreting() -> bool:
-    # Read once, like triton itself: `@triton.jit` decides at decoration time.
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+def _env_flag(name: str, default: str) -> bool:
+    # Read once, like triton itself: `@triton.jit` and `@triton.autotune` decide at decoration time.
+    return os.environ.get(name, default).lower() in ("1", "true", "on", "yes")
 
 
-INTERPRET = _interpreting()
+INTERPRET = _env_flag("TRITON_INTERPRET", "0")
+AUTOTUNE = _env_flag("GATED_ATTENTION_TRITON_AUTOTUNE", "1")
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 GATE_ACTIVATIONS = {"sigmoid": 0, "ns_sigmoid": 1}
@@ -84,18 +92,42 @@ DECODE_MAX_SPLITS = 64
 
 
 def _configs(gpu: list[tuple[int, int, int, int]], interpret: tuple[int, int]) -> list:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) candidates; one config under the interpreter."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) candidates: all of `gpu` when autotuning, else its first;
+    one config of its own under the interpreter."""
     if INTERPRET:
         return [triton.Config({"BLOCK_M": interpret[0], "BLOCK_N": interpret[1]}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in gpu]
+    chosen = gpu if AUTOTUNE else gpu[:1]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in chosen]
 
 
-# The interpreter configs use different BLOCK_M and BLOCK_N so that the tests
+# The first config of each list is the one launched without autotuning: a moderate tile that fits the shared
+# memory of any GPU triton supports. The lines marked Hopper are larger tiles and deeper pipelines for
+# sm_90's 228 KB of shared memory and wgmma (a config that does not fit a smaller GPU fails its trial launch
+# and the autotuner drops it). The interpreter configs use different BLOCK_M and BLOCK_N so that the tests
 # exercise the causal-boundary logic with unequal tiles, as on the GPU.
-_FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)], (64, 32))
-_DQ_CONFIGS = _configs([(64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 2), (128, 32, 4, 3)], (64, 32))
-_DKDV_CONFIGS = _configs([(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)], (32, 64))
-_AUTOTUNE_KEY = ["HEAD_DIM", "IS_CAUSAL", "IS_VARLEN", "GATE_MODE"]
+_FWD_CONFIGS = _configs(
+    [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
+     (128, 128, 8, 2), (128, 128, 4, 3), (128, 64, 4, 4)],  # Hopper
+    (64, 32),
+)
+_DQ_CONFIGS = _configs(
+    [(64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 2), (128, 32, 4, 3),
+     (128, 128, 8, 2), (128, 64, 8, 4)],  # Hopper
+    (64, 32),
+)
+_DKDV_CONFIGS = _configs(
+    [(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3),
+     (32, 128, 4, 4), (64, 128, 8, 3)],  # Hopper
+    (32, 64),
+)
+# T_BUCKET / S_BUCKET (see `seq_bucket`) are kernel arguments only so that the autotuner can key on them.
+_AUTOTUNE_KEY = ["HEAD_DIM", "IS_CAUSAL", "IS_VARLEN", "GATE_MODE", "T_BUCKET", "S_BUCKET"]
+SEQ_BUCKET_MIN, SEQ_BUCKET_MAX = 128, 16384
+
+
+def seq_bucket(n: int) -> int:
+    """A sequence length's autotune bucket: the next power of two, clamped to [128, 16384]."""
+    return min(max(triton.next_power_of_2(max(n, 1)), SEQ_BUCKET_MIN), SEQ_BUCKET_MAX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +221,7 @@ def _fwd_kernel(
     stride_gb, stride_gt, stride_gh,
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lh,
-    T, S, HQ, GROUP, qk_scale,
+    T, S, HQ, GROUP, qk_scale, T_BUCKET, S_BUCKET,
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, GATE_MODE: tl.constexpr,
     ACT: tl.constexpr, STORE_UNGATED: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -442,7 +474,7 @@ def _bwd_dq_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lh,
-    T, S, HQ, GROUP, sm_scale, qk_scale,
+    T, S, HQ, GROUP, sm_scale, qk_scale, T_BUCKET, S_BUCKET,
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, GATE_MODE: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -535,7 +567,7 @@ def _bwd_dkdv_kernel(
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lh,
     stride_dkb, stride_dkt, stride_dkh,
-    T, S, HKV, GROUP, sm_scale, qk_scale,
+    T, S, HKV, GROUP, sm_scale, qk_scale, T_BUCKET, S_BUCKET,
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, GATE_MODE: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -702,11 +734,12 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
     else:
         n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
         rows = T if cu_seqlens is None else max_seqlen
+        keys = S if cu_seqlens is None else max_seqlen
         grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]), n_seq * HQ)  # noqa: E731
         _fwd_kernel[grid](
             q, k, v, g, out, o_u, lse, cu_seqlens,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_gate_strides(gate), *out.stride()[:3],
-            *lse.stride()[:2], T, S, HQ, group, qk_scale,
+            *lse.stride()[:2], T, S, HQ, group, qk_scale, seq_bucket(rows), seq_bucket(keys),
             IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(q.dtype), **meta,
         )
     return out, (o_u if store_ungated or gate_mode == GATE_NONE else None), lse
@@ -743,12 +776,13 @@ def _backward(do, q, k, v, gate, o_u, lse, causal, scale, cu_seqlens, max_seqlen
     common = dict(HEAD_DIM=D, IS_CAUSAL=causal, IS_VARLEN=cu_seqlens is not None, GATE_MODE=gate_mode,
                   DOT=_dot_dtype(q.dtype), PRECISION=_precision(q.dtype))
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dq.stride()[:3], *lse.stride()[:2])
+    scalars = (scale, scale * LOG2E, seq_bucket(rows_q), seq_bucket(rows_k))  # sm_scale, qk_scale, T/S_BUCKET
     _bwd_dq_kernel[lambda META: (triton.cdiv(rows_q, META["BLOCK_M"]), n_seq * HQ)](
-        q, k, v, do_eff, lse, delta, dq, cu_seqlens, *strides, T, S, HQ, group, scale, scale * LOG2E, **common,
+        q, k, v, do_eff, lse, delta, dq, cu_seqlens, *strides, T, S, HQ, group, *scalars, **common,
     )
     _bwd_dkdv_kernel[lambda META: (triton.cdiv(rows_k, META["BLOCK_N"]), n_seq * HKV)](
         q, k, v, do_eff, lse, delta, dk, dv, cu_seqlens, *strides, *dk.stride()[:3],
-        T, S, HKV, group, scale, scale * LOG2E, **common,
+        T, S, HKV, group, *scalars, **common,
     )
     return dq, dk, dv, dgate
 
