@@ -12,11 +12,12 @@
 # Run from the repository root: bash benchmarks/gpu_checks.sh
 # No install is needed: the repository goes on PYTHONPATH. Wheels found in $GPU_WHEELS (default .whl/) are
 # installed first into /tmp/site, which goes first on PYTHONPATH: the GPU image seen in issue 11 had
-# transformers 5.17 and no fla. Fetch them on a machine with network access, from the repository root:
+# transformers 5.17 (supported: it is the declared floor) and no fla. Fetch fla on a machine with network
+# access, from the repository root:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0
-# (add transformers only if the package does not work with the image's own) and carry .whl along.
+#     flash-linear-attention==0.6.0 fla-core==0.6.0
+# and carry .whl along.
 # With $OUT set, the whole log goes to $OUT/gpu_checks.log and the kernel benchmark's rows to
 # $OUT/gated_sdpa.csv. Exits 0 with a message where there is no GPU; else 1 if any part failed.
 set -u
