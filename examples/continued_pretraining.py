@@ -54,7 +54,14 @@ from transformers import AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
 from gated_attention.data import packed_rows, tokenizer_for
-from gated_attention.streaming import DataError, TokenShards, is_token_shards, text_stream
+from gated_attention.streaming import (
+    DataError,
+    TokenShards,
+    check_text_field,
+    is_token_shards,
+    open_text_dataset,
+    text_stream,
+)
 from gated_attention.training import (
     TrainConfig,
     evaluate_loss,
@@ -128,6 +135,14 @@ def open_dataset(spec: list[str], args, tokenizer, accelerator, seq_len: int):
         return TokenShards(spec[0], seq_len, tokenizer)
     return text_stream(spec if len(spec) > 1 else spec[0], tokenizer, seq_len, text_field=args.text_field,
                        split=args.split, rank=accelerator.process_index, world=accelerator.num_processes)
+
+
+def check_data(args) -> None:
+    """Open `--dataset` / `--valid-dataset` and check `--text-field` before any model is loaded."""
+    for spec in (args.dataset, args.valid_dataset):
+        if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
+            name = spec[0] if len(spec) == 1 else spec
+            check_text_field(open_text_dataset(name, args.split), args.text_field, " ".join(spec))
 
 
 def load_data(args, tokenizer, accelerator, seq_len: int | None = None):
@@ -230,6 +245,7 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
 @exit_on_data_error
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
+    check_data(args)
     accelerator = make_accelerator()
     set_seed(args.seed)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from continued_pretraining import (
     build_parser,
+    check_data,
     exit_on_data_error,
     gate_parameter_count,
     load_data,
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--alpha", type=float, default=32)
     parser.add_argument("--lora-dropout", type=float, default=0.0)
     args = parser.parse_args(argv)
+    check_data(args)
     accelerator = make_accelerator()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
