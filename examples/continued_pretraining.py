@@ -206,10 +206,11 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
         warmup_steps=args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 20),
         log_every=args.log_every,
     )
-    # The model is prepared before the optimizer is built, so that under FSDP the optimizer
-    # holds the sharded parameters; the names (and with them the gate group) are kept.
-    model = accelerator.prepare(model)
-    optimizer = accelerator.prepare(make_optimizer(model, config.lr, config.gate_lr, config.weight_decay))
+    # Model and optimizer are prepared together: under FSDP2 accelerate shards the model and then
+    # swaps the sharded parameters into the optimizer's groups (so the gate group keeps its rate);
+    # it refuses a model prepared alone.
+    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
+    model, optimizer = accelerator.prepare(model, optimizer)
     # Not `prepare`d: accelerate would step it once per process per step. Registered so that
     # save_state / load_state carry it.
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
