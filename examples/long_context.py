@@ -27,7 +27,15 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from continued_pretraining import DTYPES, build_parser, check_data, exit_on_data_error, load_data, make_accelerator, run_training
+from continued_pretraining import (
+    DTYPES,
+    build_parser,
+    check_data,
+    exit_on_data_error,
+    load_data,
+    make_accelerator,
+    run_training,
+)
 from gated_attention.convert.rope import RopeChange, apply_rope_change
 from gated_attention.data import packed_rows, tokenizer_for
 from gated_attention.training import evaluate_loss, save_final, with_rope

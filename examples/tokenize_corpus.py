@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--split", default="train")
     p.add_argument("--output", required=True, help="new folder for the shards")
     p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file")
-    p.add_argument("--vocab-size", type=int, help="for a model folder without a tokenizer: the embedded one of this size")
+    p.add_argument("--vocab-size", type=int,
+                   help="for a model folder without a tokenizer: the embedded one of this size")
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
     tokenizer = tokenizer_for(args.model, vocab_size=args.vocab_size, trust_remote_code=args.trust_remote_code)

@@ -267,3 +267,21 @@ def test_streamed_parquet_two_processes(env, tiny_model, tmp_path):
              for r in range(2)]
     digests = torch.tensor([rows_digest(s.next_rows(2)) for s in local], dtype=torch.int64)  # rank-major
     assert log[0]["batch"] == hashlib.sha1(digests.numpy().tobytes()).hexdigest()[:12]
+
+
+def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
+    """examples/tokenize_corpus.py, then continued pretraining from the shards (one process): the rows
+    are addressed by (seed, step), so a resume from the step-1 checkpoint repeats step 2's batch."""
+    tokenize = _import_example("tokenize_corpus")
+    files = write_jsonl_corpus(tmp_path, 2)
+    index = tokenize.main(["--model", str(tiny_model), "--dataset", *files, "--output", str(tmp_path / "tokens")])
+    assert index["dtype"] == "uint16" and index["tokens"] > 10_000
+
+    cpt = _import_example("continued_pretraining")
+    args = ["--model", str(tiny_model), "--dataset", str(tmp_path / "tokens"), "--steps", "2", "--save-every", "1",
+            "--lr", "1e-2", *COMMON]
+    cpt.main([*args, "--output-dir", str(tmp_path / "a")])
+    cpt.main([*args, "--output-dir", str(tmp_path / "b"), "--resume", str(tmp_path / "a/checkpoints/step-0000001")])
+    first, resumed = read_log(tmp_path / "a"), read_log(tmp_path / "b")
+    assert [r["step"] for r in resumed] == [2] and resumed[0]["batch"] == first[1]["batch"]
+    assert resumed[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-6, abs=0)
