@@ -5,10 +5,18 @@
         --seq-len 2048 --batch-size 4 --grad-accum 8 --steps 2000 --lr 2e-5 --gate-lr 1e-3
 
 Any causal LM folder or Hub id works (`import gated_attention` registers the
-gated types; `--trust-remote-code` for others that need it). Data: plain-text
-files (`--text-files`, folders mean every *.txt), or the embedded corpus of
-`gated_attention.data` when none are given; documents are packed into
-`--seq-len` rows that each start with BOS.
+gated types; `--trust-remote-code` for others that need it).
+
+Data, packed into `--seq-len` rows that each start with BOS (documents joined by EOS):
+- `--dataset`: a corpus of any size, streamed through HF `datasets` and
+  tokenized on the fly (`gated_attention.streaming`): jsonl/json, parquet, csv
+  or txt files (or a folder of them), a `save_to_disk` folder, or a Hub dataset
+  id (read from the local cache, so offline once cached); `--text-field` names
+  the text column. Each process reads its own part; memory stays flat. Or a
+  folder written by `examples/tokenize_corpus.py` (token shards, memory-mapped,
+  rows shuffled like the in-memory path).
+- `--text-files` (folders mean every *.txt), or the embedded corpus of
+  `gated_attention.data` when neither is given: tokenized in memory, rows shuffled.
 
 Gate parameters (names containing `attn_gate`) train at `--gate-lr`, the rest
 at `--lr`: a converted model's gates start at weight 0 (score exactly 0.5),
@@ -22,10 +30,11 @@ CPU and gloo itself).
 
 Checkpoints (`--save-every`) are `accelerator.save_state` folders under
 OUTPUT/checkpoints; `--resume latest` (or a checkpoint folder) continues at the
-saved step with the same data order, because the batch of step s is a function
-of (seed, s) only (see `gated_attention.training.StepBatches`); every line of
-OUTPUT/log.jsonl has the step's batch digest. Run with the same number of
-processes, batch size and accumulation to keep the order. The final model is
+saved step with the same data order: in memory and from token shards the batch
+of step s is a function of (seed, s) only (see `gated_attention.training.StepBatches`);
+a stream's position (not its data) is saved in the checkpoint, one small JSON
+per process. Every line of OUTPUT/log.jsonl has the step's batch digest. Run
+with the same number of processes, batch size and accumulation to keep the order. The final model is
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
 gated models) together with the tokenizer.
 """
@@ -35,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -44,6 +54,14 @@ from transformers import AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
 from gated_attention.data import packed_rows, tokenizer_for
+from gated_attention.streaming import (
+    DataError,
+    TokenShards,
+    check_text_field,
+    is_token_shards,
+    open_text_dataset,
+    text_stream,
+)
 from gated_attention.training import (
     TrainConfig,
     evaluate_loss,
@@ -63,8 +81,16 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", required=True, help="causal LM folder or Hub id")
     p.add_argument("--output-dir", required=True)
+    p.add_argument("--dataset", nargs="+", metavar="SPEC",
+                   help="streamed corpus: jsonl/json/parquet/csv/txt files or a folder of them, a save_to_disk "
+                        "folder, a Hub dataset id (from the local cache), or a token-shard folder")
+    p.add_argument("--text-field", default="text", help="the text column of --dataset / --valid-dataset")
+    p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id")
+    p.add_argument("--valid-dataset", nargs="+", metavar="SPEC",
+                   help="validation corpus like --dataset (its first --eval-sequences rows)")
     p.add_argument("--text-files", nargs="*", help="training text files or folders (default: the embedded corpus)")
-    p.add_argument("--valid-files", nargs="*", help="validation text (default: the embedded corpus's validation split)")
+    p.add_argument("--valid-files", nargs="*",
+                   help="validation text (default: the embedded corpus's validation split; none with --dataset)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per packed row, BOS included")
     p.add_argument("--batch-size", type=int, default=8, help="rows per process and micro-step")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
@@ -103,16 +129,68 @@ def load_model(args):
     )
 
 
+def open_dataset(spec: list[str], args, tokenizer, accelerator, seq_len: int):
+    """Token shards (row-indexable) or this process's `PackedStream` of a `--dataset` spec."""
+    if len(spec) == 1 and is_token_shards(spec[0]):
+        return TokenShards(spec[0], seq_len, tokenizer)
+    return text_stream(spec if len(spec) > 1 else spec[0], tokenizer, seq_len, text_field=args.text_field,
+                       split=args.split, rank=accelerator.process_index, world=accelerator.num_processes)
+
+
+def check_data(args) -> None:
+    """Open `--dataset` / `--valid-dataset` and check `--text-field` before any model is loaded."""
+    for spec in (args.dataset, args.valid_dataset):
+        if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
+            name = spec[0] if len(spec) == 1 else spec
+            check_text_field(open_text_dataset(name, args.split), args.text_field, " ".join(spec))
+
+
 def load_data(args, tokenizer, accelerator, seq_len: int | None = None):
-    """(train rows, validation rows), each `[N, seq_len]`; the main process fills the corpus cache first."""
+    """(train data, validation rows `[N, seq_len]` or None); the main process fills the corpus cache first.
+
+    The train data are packed rows `[N, seq_len]` (in memory or token shards) or a stream.
+    """
     seq_len = seq_len or args.seq_len
     with accelerator.main_process_first():
-        train_rows = packed_rows(tokenizer, seq_len, text_files=args.text_files, split="train", max_chars=args.max_chars)
+        if args.dataset:
+            train_rows = open_dataset(args.dataset, args, tokenizer, accelerator, seq_len)
+        else:
+            train_rows = packed_rows(tokenizer, seq_len, text_files=args.text_files, split="train",
+                                     max_chars=args.max_chars)
         valid_rows = None
-        if args.eval_sequences:
+        if args.eval_sequences and args.valid_dataset:
+            valid = open_dataset(args.valid_dataset, args, tokenizer, _OneProcess(), seq_len)
+            valid_rows = (valid[: min(len(valid), args.eval_sequences)] if isinstance(valid, TokenShards)
+                          else valid.next_rows(args.eval_sequences))
+        elif args.eval_sequences and (args.valid_files or not args.dataset):
             valid_rows = packed_rows(tokenizer, seq_len, text_files=args.valid_files, split="validation",
                                      max_chars=args.max_chars, max_rows=args.eval_sequences)
     return train_rows, valid_rows
+
+
+class _OneProcess:
+    """Stands in for the accelerator where every process reads all of a (validation) corpus."""
+
+    process_index, num_processes = 0, 1
+
+
+def describe_data(train_rows, seq_len: int) -> str:
+    if hasattr(train_rows, "next_rows"):
+        return f"streaming {train_rows.name} in rows of {seq_len} tokens"
+    return f"{len(train_rows):,} training rows of {seq_len} tokens"
+
+
+def exit_on_data_error(main):
+    """Run `main`; a corpus that cannot be read ends the process with one line on stderr, exit status 2."""
+
+    def run(argv: list[str] | None = None):
+        try:
+            return main(argv)
+        except DataError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    return run
 
 
 def gate_parameter_count(model) -> int:
@@ -128,10 +206,11 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
         warmup_steps=args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 20),
         log_every=args.log_every,
     )
-    # The model is prepared before the optimizer is built, so that under FSDP the optimizer
-    # holds the sharded parameters; the names (and with them the gate group) are kept.
-    model = accelerator.prepare(model)
-    optimizer = accelerator.prepare(make_optimizer(model, config.lr, config.gate_lr, config.weight_decay))
+    # Model and optimizer are prepared together: under FSDP2 accelerate shards the model and then
+    # swaps the sharded parameters into the optimizer's groups (so the gate group keeps its rate);
+    # it refuses a model prepared alone.
+    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
+    model, optimizer = accelerator.prepare(model, optimizer)
     # Not `prepare`d: accelerate would step it once per process per step. Registered so that
     # save_state / load_state carry it.
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
@@ -143,7 +222,7 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
         if folder is None:
             accelerator.print(f"no checkpoint in {out}/checkpoints: starting at step 0")
         else:
-            start = load_checkpoint(accelerator, folder)
+            start = load_checkpoint(accelerator, folder, data=train_rows)
             accelerator.print(f"resumed from {folder} at step {start}")
 
     log_path = out / "log.jsonl"
@@ -157,15 +236,17 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
                 print(f"step {step}/{config.steps}  loss {record['loss']:.4f}{gate}  lr {record['lr']:.3g}  "
                       f"gate_lr {record['gate_lr']:.3g}  batch {record['batch']}", flush=True)
         if (args.save_every and step % args.save_every == 0) or step == config.steps:
-            save_checkpoint(accelerator, out, step)
+            save_checkpoint(accelerator, out, step, data=train_rows)
 
     train(model, train_rows, config, optimizer, scheduler, accelerator=accelerator, start_step=start,
           on_step=on_step, desc=desc, progress=not args.no_progress)
     return model
 
 
+@exit_on_data_error
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
+    check_data(args)
     accelerator = make_accelerator()
     set_seed(args.seed)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -175,8 +256,8 @@ def main(argv: list[str] | None = None):
                               trust_remote_code=args.trust_remote_code)
     train_rows, valid_rows = load_data(args, tokenizer, accelerator)
     accelerator.print(f"model {args.model}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-                      f"{gate_parameter_count(model):,} in gates; {len(train_rows):,} training rows of {args.seq_len} "
-                      f"tokens; {accelerator.num_processes} process(es)")
+                      f"{gate_parameter_count(model):,} in gates; {describe_data(train_rows, args.seq_len)}; "
+                      f"{accelerator.num_processes} process(es)")
 
     model = run_training(args, model, train_rows, accelerator, desc="continued pretraining")
 

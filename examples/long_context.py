@@ -27,7 +27,15 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from continued_pretraining import DTYPES, build_parser, load_data, make_accelerator, run_training
+from continued_pretraining import (
+    DTYPES,
+    build_parser,
+    check_data,
+    exit_on_data_error,
+    load_data,
+    make_accelerator,
+    run_training,
+)
 from gated_attention.convert.rope import RopeChange, apply_rope_change
 from gated_attention.data import packed_rows, tokenizer_for
 from gated_attention.training import evaluate_loss, save_final, with_rope
@@ -45,12 +53,14 @@ def perplexities(model, tokenizer, args, accelerator, lengths: list[int], yarn_p
     return out
 
 
+@exit_on_data_error
 def main(argv: list[str] | None = None):
     parser = build_parser(__doc__.split("\n")[0], seq_len=2048, steps=500)
     parser.add_argument("--rope-theta", type=float, required=True, help="new RoPE base")
     parser.add_argument("--eval-lengths", type=int, nargs="+", help="default: --seq-len x 1, 2, 4")
     parser.add_argument("--yarn-factor", type=float, help="YaRN factor over --seq-len (default: longest eval length / --seq-len)")
     args = parser.parse_args(argv)
+    check_data(args)
     if not args.eval_sequences:
         parser.error("--eval-sequences must be at least 1: the example reports perplexity by length")
     lengths = args.eval_lengths or [args.seq_len, 2 * args.seq_len, 4 * args.seq_len]

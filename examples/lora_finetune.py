@@ -26,7 +26,16 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from continued_pretraining import build_parser, gate_parameter_count, load_data, load_model, make_accelerator, run_training
+from continued_pretraining import (
+    build_parser,
+    check_data,
+    exit_on_data_error,
+    gate_parameter_count,
+    load_data,
+    load_model,
+    make_accelerator,
+    run_training,
+)
 from gated_attention.data import tokenizer_for
 from gated_attention.training import evaluate_loss
 
@@ -54,12 +63,14 @@ def check_reload(model, folder: Path, input_ids: torch.Tensor, trust_remote_code
     return (a.float() - b.float()).abs().max().item()
 
 
+@exit_on_data_error
 def main(argv: list[str] | None = None):
     parser = build_parser(__doc__.split("\n")[0], lr=2e-4, steps=500)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=32)
     parser.add_argument("--lora-dropout", type=float, default=0.0)
     args = parser.parse_args(argv)
+    check_data(args)
     accelerator = make_accelerator()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +93,10 @@ def main(argv: list[str] | None = None):
     if accelerator.is_main_process:
         merged.save_pretrained(out / "merged")
         tokenizer.save_pretrained(out / "merged")
-        probe = (valid_rows if valid_rows is not None else train_rows)[:2]
+        if valid_rows is not None:
+            probe = valid_rows[:2]
+        else:  # a stream has no rows to slice: the next two will do
+            probe = train_rows.next_rows(2) if hasattr(train_rows, "next_rows") else train_rows[:2]
         diff = check_reload(merged, out / "merged", probe.to(next(merged.parameters()).device))
         print(f"saved {out / 'merged'}; reloaded with trust_remote_code: max |logits difference| {diff:g}")
         if diff != 0:

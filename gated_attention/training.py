@@ -13,7 +13,9 @@ Three choices matter for gated models and are made here once:
 - **The data order is a pure function of (seed, step)** (`StepBatches`), so a
   run resumed at step s sees exactly the batches the uninterrupted run saw,
   without replaying a data loader; each logged step carries a digest of its
-  batch to check that.
+  batch to check that. A streamed corpus (`streaming.PackedStream`) is read in
+  order instead; its position is saved with each checkpoint, so a resume
+  continues at the next unseen batch just the same (`StreamBatches`).
 
 `train` runs single-process or under `accelerate` (pass the `Accelerator`
 after `prepare`-ing model, optimizer and scheduler).
@@ -156,6 +158,42 @@ class StepBatches:
         return indices[start : start + micro_batch]
 
 
+class RowBatches:
+    """Each step's micro-batches for this process from packed rows `[N, T]` (any row-indexable: a
+    tensor, `streaming.TokenShards`), in the `StepBatches` order; the digest is of the global row indices."""
+
+    def __init__(self, rows, batch_size: int, grad_accum: int, seed: int, rank: int = 0, world: int = 1):
+        self.rows, self.batch_size, self.grad_accum, self.rank, self.world = rows, batch_size, grad_accum, rank, world
+        self.order = StepBatches(len(rows), batch_size * grad_accum * world, seed)
+
+    def step(self, step: int) -> tuple[list[torch.Tensor], str]:
+        indices = self.order.indices(step)
+        micro = [self.rows[StepBatches.shard(indices, m, self.batch_size, self.rank, self.world)]
+                 for m in range(self.grad_accum)]
+        return micro, StepBatches.digest(indices)
+
+
+class StreamBatches:
+    """Each step's micro-batches for this process from a `streaming.PackedStream`, read in order.
+
+    Every process takes `batch_size * grad_accum` rows of its own part of the
+    stream per step. The digest covers the whole global batch: a hash of each
+    process's micro-batch tokens, gathered (rank-major), hashed again.
+    """
+
+    def __init__(self, stream, batch_size: int, grad_accum: int, accelerator=None):
+        self.stream, self.batch_size, self.grad_accum, self.accelerator = stream, batch_size, grad_accum, accelerator
+
+    def step(self, step: int) -> tuple[list[torch.Tensor], str]:
+        from .streaming import rows_digest
+
+        micro = [self.stream.next_rows(self.batch_size) for _ in range(self.grad_accum)]
+        local = torch.tensor([rows_digest(x) for x in micro], dtype=torch.int64)  # [A]
+        if self.accelerator is not None and self.accelerator.num_processes > 1:
+            local = self.accelerator.gather(local.to(self.accelerator.device)).cpu()  # [world * A]
+        return micro, hashlib.sha1(local.numpy().tobytes()).hexdigest()[:12]
+
+
 @dataclass
 class TrainConfig:
     steps: int
@@ -179,7 +217,7 @@ def _reduce_mean(value: float, accelerator) -> float:
 
 def train(
     model: nn.Module,
-    rows: torch.Tensor,
+    rows,
     config: TrainConfig,
     optimizer,
     scheduler,
@@ -192,6 +230,10 @@ def train(
 ) -> list[dict]:
     """Train on packed `rows` `[N, T]` (labels = inputs) for steps `start_step .. config.steps - 1`.
 
+    `rows` is a tensor or another row-indexable (`streaming.TokenShards`), read
+    in the `StepBatches` order, or a `streaming.PackedStream`, read in order from
+    its current position (`load_checkpoint` restores it on resume).
+
     Returns one record per step: `step` (1-based count of finished steps),
     `loss` (mean over the global batch), `gate_score` (mean score during the
     step; NaN without gates), the learning rates, `batch` (digest of the
@@ -203,7 +245,10 @@ def train(
     rank = accelerator.process_index if accelerator else 0
     world = accelerator.num_processes if accelerator else 1
     device = accelerator.device if accelerator else next(model.parameters()).device
-    batches = StepBatches(len(rows), config.batch_size * config.grad_accum * world, config.seed)
+    if hasattr(rows, "next_rows"):  # a stream
+        batches = StreamBatches(rows, config.batch_size, config.grad_accum, accelerator)
+    else:
+        batches = RowBatches(rows, config.batch_size, config.grad_accum, config.seed, rank, world)
     history = []
     show = progress and rank == 0
     bar = tqdm(total=config.steps, initial=start_step, desc=desc, disable=not show, dynamic_ncols=True, leave=False)
@@ -211,10 +256,10 @@ def train(
     with GateScoreMeter(model) as meter:
         t0 = time.perf_counter()
         for step in range(start_step, config.steps):
-            indices = batches.indices(step)
+            micro_batches, digest = batches.step(step)
             total = 0.0
-            for micro in range(config.grad_accum):
-                x = rows[batches.shard(indices, micro, config.batch_size, rank, world)].to(device)
+            for micro, x in enumerate(micro_batches):
+                x = x.to(device)
                 last = micro == config.grad_accum - 1
                 sync = contextlib.nullcontext() if (accelerator is None or last) else accelerator.no_sync(model)
                 with sync:
@@ -234,7 +279,7 @@ def train(
                 "gate_score": _reduce_mean(meter.pop(), accelerator),
                 "lr": lrs.get("decay", next(iter(lrs.values()))),
                 "gate_lr": lrs.get("gate", lrs.get("gate_no_decay", float("nan"))),
-                "batch": StepBatches.digest(indices),
+                "batch": digest,
                 "seconds": time.perf_counter() - t0,
             }
             if not math.isfinite(record["loss"]):
@@ -299,13 +344,18 @@ def latest_checkpoint(output_dir):
     return done[-1] if done else None
 
 
-def save_checkpoint(accelerator, output_dir, step: int):
+def save_checkpoint(accelerator, output_dir, step: int, data=None):
     """`accelerator.save_state` (model, optimizer, registered scheduler, RNG), then `step.json` last.
 
-    The data order is a function of (seed, step), so the step is all a resume needs besides the state.
+    In-memory and token-shard data are ordered by (seed, step), so the step is all a resume needs
+    besides the state. A stream (`data`, a `streaming.PackedStream`) also saves its position, one
+    `data_state_{rank}.json` per process (each reads its own part), as accelerate does for RNG states.
     """
     folder = checkpoint_dir(output_dir, step)
     accelerator.save_state(str(folder))
+    if data is not None and hasattr(data, "state_dict"):
+        path = folder / f"data_state_{accelerator.process_index}.json"
+        path.write_text(json.dumps(data.state_dict()), encoding="utf-8")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (folder / "step.json").write_text(json.dumps({"step": step}), encoding="utf-8")
@@ -313,12 +363,19 @@ def save_checkpoint(accelerator, output_dir, step: int):
     return folder
 
 
-def load_checkpoint(accelerator, folder) -> int:
-    """Restore a `save_checkpoint` folder into the prepared objects; returns the step to continue from."""
+def load_checkpoint(accelerator, folder, data=None) -> int:
+    """Restore a `save_checkpoint` folder into the prepared objects (and the position of a stream
+    `data`); returns the step to continue from."""
     folder = Path(folder)
     if not (folder / "step.json").exists():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no step.json)")
     accelerator.load_state(str(folder))
+    if data is not None and hasattr(data, "load_state_dict"):
+        path = folder / f"data_state_{accelerator.process_index}.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{folder} has no stream position for process {accelerator.process_index} "
+                                    "(saved with other data or another number of processes)")
+        data.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
     return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])
 
 

@@ -10,10 +10,12 @@ is no accelerator. Each process is limited to one thread (2 cores).
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +40,9 @@ def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("GATED_ATTENTION_CACHE")
     os.environ["GATED_ATTENTION_CACHE"] = str(cache)
-    yield {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLES)}
+    # Prepended, not replaced: a PYTHONPATH that points at this checkout must reach the children.
+    pythonpath = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
+    yield {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     if old is None:
         os.environ.pop("GATED_ATTENTION_CACHE")
     else:
@@ -194,3 +198,90 @@ def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
     tokenizer = data.tokenizer_for(str(tiny_model), vocab_size=model.config.vocab_size)
     valid = data.packed_rows(tokenizer, 96, split="validation", max_chars=MAX_CHARS, max_rows=2)
     assert math.exp(evaluate_loss(model, valid, 2)) == pytest.approx(rows[1]["rope_base_trained_yarn"], rel=1e-6)
+
+
+def write_jsonl_corpus(folder: Path, files: int) -> list[str]:
+    """The embedded corpus's training prefix as 300-character documents in `files` jsonl files."""
+    text = "".join(d.text for d in data.corpus_split("train", MAX_CHARS))
+    docs = [text[i : i + 300] for i in range(0, len(text), 300)]
+    paths = []
+    for k in range(files):
+        path = folder / f"part-{k}.jsonl"
+        path.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(docs[k::files])))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.slow
+def test_streamed_jsonl_two_processes_resume_latest(env, tiny_model, tmp_path):
+    """--dataset with two jsonl files on two gloo processes (one file each), then `--resume latest`
+    from the step-2 checkpoint: steps 3 and 4 read the same batches (digests of the tokens of the
+    global batch) with the same losses."""
+    files = write_jsonl_corpus(tmp_path, 2)
+    train_args = ["--model", str(tiny_model), "--dataset", *files, "--steps", "4", "--save-every", "2",
+                  "--grad-accum", "2", "--lr", "1e-2", "--gate-lr", "2e-2", *COMMON]
+    first = tmp_path / "first"
+    out = launch_two_processes("continued_pretraining.py", [*train_args, "--output-dir", str(first)], env)
+    assert "streaming" in out and "2 process(es)" in out
+    log = read_log(first)
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and len({r["batch"] for r in log}) == 4
+    positions = [json.loads((first / "checkpoints" / "step-0000002" / f"data_state_{r}.json").read_text())
+                 for r in range(2)]
+    assert [p["rank"] for p in positions] == [0, 1] and all(p["offset"] > 0 for p in positions)
+
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(first / "checkpoints" / "step-0000002", resumed / "checkpoints" / "step-0000002")
+    out = launch_two_processes("continued_pretraining.py",
+                               [*train_args, "--output-dir", str(resumed), "--resume", "latest"], env)
+    assert "at step 2" in out
+    log_resumed = read_log(resumed)
+    assert [r["step"] for r in log_resumed] == [3, 4]
+    assert [r["batch"] for r in log_resumed] == [r["batch"] for r in log[2:]]
+    for a, b in zip(log_resumed, log[2:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=0)
+
+
+@pytest.mark.slow
+def test_streamed_parquet_two_processes(env, tiny_model, tmp_path):
+    """--dataset with one parquet file on two gloo processes: each keeps every other document
+    (datasets' split when there are fewer files than processes); the rows are those of the
+    single-process stream of each half, so the step-1 digest can be recomputed here."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gated_attention.streaming import rows_digest, text_stream
+
+    text = "".join(d.text for d in data.corpus_split("train", MAX_CHARS))
+    docs = [text[i : i + 300] for i in range(0, len(text), 300)]
+    pq.write_table(pa.table({"body": docs}), tmp_path / "corpus.parquet", row_group_size=64)
+    out_dir = tmp_path / "out"
+    launch_two_processes("continued_pretraining.py",
+                         ["--model", str(tiny_model), "--dataset", str(tmp_path / "corpus.parquet"), "--text-field",
+                          "body", "--steps", "2", "--output-dir", str(out_dir), *COMMON], env)
+    log = read_log(out_dir)
+    assert [r["step"] for r in log] == [1, 2] and all(math.isfinite(r["loss"]) for r in log)
+
+    tokenizer = data.tokenizer_for(str(tiny_model))
+    local = [text_stream(str(tmp_path / "corpus.parquet"), tokenizer, 32, text_field="body", rank=r, world=2)
+             for r in range(2)]
+    digests = torch.tensor([rows_digest(s.next_rows(2)) for s in local], dtype=torch.int64)  # rank-major
+    assert log[0]["batch"] == hashlib.sha1(digests.numpy().tobytes()).hexdigest()[:12]
+
+
+def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
+    """examples/tokenize_corpus.py, then continued pretraining from the shards (one process): the rows
+    are addressed by (seed, step), so a resume from the step-1 checkpoint repeats step 2's batch."""
+    tokenize = _import_example("tokenize_corpus")
+    files = write_jsonl_corpus(tmp_path, 2)
+    index = tokenize.main(["--model", str(tiny_model), "--dataset", *files, "--output", str(tmp_path / "tokens")])
+    assert index["dtype"] == "uint16" and index["tokens"] > 10_000
+
+    cpt = _import_example("continued_pretraining")
+    args = ["--model", str(tiny_model), "--dataset", str(tmp_path / "tokens"), "--steps", "2", "--save-every", "1",
+            "--lr", "1e-2", *COMMON]
+    cpt.main([*args, "--output-dir", str(tmp_path / "a")])
+    cpt.main([*args, "--output-dir", str(tmp_path / "b"), "--resume", str(tmp_path / "a/checkpoints/step-0000001")])
+    first, resumed = read_log(tmp_path / "a"), read_log(tmp_path / "b")
+    assert [r["step"] for r in resumed] == [2] and resumed[0]["batch"] == first[1]["batch"]
+    assert resumed[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-6, abs=0)

@@ -1,0 +1,391 @@
+"""Corpora of any size: Hugging Face `datasets` streams packed on the fly, and pre-tokenized token shards.
+
+Two ways to feed `gated_attention.training.train` a corpus that does not fit in memory:
+
+- **A text stream** (`PackedStream`): `open_text_dataset` opens local files
+  (txt, jsonl/json, parquet, csv), a dataset saved with `save_to_disk`, or a
+  Hub dataset from the local cache, always as a streaming `IterableDataset`.
+  Each process reads its own part (`datasets.distributed.split_dataset_by_node`:
+  whole files when their number divides the world size, else every world-th
+  document), tokenizes documents as they arrive and cuts BOS-led rows exactly
+  as `data.pack` does (documents joined by EOS). Memory holds one chunk of
+  documents and one row, whatever the corpus size.
+- **Token shards** (`write_token_shards`, `TokenShards`): the token stream
+  written once as flat uint16/uint32 files with an `index.json`; training
+  memory-maps them and reads any row at random, so the in-memory path's
+  shuffled, (seed, step)-addressed order (`training.StepBatches`) applies
+  unchanged.
+
+Resuming a stream: `PackedStream.state_dict()` is the position of the next
+unread token, as (epoch, the `datasets` state before the chunk of documents
+holding it, token offset in that chunk). Restoring it re-reads and re-tokenizes
+one chunk and continues with the same rows. The position is small JSON; no
+data is saved. Chunks are read with `IterableDataset.iter(batch_size=...)`, so
+a resume must use the same `chunk_docs` (checked).
+
+Shuffling: the stream is read in file order (every epoch the same); shuffle a
+corpus once when writing it, or use token shards, whose rows are shuffled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# file suffix -> `datasets` packaged builder
+BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+CHUNK_DOCS = 256  # documents read and tokenized at a time
+INDEX = "index.json"  # marks a token-shard folder
+_SHARDS_FORMAT = 1
+
+
+class DataError(ValueError):
+    """A corpus that cannot be read as asked; the message is one line meant for the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening a corpus as a stream
+
+
+def _builder_kwargs(builder: str) -> dict:
+    # A .txt file is one document, as with `--text-files` (the text builder would make every line one).
+    return {"sample_by": "document"} if builder == "text" else {}
+
+
+def _data_files(folder: Path) -> dict[str, list[str]]:
+    """The corpus files under `folder` (hidden ones skipped), grouped by builder."""
+    found: dict[str, list[str]] = {}
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts):
+            builder = BUILDERS.get(f.suffix.lower())
+            if builder:
+                found.setdefault(builder, []).append(str(f))
+    return found
+
+
+def _from_files(files: list[str], builder: str):
+    from datasets import load_dataset
+
+    return load_dataset(builder, data_files=files, split="train", streaming=True, **_builder_kwargs(builder))
+
+
+def _from_folder(folder: Path, split: str, spec: str):
+    from datasets import load_dataset, load_from_disk
+
+    if (folder / "state.json").exists() or (folder / "dataset_dict.json").exists():  # save_to_disk
+        ds = load_from_disk(str(folder))
+        if hasattr(ds, "keys"):  # a DatasetDict
+            if split not in ds:
+                raise DataError(f"--dataset {spec}: no split {split!r} (it has {', '.join(ds.keys())})")
+            ds = ds[split]
+        return ds.to_iterable_dataset()
+    found = _data_files(folder)
+    if not found:
+        raise DataError(f"--dataset {spec}: no {'/'.join(sorted(BUILDERS))} files in {folder}")
+    if len(found) > 1:
+        raise DataError(f"--dataset {spec}: mixed file kinds ({', '.join(sorted(found))}); give one kind")
+    (builder,) = found
+    try:  # datasets picks the split from file names (train*.jsonl, data/validation-*.parquet, ...)
+        return load_dataset(builder, data_dir=str(folder), split=split, streaming=True, **_builder_kwargs(builder))
+    except ValueError as e:
+        raise DataError(f"--dataset {spec}: {str(e).strip().splitlines()[0]}") from None
+
+
+def _cached_hub_dataset(repo_id: str) -> Path:
+    """A Hub dataset repo's files from huggingface_hub's cache (downloaded only when not offline)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True))
+    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise DataError(f"--dataset {repo_id}: no such file or folder, and not in the Hugging Face cache "
+                        "(HF_HUB_OFFLINE is set)")
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset"))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"--dataset {repo_id}: no such file or folder, and the Hub could not provide it "
+                        f"({first_line})") from None
+
+
+def open_text_dataset(spec: str | list[str], split: str = "train"):
+    """A streaming `datasets.IterableDataset` of documents, not yet split across processes.
+
+    `spec` is one or more files (`BUILDERS` suffixes, one kind), a folder of such
+    files, a folder written by `save_to_disk`, or a Hub dataset id (`owner/name`,
+    read from the local cache when there, so offline once cached). Raises
+    `DataError` with a one-line message when it cannot.
+    """
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    paths = [Path(s).expanduser() for s in specs]
+    if len(paths) == 1 and paths[0].is_dir():
+        return _from_folder(paths[0], split, specs[0])
+    if all(p.is_file() for p in paths):
+        kinds = {BUILDERS.get(p.suffix.lower()) for p in paths}
+        if None in kinds:
+            bad = next(s for s, p in zip(specs, paths) if p.suffix.lower() not in BUILDERS)
+            raise DataError(f"--dataset {bad}: unknown file kind (expected {', '.join(sorted(BUILDERS))})")
+        if len(kinds) > 1:
+            raise DataError(f"--dataset: mixed file kinds ({', '.join(sorted(kinds))}); give one kind")
+        return _from_files([str(p) for p in paths], kinds.pop())
+    missing = next(s for s, p in zip(specs, paths) if not p.exists())
+    if len(specs) == 1 and "/" in missing and not missing.startswith((".", "/", "~")) and missing.count("/") == 1:
+        return _from_folder(_cached_hub_dataset(missing), split, missing)
+    raise DataError(f"--dataset {missing}: no such file or folder")
+
+
+def check_text_field(ds, text_field: str, spec) -> None:
+    """`DataError` unless `text_field` is a column of `ds` (known from its features or first document)."""
+    columns = ds.column_names
+    if columns is None:  # features unknown until read: look at the first document
+        first = next(iter(ds.take(1)), None)
+        if first is None:
+            raise DataError(f"--dataset {spec}: the dataset is empty")
+        columns = list(first)
+    if text_field not in columns:
+        raise DataError(f"--text-field {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing a stream into rows, with a resumable position
+
+
+class PackedStream:
+    """This process's rows `[T]` of a text stream: BOS, then T-1 tokens of documents joined by EOS.
+
+    `make_dataset()` returns a fresh, unsplit `IterableDataset`; this process
+    reads its part of it (`split_dataset_by_node(rank, world)`). At the end of
+    the part a new epoch starts from its beginning, so the stream never ends.
+    `next_rows(n)` returns `[n, T]` int64; `state_dict()` / `load_state_dict()`
+    save and restore the position (see the module docstring).
+    """
+
+    def __init__(self, make_dataset: Callable, tokenizer, seq_len: int, *, text_field: str = "text",
+                 rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS, name: str = "dataset"):
+        if seq_len < 2:
+            raise ValueError("seq_len must be at least 2 (BOS plus one token)")
+        self.make_dataset, self.tokenizer, self.seq_len = make_dataset, tokenizer, seq_len
+        self.text_field, self.rank, self.world, self.chunk_docs, self.name = text_field, rank, world, chunk_docs, name
+        self.eos = tokenizer.eos_token_id
+        self.bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else self.eos
+        if self.bos is None:
+            raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
+        self._start(epoch=0, chunk_state=None, offset=0)
+
+    # -- position ---------------------------------------------------------------------------
+
+    def _start(self, epoch: int, chunk_state: dict | None, offset: int) -> None:
+        from datasets.distributed import split_dataset_by_node
+
+        ds = self.make_dataset()
+        check_text_field(ds, self.text_field, self.name)
+        ds = split_dataset_by_node(ds.select_columns([self.text_field]), rank=self.rank, world_size=self.world)
+        if chunk_state is not None:
+            ds.load_state_dict(chunk_state)
+        self._ds, self._epoch = ds, epoch
+        self._chunks = ds.iter(batch_size=self.chunk_docs)
+        self._next_chunk_state = chunk_state  # the datasets state before the next chunk is read
+        self._pending: list[list] = []  # [state before the chunk, its tokens, how many are consumed]
+        self._read_in_epoch = 0  # tokens read this epoch (an empty part is an error, not an endless loop)
+        self._whole_epoch = chunk_state is None and not offset
+        if chunk_state is not None or offset:
+            self._read_chunk()
+            if not self._pending or offset > len(self._pending[0][1]):
+                raise DataError(f"{self.name}: the saved stream position is past the data; is it the same corpus?")
+            self._pending[0][2] = offset
+
+    def state_dict(self) -> dict:
+        """The position of the next unread token (JSON-able)."""
+        if self._pending:
+            chunk_state, _, offset = self._pending[0]
+        else:
+            chunk_state, offset = self._next_chunk_state, 0
+        return {"epoch": self._epoch, "chunk": chunk_state, "offset": int(offset), "seq_len": self.seq_len,
+                "chunk_docs": self.chunk_docs, "rank": self.rank, "world": self.world}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seq_len", "chunk_docs", "world"):
+            if state[key] != getattr(self, key):
+                raise DataError(f"{self.name}: the checkpoint's stream was read with {key}={state[key]}, "
+                                f"this run has {getattr(self, key)}; resume with the same settings")
+        self._start(state["epoch"], state["chunk"], state["offset"])
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _tokenize(self, texts: list) -> np.ndarray:
+        texts = [t for t in texts if t]  # missing (None) or empty documents add nothing
+        if texts and not isinstance(texts[0], str):
+            raise DataError(f"--text-field {self.text_field!r}: {self.name}'s column holds "
+                            f"{type(texts[0]).__name__}, not text")
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        pieces = [np.asarray(x + [self.eos], dtype=np.int32) for x in ids]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+
+    def _read_chunk(self) -> bool:
+        """Append the next chunk of this process's documents; False at the end of the epoch."""
+        state = self._next_chunk_state
+        batch = next(self._chunks, None)
+        if batch is None:
+            return False
+        self._next_chunk_state = self._ds.state_dict()
+        tokens = self._tokenize(batch[self.text_field])
+        self._read_in_epoch += len(tokens)
+        self._pending.append([state, tokens, 0])
+        return True
+
+    def _take(self, n: int) -> np.ndarray:
+        out = []
+        while n:
+            if not self._pending and not self._read_chunk():
+                if self._whole_epoch and not self._read_in_epoch:
+                    raise DataError(f"{self.name}: no text to train on in this process's part of the data")
+                self._start(self._epoch + 1, None, 0)
+                continue
+            head = self._pending[0]
+            chunk_state, tokens, used = head
+            k = min(n, len(tokens) - used)
+            out.append(tokens[used : used + k])
+            head[2] += k
+            n -= k
+            if head[2] == len(tokens):
+                self._pending.pop(0)
+        return np.concatenate(out)
+
+    def next_rows(self, n: int) -> torch.Tensor:
+        body = self.seq_len - 1
+        rows = torch.from_numpy(self._take(n * body).astype(np.int64)).view(n, body)  # [n, T-1]
+        bos = torch.full((n, 1), self.bos, dtype=torch.int64)
+        return torch.cat([bos, rows], dim=1)  # [n, T]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while True:
+            yield self.next_rows(1)[0]
+
+
+def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str = "train",
+                rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS) -> PackedStream:
+    """`PackedStream` of a `--dataset` spec (see `open_text_dataset`); checks the text field at once."""
+    name = spec if isinstance(spec, str) else " ".join(spec)
+    return PackedStream(lambda: open_text_dataset(spec, split), tokenizer, seq_len, text_field=text_field,
+                        rank=rank, world=world, chunk_docs=chunk_docs, name=name)
+
+
+def rows_digest(rows: torch.Tensor) -> int:
+    """A 63-bit digest of some rows' tokens (for the batch digests of streamed steps)."""
+    data = rows.to(torch.int64).contiguous().numpy().tobytes()
+    return int.from_bytes(hashlib.sha1(data).digest()[:8], "big") >> 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Token shards: tokenize once, then random access
+
+
+def token_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
+def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", split: str = "train",
+                       shard_tokens: int = 1 << 28, chunk_docs: int = CHUNK_DOCS) -> dict:
+    """Tokenize a `--dataset` spec into `out_dir`: flat token files plus `index.json`; returns the index.
+
+    The files hold the token stream (each document followed by EOS) as uint16
+    when the vocabulary allows, else uint32, split every `shard_tokens` tokens.
+    Everything is written to a sibling temporary folder that is renamed into
+    place at the end, so `out_dir` is either complete or absent.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise DataError(f"{out_dir} exists; token shards are written to a new folder")
+    vocab = len(tokenizer)
+    dtype = token_dtype(vocab)
+    stream = PackedStream(lambda: open_text_dataset(spec, split), tokenizer, 2, text_field=text_field,
+                          chunk_docs=chunk_docs, name=spec if isinstance(spec, str) else " ".join(spec))
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True)
+    shards, current, written = [], None, 0
+    while stream._read_chunk():
+        tokens = stream._pending.pop()[1].astype(dtype)
+        while len(tokens):
+            if current is None or written == shard_tokens:
+                if current is not None:
+                    current.close()
+                    shards[-1]["tokens"] = written
+                shards.append({"file": f"tokens-{len(shards):05d}.bin", "tokens": 0})
+                current, written = open(tmp / shards[-1]["file"], "wb"), 0
+            k = min(len(tokens), shard_tokens - written)
+            current.write(tokens[:k].tobytes())
+            written, tokens = written + k, tokens[k:]
+    if current is None:
+        tmp.rmdir()
+        raise DataError(f"{stream.name}: no text to tokenize")
+    current.close()
+    shards[-1]["tokens"] = written
+    index = {"format": _SHARDS_FORMAT, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
+             "bos_token_id": stream.bos, "eos_token_id": stream.eos, "tokenizer": tokenizer.name_or_path,
+             "source": stream.name, "text_field": text_field, "split": split,
+             "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    (tmp / INDEX).write_text(json.dumps(index, indent=1), encoding="utf-8")
+    tmp.rename(out_dir)
+    return index
+
+
+def is_token_shards(path) -> bool:
+    return (Path(path) / INDEX).is_file()
+
+
+class TokenShards:
+    """Rows `[T]` of a `write_token_shards` folder by index, memory-mapped (nothing is read until asked).
+
+    Row i is BOS followed by tokens `i*(T-1) .. (i+1)*(T-1)` of the whole token
+    stream, the same rows `data.pack` would cut; the tail that does not fill a
+    row is dropped. Indexing with a tensor or list of row indices gives `[N, T]`
+    int64, so it stands in for an in-memory `[N, T]` tensor in `training.train`.
+    """
+
+    def __init__(self, folder, seq_len: int, tokenizer=None):
+        folder = Path(folder)
+        self.index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
+        if tokenizer is not None and (len(tokenizer), tokenizer.eos_token_id) != (
+                self.index["vocab_size"], self.index["eos_token_id"]):
+            raise DataError(f"{folder}: tokenized with {self.index['tokenizer']} ({self.index['vocab_size']} tokens), "
+                            f"not with this model's tokenizer ({len(tokenizer)} tokens)")
+        dtype = np.dtype(self.index["dtype"])
+        self.shards = [np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],))
+                       for s in self.index["shards"]]
+        self.starts = np.cumsum([0] + [len(s) for s in self.shards])  # [S+1] stream offset of each shard
+        self.seq_len, self.bos = seq_len, self.index["bos_token_id"]
+        self.num_rows = int(self.starts[-1]) // (seq_len - 1)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def _tokens(self, start: int, n: int) -> np.ndarray:
+        out, end = [], start + n
+        s = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < end:
+            lo, hi = start - self.starts[s], min(end, self.starts[s + 1]) - self.starts[s]
+            out.append(self.shards[s][lo:hi])
+            start = self.starts[s] + hi
+            s += 1
+        return np.concatenate(out)
+
+    def __getitem__(self, indices) -> torch.Tensor:
+        if isinstance(indices, slice):
+            indices = range(*indices.indices(self.num_rows))
+        body = self.seq_len - 1
+        rows = np.empty((len(indices), self.seq_len), dtype=np.int64)  # [N, T]
+        rows[:, 0] = self.bos
+        for j, i in enumerate(torch.as_tensor(indices).tolist()):
+            if not 0 <= i < self.num_rows:
+                raise IndexError(f"row {i} out of range ({self.num_rows} rows)")
+            rows[j, 1:] = self._tokens(i * body, body)
+        return torch.from_numpy(rows)

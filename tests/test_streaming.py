@@ -1,0 +1,205 @@
+"""Streamed corpora (`gated_attention.streaming`) against the in-memory packing of the same documents.
+
+The reference is `data.pack(data.token_stream(...))`, the rows the in-memory
+path cuts; a stream must give exactly those rows (same tokens, same order),
+per process the rows of its part of the documents, and after a resume from
+any saved position the rows an uninterrupted stream gives. Corpora are tiny
+files written here from the embedded corpus; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gated_attention import data
+from gated_attention.streaming import (
+    DataError,
+    TokenShards,
+    open_text_dataset,
+    text_stream,
+    token_dtype,
+    write_token_shards,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_CHARS = 150_000
+SEQ_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return data.load_tokenizer(300, max_chars=MAX_CHARS, cache=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[str]:
+    """120 documents of 300 characters (short, so that chunks of a few documents matter)."""
+    text = "".join(d.text for d in data.corpus_split("train", MAX_CHARS))
+    return [text[i : i + 300] for i in range(0, 120 * 300, 300)]
+
+
+def packed(tokenizer, texts: list[str]) -> torch.Tensor:
+    stream = data.token_stream(tokenizer, [data.Document(str(i), t) for i, t in enumerate(texts)])
+    return data.pack(stream, SEQ_LEN, tokenizer.bos_token_id)
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({field: t, "id": i}) + "\n")
+    return path
+
+
+def write_corpus(kind: str, folder: Path, texts: list[str]) -> str:
+    if kind == "jsonl":
+        return str(write_jsonl(folder / "c.jsonl", texts))
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts}), folder / "c.parquet", row_group_size=16)
+        return str(folder / "c.parquet")
+    if kind == "csv":
+        import pandas as pd
+
+        pd.DataFrame({"text": texts}).to_csv(folder / "c.csv", index=False)
+        return str(folder / "c.csv")
+    if kind == "txt":  # one file per document, as --text-files reads them
+        sub = folder / "txt"
+        sub.mkdir()
+        for i, t in enumerate(texts):
+            (sub / f"{i:04d}.txt").write_text(t, encoding="utf-8")
+        return str(sub)
+    if kind == "saved":
+        from datasets import Dataset
+
+        Dataset.from_dict({"text": texts}).save_to_disk(str(folder / "saved"))
+        return str(folder / "saved")
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "csv", "txt", "saved"])
+def test_stream_gives_the_in_memory_rows(tokenizer, docs, tmp_path, kind):
+    spec = write_corpus(kind, tmp_path, docs)
+    reference = packed(tokenizer, docs)
+    stream = text_stream(spec, tokenizer, SEQ_LEN, chunk_docs=8)
+    assert torch.equal(stream.next_rows(len(reference)), reference)
+    # Then the next epoch: unlike `pack`, the stream keeps the tail that filled no row, so the next
+    # row is that tail followed by the first tokens of the corpus.
+    tail = data.token_stream(tokenizer, [data.Document(str(i), t) for i, t in enumerate(docs)])
+    leftover = len(tail) - len(reference) * (SEQ_LEN - 1)
+    row = stream.next_rows(1)[0]
+    assert torch.equal(row[1 : 1 + leftover], torch.from_numpy(tail[len(tail) - leftover :]).long())
+    assert torch.equal(row[1 + leftover :], torch.from_numpy(tail[: SEQ_LEN - 1 - leftover]).long())
+
+
+def test_two_processes_read_disjoint_parts(tokenizer, docs, tmp_path):
+    """Two files: one file per process (datasets' "shards" split). One file: every other document."""
+    half = len(docs) // 2
+    files = [str(write_jsonl(tmp_path / "a.jsonl", docs[:half])), str(write_jsonl(tmp_path / "b.jsonl", docs[half:]))]
+    for rank, part in enumerate([docs[:half], docs[half:]]):
+        reference = packed(tokenizer, part)
+        stream = text_stream(files, tokenizer, SEQ_LEN, rank=rank, world=2, chunk_docs=8)
+        assert torch.equal(stream.next_rows(len(reference)), reference)
+
+    one = str(write_jsonl(tmp_path / "all.jsonl", docs))
+    for rank in range(2):
+        reference = packed(tokenizer, docs[rank::2])
+        stream = text_stream(one, tokenizer, SEQ_LEN, rank=rank, world=2, chunk_docs=8)
+        assert torch.equal(stream.next_rows(len(reference)), reference)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_resume_at_every_row_boundary(tokenizer, docs, tmp_path, kind):
+    """Positions inside the first chunk, in later chunks (a saved `datasets` state) and in the second epoch."""
+    spec = write_corpus(kind, tmp_path, docs[:12])
+    stream = text_stream(spec, tokenizer, SEQ_LEN, rank=1, world=2, chunk_docs=3)
+    states, rows = [], []
+    for _ in range(60):  # one process's part of 12 documents is far less than 60 rows: this wraps
+        states.append(json.loads(json.dumps(stream.state_dict())))  # what a checkpoint holds
+        rows.append(stream.next_rows(1))
+    rows = torch.cat(rows)
+    assert {s["epoch"] for s in states} >= {0, 1}
+    assert any(s["chunk"] is not None for s in states)
+    for k in range(0, 60, 7):
+        resumed = text_stream(spec, tokenizer, SEQ_LEN, rank=1, world=2, chunk_docs=3)
+        resumed.load_state_dict(states[k])
+        assert torch.equal(resumed.next_rows(4), rows[k : k + 4]), f"resumed at row {k}: {states[k]}"
+
+
+def test_resume_with_other_settings_is_refused(tokenizer, docs, tmp_path):
+    spec = write_corpus("jsonl", tmp_path, docs)
+    state = text_stream(spec, tokenizer, SEQ_LEN).state_dict()
+    with pytest.raises(DataError, match="world=1"):
+        text_stream(spec, tokenizer, SEQ_LEN, world=2).load_state_dict(state)
+
+
+def test_bad_text_field_and_bad_paths_are_one_line_errors(tokenizer, docs, tmp_path):
+    spec = write_corpus("parquet", tmp_path, docs)
+    with pytest.raises(DataError, match=r"--text-field 'body': .* \(its columns: text\)"):
+        text_stream(spec, tokenizer, SEQ_LEN, text_field="body")
+    with pytest.raises(DataError, match="no such file or folder"):
+        open_text_dataset(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(DataError, match="unknown file kind"):
+        open_text_dataset(str(tmp_path / "notes.md"))
+
+
+def test_hub_id_is_read_from_the_local_cache_offline(tokenizer, docs, tmp_path, monkeypatch):
+    """A dataset repo in huggingface_hub's cache layout, with HF_HUB_OFFLINE set: no network is tried."""
+    from huggingface_hub import constants
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "datasets--someone--corpus"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
+    write_jsonl(repo / "snapshots" / commit / "data" / "train.jsonl", docs)
+    write_jsonl(repo / "snapshots" / commit / "data" / "validation.jsonl", docs[:5])
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    reference = packed(tokenizer, docs)
+    stream = text_stream("someone/corpus", tokenizer, SEQ_LEN)
+    assert torch.equal(stream.next_rows(len(reference)), reference)
+    valid = text_stream("someone/corpus", tokenizer, SEQ_LEN, split="validation")
+    assert torch.equal(valid.next_rows(2), packed(tokenizer, docs[:5])[:2])
+    with pytest.raises(DataError, match="not in the Hugging Face cache"):
+        open_text_dataset("someone/other")
+
+
+def test_token_shards_random_access(tokenizer, docs, tmp_path):
+    spec = write_corpus("jsonl", tmp_path, docs)
+    index = write_token_shards(spec, tokenizer, tmp_path / "tokens", shard_tokens=1000)  # many shards
+    assert index["dtype"] == "uint16" and len(index["shards"]) > 3
+    assert {p.name for p in (tmp_path / "tokens").iterdir()} == {"index.json"} | {s["file"] for s in index["shards"]}
+    reference = packed(tokenizer, docs)
+    rows = TokenShards(tmp_path / "tokens", SEQ_LEN, tokenizer)
+    assert len(rows) == len(reference)
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(rows[order], reference[order])  # rows that cross shard files included
+    assert torch.equal(rows[:3], reference[:3])
+    with pytest.raises(DataError, match="exists"):
+        write_token_shards(spec, tokenizer, tmp_path / "tokens")
+    assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
+
+
+def test_bad_text_field_exits_with_one_line(tokenizer, docs, tmp_path):
+    """The example script, as a user runs it: exit status 2, one line on stderr, no traceback."""
+    spec = write_corpus("jsonl", tmp_path, docs[:4])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT)]), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, str(ROOT / "examples" / "continued_pretraining.py"), "--model", str(tokenizer.name_or_path),
+           "--output-dir", str(tmp_path / "out"), "--dataset", spec, "--text-field", "content"]
+    # The tokenizer folder is no model: the data are opened first, so the error is about the field.
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: --text-field 'content': {spec} has no such column (its columns: text, id)"], proc.stderr
