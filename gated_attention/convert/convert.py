@@ -238,7 +238,9 @@ def extend_checkpoint(
     log=print,
 ) -> Result:
     """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
-    import gated_attention  # noqa: F401 - registers our config classes with AutoConfig
+    from .. import register_auto_classes
+
+    register_auto_classes()  # AutoConfig reads SRC's gated config below
 
     if rope.empty:
         raise ConversionError("nothing to do: give --rope-theta and/or --yarn-factor with --original-max-position-embeddings")
