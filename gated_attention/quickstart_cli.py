@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
 @dataclass
 class Settings:
     """Everything that decides the numbers; `--smoke` and the flags only change these."""
@@ -67,6 +70,9 @@ def register(subparsers) -> None:
     p.add_argument("--long-factor", type=int, help=f"evaluate at this multiple of --seq-len (default {d.long_factor})")
     p.add_argument("--eval-sequences", type=int, help=f"validation sequences for perplexity (default {d.eval_sequences})")
     p.add_argument("--seed", type=int, help=f"(default {d.seed})")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where to train and evaluate: auto (default) = cuda when torch sees a GPU, else cpu. On cuda, "
+                   "training runs under bf16 autocast with fp32 parameters; evaluation runs in fp32")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
