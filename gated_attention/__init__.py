@@ -7,8 +7,9 @@ One exception keeps the command line quick: while the `gated-attention`
 command starts (the console script, or `python -m gated_attention`), Python
 imports this package before the command can say anything, and registering
 means importing torch and transformers' modeling stack (seconds). So then
-nothing is registered here; `gated_attention.cli.main` registers when a
-command runs, after parsing, so `--help` and usage errors answer at once.
+nothing is registered here, and the commands call `register_auto_classes()`
+where they read our checkpoints through the Auto classes: `--help` and usage
+errors answer at once, and `convert --no-verify` imports no modeling code.
 
 The public names below are imported on first use (module `__getattr__`);
 after a normal `import gated_attention` the registration has imported them all.

@@ -4,9 +4,10 @@ Each sub-command lives beside the code it drives and exposes
 `register(subparsers)`, which adds its parser with `set_defaults(func=...)`.
 The modules that define parsers import only argparse and the standard
 library; `func` imports what the command uses when it runs. So `--help` and
-usage errors answer without importing torch or transformers (the package's
-`__init__` registers nothing while this command starts; `main` registers the
-Auto classes just before a command runs).
+usage errors answer without importing torch or transformers. The package's
+`__init__` registers nothing while this command starts, so code that reads
+our checkpoints through the Auto classes calls `register_auto_classes()`
+first (and `convert --no-verify` of a dense model never imports the models).
 
 Errors are one line on stderr and a non-zero exit; set
 `GATED_ATTENTION_DEBUG=1` to see the traceback instead.
@@ -45,9 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = os.environ.get("GATED_ATTENTION_DEBUG") == "1"
     try:
-        from . import register_auto_classes
-
-        register_auto_classes()  # what `import gated_attention` does outside this command
         return int(args.func(args) or 0)
     except CLIError as e:
         if debug:

@@ -52,7 +52,10 @@ def _load(args):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .. import register_auto_classes
     from ..cli import CLIError
+
+    register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
     if not Path(args.model).expanduser().exists() and _looks_like_path(args.model):
         raise CLIError(f"model folder not found: {args.model}")
