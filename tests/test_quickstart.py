@@ -120,7 +120,7 @@ def _read(path: Path) -> list[dict]:
 def test_quickstart_smoke_end_to_end(cache, tmp_path):
     out = tmp_path / "qs"
     cmd = [sys.executable, "-m", "gated_attention", "quickstart", "--smoke", "--out", str(out), "--cache", str(cache),
-           "--threads", "1", "--no-progress", "--steps", "4", "--pretrain-steps", "4"]
+           "--threads", "1", "--no-progress", "--steps", "4", "--pretrain-steps", "4", "--device", "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "are bit-identical" in proc.stdout  # the conversion was proved exact on validation data
