@@ -53,7 +53,13 @@ for name in sorted(os.listdir(src)):
         save_file(load_file(os.path.join(src, name)), os.path.join(dst, name), metadata={"format": "pt"})
 """
 IMPORTS_PLAIN = "import torch, safetensors.torch"
-IMPORTS_CONVERT = "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert"
+# What `python -m gated_attention convert` imports before its first tensor. sys.argv[0] is "-m" while that command
+# starts, and then the package registers nothing (see gated_attention/__init__.py); a plain `-c` import would.
+IMPORTS_CONVERT = (
+    "import sys; sys.argv[0] = '-m'; "
+    "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert; "
+    "from transformers import AutoConfig"
+)
 
 
 def build_checkpoint(folder: Path, shards: int = 4) -> list[Path]:

@@ -1,43 +1,87 @@
 """gated-attention: gated softmax attention and hybrid Gated DeltaNet models for transformers.
 
 Importing the package registers its configs and models with AutoConfig,
-AutoModel and AutoModelForCausalLM.
+AutoModel and AutoModelForCausalLM (`register_auto_classes`).
+
+One exception keeps the command line quick: while the `gated-attention`
+command starts (the console script, or `python -m gated_attention`), Python
+imports this package before the command can say anything, and registering
+means importing torch and transformers' modeling stack (seconds). So then
+nothing is registered here, and the commands call `register_auto_classes()`
+where they read our checkpoints through the Auto classes: `--help` and usage
+errors answer at once, and `convert --no-verify` imports no modeling code.
+
+The public names below are imported on first use (module `__getattr__`);
+after a normal `import gated_attention` the registration has imported them all.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from __future__ import annotations
 
-from .configuration.gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec
-from .configuration.gated_attention import GatedAttentionConfig
-from .configuration.gated_attention_moe import GatedAttentionMoeConfig
-from .configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
-from .modeling.gated_attention import GatedAttentionForCausalLM, GatedAttentionModel
-from .modeling.gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel
-from .modeling.gated_deltanet_hybrid import GatedDeltaNetHybridForCausalLM, GatedDeltaNetHybridModel
-from .modeling.load_balancing import GlobalLoadBalancer
+import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
 
-_REGISTRY = [
-    (GatedAttentionConfig, GatedAttentionModel, GatedAttentionForCausalLM),
-    (GatedAttentionMoeConfig, GatedAttentionMoeModel, GatedAttentionMoeForCausalLM),
-    (GatedDeltaNetHybridConfig, GatedDeltaNetHybridModel, GatedDeltaNetHybridForCausalLM),
-]
-for _config, _model, _causal_lm in _REGISTRY:
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _model, exist_ok=True)
-    AutoModelForCausalLM.register(_config, _causal_lm, exist_ok=True)
+# public name -> the module that defines it
+_EXPORTS = {
+    "DEFAULT_GATE_SPEC": ".configuration.gate_spec",
+    "normalize_gate_spec": ".configuration.gate_spec",
+    "GatedAttentionConfig": ".configuration.gated_attention",
+    "GatedAttentionMoeConfig": ".configuration.gated_attention_moe",
+    "GatedDeltaNetHybridConfig": ".configuration.gated_deltanet_hybrid",
+    "GatedAttentionForCausalLM": ".modeling.gated_attention",
+    "GatedAttentionModel": ".modeling.gated_attention",
+    "GatedAttentionMoeForCausalLM": ".modeling.gated_attention_moe",
+    "GatedAttentionMoeModel": ".modeling.gated_attention_moe",
+    "GatedDeltaNetHybridForCausalLM": ".modeling.gated_deltanet_hybrid",
+    "GatedDeltaNetHybridModel": ".modeling.gated_deltanet_hybrid",
+    "GlobalLoadBalancer": ".modeling.load_balancing",
+}
 
-__all__ = [
-    "DEFAULT_GATE_SPEC",
-    "GatedAttentionConfig",
-    "GatedAttentionForCausalLM",
-    "GatedAttentionModel",
-    "GatedAttentionMoeConfig",
-    "GatedAttentionMoeForCausalLM",
-    "GatedAttentionMoeModel",
-    "GatedDeltaNetHybridConfig",
-    "GatedDeltaNetHybridForCausalLM",
-    "GatedDeltaNetHybridModel",
-    "GlobalLoadBalancer",
-    "normalize_gate_spec",
-]
+__all__ = sorted(_EXPORTS) + ["register_auto_classes"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def register_auto_classes() -> None:
+    """Register the three model types with AutoConfig, AutoModel and AutoModelForCausalLM (idempotent)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    registry = [
+        ("GatedAttentionConfig", "GatedAttentionModel", "GatedAttentionForCausalLM"),
+        ("GatedAttentionMoeConfig", "GatedAttentionMoeModel", "GatedAttentionMoeForCausalLM"),
+        ("GatedDeltaNetHybridConfig", "GatedDeltaNetHybridModel", "GatedDeltaNetHybridForCausalLM"),
+    ]
+    for config, model, causal_lm in ((__getattr__(c), __getattr__(m), __getattr__(lm)) for c, m, lm in registry):
+        AutoConfig.register(config.model_type, config, exist_ok=True)
+        AutoModel.register(config, model, exist_ok=True)
+        AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
+    for name in _EXPORTS:  # the rest of the public names, so that a normal import has them all
+        __getattr__(name)
+
+
+def _starting_cli() -> bool:
+    """Is this interpreter starting the `gated-attention` command?
+
+    `python -m gated_attention`: runpy imports this package while it locates
+    `gated_attention.__main__`, and until then sys.argv[0] is "-m" (Python's
+    documented behaviour; any later import sees the module's path instead).
+    The console script imports `gated_attention.cli` with sys.argv[0] = its path.
+    """
+    argv = getattr(sys, "argv", None) or [""]
+    return argv[0] == "-m" or os.path.basename(argv[0]) in ("gated-attention", "gated-attention.exe", "gated-attention-script.py")
+
+
+if not _starting_cli():
+    register_auto_classes()

@@ -2,6 +2,13 @@
 
 Each sub-command lives beside the code it drives and exposes
 `register(subparsers)`, which adds its parser with `set_defaults(func=...)`.
+The modules that define parsers import only argparse and the standard
+library; `func` imports what the command uses when it runs. So `--help` and
+usage errors answer without importing torch or transformers. The package's
+`__init__` registers nothing while this command starts, so code that reads
+our checkpoints through the Auto classes calls `register_auto_classes()`
+first (and `convert --no-verify` of a dense model never imports the models).
+
 Errors are one line on stderr and a non-zero exit; set
 `GATED_ATTENTION_DEBUG=1` to see the traceback instead.
 """
@@ -16,7 +23,7 @@ import sys
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",
     "gated_attention.analysis.cli",
-    "gated_attention.quickstart",
+    "gated_attention.quickstart_cli",
 ]
 
 

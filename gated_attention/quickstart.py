@@ -21,6 +21,9 @@ YaRN (`convert.rope.apply_rope_change`). Output, in `--out`: `results.csv`
 `layers.csv` (per-layer first-token attention and max activation), and
 `loss.png`, `gate_score.png`, `first_token_attention.png`, `max_activation.png`
 drawn from those files.
+
+`--device auto` trains on CUDA when torch sees a GPU (`choose_device`): training
+forwards under bf16 autocast, fp32 parameters, fp32 evaluation.
 """
 
 from __future__ import annotations
@@ -40,94 +43,45 @@ import numpy as np
 import torch
 
 from . import data
+from .quickstart_cli import SMOKE, Settings, settings_from_args  # noqa: F401 - the parser and the settings
 from .training import TrainConfig, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
 
 _PRETRAIN_FORMAT = 1  # bump when the source-model recipe changes, so cached sources are not reused
 
 
-@dataclass
-class Settings:
-    """Everything that decides the numbers; `--smoke` and the flags only change these."""
-
-    vocab_size: int = 1024
-    max_chars: int | None = None  # corpus prefix; None = all of it
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    seq_len: int = 128
-    batch_size: int = 16
-    steps: int = 200  # from scratch, and continued training after conversion
-    pretrain_steps: int = 200  # the Llama source
-    lr: float = 1e-3  # from scratch and for pretraining the source
-    continue_lr: float = 3e-4  # continued training of the source and the converted model (non-gate parameters)
-    gate_lr: float = 1e-3  # gate parameters, in every run
-    warmup_fraction: float = 0.1
-    long_factor: int = 4  # evaluate at long_factor * seq_len, without and with YaRN
-    eval_sequences: int = 64  # validation sequences for perplexity (at each length)
-    analysis_sequences: int = 8  # validation sequences for F-Attn, M-Act and gate statistics
-    seed: int = 0
+# ---------------------------------------------------------------------------------------------
+# Device
 
 
-SMOKE = dict(
-    vocab_size=300, max_chars=150_000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=2, seq_len=32, batch_size=4, steps=4, pretrain_steps=4, long_factor=2,
-    eval_sequences=4, analysis_sequences=2,
-)
+@dataclass(frozen=True)
+class Placement:
+    """Where the job runs: parameters are fp32 everywhere; on a GPU the training forwards run under bf16 autocast.
+
+    Evaluation always runs in fp32, so every column of the table measures the same fp32 model on any device.
+    """
+
+    device: torch.device
+    autocast_dtype: torch.dtype | None  # None: plain fp32
+
+    def describe(self) -> str:
+        if self.autocast_dtype is None:
+            return f"{self.device.type} (fp32)"
+        return f"{self.device.type} (training under {str(self.autocast_dtype).removeprefix('torch.')} autocast, fp32 parameters; fp32 evaluation)"
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "quickstart",
-        help="train small gated/ungated and converted models on embedded data; print and plot the metrics",
-        description=(
-            "The main job on embedded data (nothing is downloaded): (a) from scratch, an ungated model "
-            "against the same model with the G1 gate; (b) a Llama pretrained on the corpus (cached), converted "
-            "exactly, and both trained further. Prints one table, writes it as CSV and draws the curves as PNG."
-        ),
-    )
-    d = Settings()
-    p.add_argument("--out", default="quickstart_out", help="output folder (default: %(default)s)")
-    p.add_argument("--smoke", action="store_true", help="tiny models and a few steps, for tests (seconds)")
-    p.add_argument("--steps", type=int, help=f"training steps from scratch and after conversion (default {d.steps})")
-    p.add_argument("--pretrain-steps", type=int, help=f"steps of the Llama source (default {d.pretrain_steps})")
-    p.add_argument("--batch-size", type=int, help=f"sequences per step (default {d.batch_size})")
-    p.add_argument("--seq-len", type=int, help=f"training length in tokens, BOS included (default {d.seq_len})")
-    p.add_argument("--hidden-size", type=int, help=f"(default {d.hidden_size}; intermediate size is 3x)")
-    p.add_argument("--layers", type=int, dest="num_hidden_layers", help=f"(default {d.num_hidden_layers})")
-    p.add_argument("--heads", type=int, dest="num_attention_heads", help=f"(default {d.num_attention_heads})")
-    p.add_argument("--vocab-size", type=int, help=f"BPE vocabulary (default {d.vocab_size})")
-    p.add_argument("--lr", type=float, help=f"learning rate from scratch and for the source (default {d.lr:g})")
-    p.add_argument("--continue-lr", type=float, help=f"non-gate learning rate after conversion (default {d.continue_lr:g})")
-    p.add_argument("--gate-lr", type=float, help=f"learning rate of gate parameters (default {d.gate_lr:g})")
-    p.add_argument("--long-factor", type=int, help=f"evaluate at this multiple of --seq-len (default {d.long_factor})")
-    p.add_argument("--eval-sequences", type=int, help=f"validation sequences for perplexity (default {d.eval_sequences})")
-    p.add_argument("--seed", type=int, help=f"(default {d.seed})")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
-                   "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    s = Settings(**(SMOKE if args.smoke else {}))
-    for name in ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers",
-                 "num_attention_heads", "vocab_size", "lr", "continue_lr", "gate_lr", "long_factor",
-                 "eval_sequences", "seed"):
-        value = getattr(args, name, None)
-        if value is not None:
-            setattr(s, name, value)
-    if args.hidden_size is not None:
-        s.intermediate_size = 3 * s.hidden_size
+def choose_device(requested: str) -> Placement:
+    """`--device auto|cpu|cuda`: auto is cuda when torch sees a GPU; cuda trains under bf16 autocast."""
     from .cli import CLIError
 
-    if s.hidden_size % s.num_attention_heads:
-        raise CLIError(f"--hidden-size {s.hidden_size} is not a multiple of --heads {s.num_attention_heads}")
-    if min(s.steps, s.pretrain_steps, s.batch_size, s.eval_sequences) < 1 or s.seq_len < 8 or s.long_factor < 2:
-        raise CLIError("--steps, --pretrain-steps, --batch-size, --eval-sequences must be >= 1, --seq-len >= 8, "
-                       "--long-factor >= 2")
-    return s
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return Placement(torch.device("cpu"), None)
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise CLIError("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); use --device cpu")
+        return Placement(torch.device("cuda"), torch.bfloat16)
+    raise CLIError(f"--device {requested!r}: choose auto, cpu or cuda")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,17 +140,20 @@ def scratch_models(s: Settings, tokenizer):
     return ungated, gated
 
 
-def _train(model, rows, s: Settings, steps: int, lr: float, seed: int, desc: str, progress: bool) -> list[dict]:
+def _train(model, rows, s: Settings, steps: int, lr: float, seed: int, desc: str, progress: bool,
+           placement: Placement) -> list[dict]:
+    """Train `model` (moved to the placement's device first) with the quickstart recipe."""
+    model.to(placement.device)
     config = TrainConfig(
         steps=steps, batch_size=s.batch_size, lr=lr, gate_lr=s.gate_lr, seed=seed,
-        warmup_steps=max(1, int(s.warmup_fraction * steps)),
+        warmup_steps=max(1, int(s.warmup_fraction * steps)), autocast_dtype=placement.autocast_dtype,
     )
     optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
     return train(model, rows, config, optimizer, scheduler, desc=desc, progress=progress)
 
 
-def pretrained_source(s: Settings, d: Data, cache: Path, progress: bool, log) -> Path:
+def pretrained_source(s: Settings, d: Data, cache: Path, progress: bool, log, placement: Placement) -> Path:
     """Folder of a `LlamaForCausalLM` pretrained on the corpus for `pretrain_steps`; cached by its recipe."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -206,6 +163,8 @@ def pretrained_source(s: Settings, d: Data, cache: Path, progress: bool, log) ->
         "seq_len": s.seq_len, "seed": s.seed, "warmup": s.warmup_fraction,
         "tokenizer": Path(d.tokenizer.name_or_path).name, "torch": torch.__version__.split("+")[0],
     }
+    if placement.autocast_dtype is not None:  # other numbers than the fp32 recipe (whose key stays as it was)
+        recipe["autocast"] = str(placement.autocast_dtype).removeprefix("torch.")
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     folder = cache / "quickstart" / f"llama-{key}"
     if (folder / "recipe.json").exists():
@@ -214,9 +173,9 @@ def pretrained_source(s: Settings, d: Data, cache: Path, progress: bool, log) ->
     log(f"source: pretraining a LlamaForCausalLM for {s.pretrain_steps} steps (cached in {folder})")
     torch.manual_seed(s.seed)
     model = LlamaForCausalLM(LlamaConfig(**shape))
-    history = _train(model, d.train, s, s.pretrain_steps, s.lr, s.seed, "pretrain llama", progress)
+    history = _train(model, d.train, s, s.pretrain_steps, s.lr, s.seed, "pretrain llama", progress, placement)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
+    model.cpu().save_pretrained(tmp)
     d.tokenizer.save_pretrained(tmp)
     (tmp / "history.json").write_text(json.dumps(history), encoding="utf-8")
     (tmp / "recipe.json").write_text(json.dumps(recipe, indent=1), encoding="utf-8")  # written last: the folder is complete
@@ -250,17 +209,18 @@ def analysis_metrics(model, rows: torch.Tensor) -> dict:
     from .analysis.capture import Capture
 
     model.eval()
+    device = next(model.parameters()).device
     first_attention, max_act, gate_scores = [], [], []
     with Capture(model, residual=True, attentions=True, gates=True) as cap:
         for x in rows:
             cap.clear()
-            model(input_ids=x[None], use_cache=False)
+            model(input_ids=x[None].to(device), use_cache=False)
             record = cap.records[-1]
-            maps = [record.attentions[f][0].float().numpy() for f in cap.layout.full_attention_layers]  # [H, T, T] each
+            maps = [record.attentions[f][0].float().cpu().numpy() for f in cap.layout.full_attention_layers]  # [H, T, T] each
             first_attention.append(M.first_token_attention(maps).mean(axis=1))  # [n_layers]
-            residual = record.residual_stack()[:, 0].float().numpy()  # [L+1, T, D]
+            residual = record.residual_stack()[:, 0].float().cpu().numpy()  # [L+1, T, D]
             max_act.append(M.m_act_per_layer(residual))  # [L+1]
-            gate_scores += [g.float().numpy().ravel() for g in record.gates.values()]
+            gate_scores += [g.float().cpu().numpy().ravel() for g in record.gates.values()]
     first_attention, max_act = np.mean(first_attention, axis=0), np.mean(max_act, axis=0)
     gates = M.gate_statistics(np.concatenate(gate_scores) if gate_scores else np.zeros(0))
     return {
@@ -389,11 +349,12 @@ def draw_plots(out: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .convert.convert import convert_checkpoint
+    from .convert.convert import VERIFY_ATTENTION, convert_checkpoint
     from .modeling.gated_attention import GatedAttentionForCausalLM
     from transformers import LlamaForCausalLM
 
     s = settings_from_args(args)
+    placement = choose_device(getattr(args, "device", "auto"))
     progress = not args.no_progress
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -402,7 +363,10 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = print
     t_start = time.perf_counter()
-    (out / "settings.json").write_text(json.dumps(asdict(s), indent=1), encoding="utf-8")
+    autocast = None if placement.autocast_dtype is None else str(placement.autocast_dtype).removeprefix("torch.")
+    run_info = {"device": placement.device.type, "autocast": autocast}
+    (out / "settings.json").write_text(json.dumps({**asdict(s), **run_info}, indent=1), encoding="utf-8")
+    log(f"device: {placement.describe()}")
 
     log(f"data: embedded corpus, BPE vocabulary {s.vocab_size} (tokenizer cached under {cache})")
     d = load_data(s, cache)
@@ -414,16 +378,20 @@ def run(args: argparse.Namespace) -> int:
     # (a) from scratch
     ungated, gated = scratch_models(s, d.tokenizer)
     for name, model in (("scratch, no gate", ungated), ("scratch, G1 gate", gated)):
-        history = _train(model, d.train, s, s.steps, s.lr, s.seed, name, progress)
+        history = _train(model, d.train, s, s.steps, s.lr, s.seed, name, progress, placement)
         runs[name] = {"model": model, "history": history, "steps": s.steps}
 
     # (b) conversion
-    source_dir = pretrained_source(s, d, cache, progress, log)
+    source_dir = pretrained_source(s, d, cache, progress, log, placement)
     converted_dir = out / "converted"
     result = convert_checkpoint(str(source_dir), converted_dir, gate="elementwise", init="exact", overwrite=True,
                                 log=lambda msg: log(f"convert: {msg}"))
-    source = LlamaForCausalLM.from_pretrained(source_dir, dtype=torch.float32).eval()
-    converted = GatedAttentionForCausalLM.from_pretrained(converted_dir, dtype=torch.float32).eval()
+    # The exactness check compares like with like: both models on the CPU, in fp32, through transformers'
+    # SDPA (on a CUDA machine our model would otherwise default to the fused kernel), as the converter's own
+    # check does. They train on `placement` afterwards with these same weights.
+    source = LlamaForCausalLM.from_pretrained(source_dir, dtype=torch.float32, attn_implementation=VERIFY_ATTENTION).eval()
+    converted = GatedAttentionForCausalLM.from_pretrained(
+        converted_dir, dtype=torch.float32, attn_implementation=VERIFY_ATTENTION).eval()
     with torch.no_grad():
         a, b = source(input_ids=d.valid).logits, converted(input_ids=d.valid).logits
     exact = torch.equal(a, b)
@@ -434,15 +402,16 @@ def run(args: argparse.Namespace) -> int:
     runs["Llama source (pretrained)"] = {"model": copy.deepcopy(source), "history": [], "steps": s.pretrain_steps}
     gate_before = {n: p.detach().clone() for n, p in converted.named_parameters() if "attn_gate" in n}
     for name, model in (("Llama source + continued", source), ("converted + continued", converted)):
-        history = _train(model, d.train, s, s.steps, s.continue_lr, s.seed + 1, name, progress)
+        history = _train(model, d.train, s, s.steps, s.continue_lr, s.seed + 1, name, progress, placement)
         runs[name] = {"model": model, "history": history, "steps": s.pretrain_steps + s.steps}
-    moved = max((p.detach() - gate_before[n]).abs().max().item() for n, p in converted.named_parameters() if n in gate_before)
+    moved = max((p.detach() - gate_before[n].to(p.device)).abs().max().item()
+                for n, p in converted.named_parameters() if n in gate_before)
 
     # evaluation
     results, layer_rows, training_rows = [], [], []
     for name, r in runs.items():
         log(f"evaluating: {name}")
-        model = r["model"].eval()
+        model = r["model"].to(placement.device).eval()
         row = {"model": name, "steps": r["steps"], "val_ppl": math.exp(evaluate_loss(model, d.valid, s.batch_size))}
         row["ppl_long"], row["ppl_long_yarn"] = long_context_perplexities(model, s, d)
         metrics = analysis_metrics(model, d.valid[: s.analysis_sequences])

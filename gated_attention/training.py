@@ -206,6 +206,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     log_every: int = 10
+    # Forward passes run under `torch.autocast(device, autocast_dtype)` (e.g. bf16 on a GPU); the parameters,
+    # their gradients and the optimizer state stay in their own dtype. None: no autocast.
+    autocast_dtype: torch.dtype | None = None
 
 
 def _reduce_mean(value: float, accelerator) -> float:
@@ -251,6 +254,13 @@ def train(
         batches = RowBatches(rows, config.batch_size, config.grad_accum, config.seed, rank, world)
     history = []
     show = progress and rank == 0
+    device_type = torch.device(device).type
+
+    def autocast():
+        if config.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=config.autocast_dtype)
+
     bar = tqdm(total=config.steps, initial=start_step, desc=desc, disable=not show, dynamic_ncols=True, leave=False)
     model.train()
     with GateScoreMeter(model) as meter:
@@ -263,7 +273,8 @@ def train(
                 last = micro == config.grad_accum - 1
                 sync = contextlib.nullcontext() if (accelerator is None or last) else accelerator.no_sync(model)
                 with sync:
-                    loss = model(input_ids=x, labels=x).loss / config.grad_accum
+                    with autocast():  # the forward only: backward runs each op in its forward's dtype anyway
+                        loss = model(input_ids=x, labels=x).loss / config.grad_accum
                     (accelerator.backward(loss) if accelerator else loss.backward())
                 total += float(loss.detach())
             if config.max_grad_norm:

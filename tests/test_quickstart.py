@@ -120,7 +120,7 @@ def _read(path: Path) -> list[dict]:
 def test_quickstart_smoke_end_to_end(cache, tmp_path):
     out = tmp_path / "qs"
     cmd = [sys.executable, "-m", "gated_attention", "quickstart", "--smoke", "--out", str(out), "--cache", str(cache),
-           "--threads", "1", "--no-progress", "--steps", "4", "--pretrain-steps", "4"]
+           "--threads", "1", "--no-progress", "--steps", "4", "--pretrain-steps", "4", "--device", "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "are bit-identical" in proc.stdout  # the conversion was proved exact on validation data
@@ -148,3 +148,55 @@ def test_quickstart_smoke_end_to_end(cache, tmp_path):
     for name in ("loss.png", "gate_score.png", "first_token_attention.png", "max_activation.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert (out / "converted" / "config.json").exists()
+
+
+# ---------------------------------------------------------------- device
+
+
+def test_device_auto_follows_cuda_and_cuda_means_bf16_autocast(monkeypatch):
+    from gated_attention.cli import CLIError
+    from gated_attention.quickstart import Placement, choose_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert choose_device("auto") == Placement(torch.device("cpu"), None)
+    with pytest.raises(CLIError, match="--device cuda"):
+        choose_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # simulated: nothing is moved to a GPU here
+    for requested in ("auto", "cuda"):
+        assert choose_device(requested) == Placement(torch.device("cuda"), torch.bfloat16)
+    assert choose_device("cpu") == Placement(torch.device("cpu"), None)
+
+
+def test_quickstart_parser_takes_device_and_defaults_to_auto():
+    import argparse
+
+    from gated_attention.quickstart_cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["quickstart"]).device == "auto"
+    assert parser.parse_args(["quickstart", "--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["quickstart", "--device", "tpu"])
+
+
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_train_runs_its_forwards_under_autocast_and_keeps_fp32_parameters(autocast_dtype):
+    # CPU autocast takes the same path as CUDA's (`torch.autocast(device.type, dtype)`), so this runs anywhere.
+    from gated_attention.training import TrainConfig, evaluate_loss, make_scheduler, train
+
+    torch.manual_seed(0)
+    model = _tiny({"position": "G1"})
+    seen = []
+    model.model.layers[0].self_attn.o_proj.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    config = TrainConfig(steps=2, batch_size=2, lr=1e-3, gate_lr=1e-3, autocast_dtype=autocast_dtype)
+    optimizer = make_optimizer(model, config.lr, config.gate_lr)
+    history = train(model, torch.randint(0, 64, (4, 8)), config, optimizer, make_scheduler(optimizer, 2, 1),
+                    progress=False)
+    assert len(history) == 2 and all(math.isfinite(h["loss"]) for h in history)
+    assert seen == [autocast_dtype or torch.float32] * 2  # one forward per step, in the autocast dtype
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert {s["exp_avg"].dtype for s in optimizer.state.values()} == {torch.float32}
+    seen.clear()
+    evaluate_loss(model, torch.randint(0, 64, (2, 8)), batch_size=2)
+    assert seen == [torch.float32]  # evaluation is never under autocast

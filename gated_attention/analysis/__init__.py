@@ -6,11 +6,39 @@
 - `intervene`: deletion / connection on the first token, with the identity check.
 - `run_analysis`: everything to `.npz`, `.csv`, `.png` and `summary.md`
   (`gated-attention analyze MODEL --out DIR`).
+
+The names are imported on first use, so that `gated_attention.analysis.cli`
+(the `analyze` parser) imports no torch.
 """
 
-from . import metrics
-from .analyze import run_analysis
-from .capture import Capture, Record, model_layout
-from .interventions import InterventionResult, apply_edits, intervene
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "metrics": None,  # a submodule
+    "run_analysis": ".analyze",
+    "Capture": ".capture",
+    "Record": ".capture",
+    "model_layout": ".capture",
+    "InterventionResult": ".interventions",
+    "apply_edits": ".interventions",
+    "intervene": ".interventions",
+}
 
 __all__ = ["Capture", "InterventionResult", "Record", "apply_edits", "intervene", "metrics", "model_layout", "run_analysis"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS[name]
+    value = importlib.import_module(f".{name}" if module is None else module, __name__)
+    if module is not None:
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -6,9 +6,9 @@ import argparse
 import math
 from pathlib import Path
 
-from .interventions import KINDS
-
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+# `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
+INTERVENTIONS = ("deletion", "connection")
 
 
 def register(subparsers) -> None:
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
-    p.add_argument("--intervene", choices=KINDS, help="also report perplexity/accuracy with this intervention")
+    p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
     p.add_argument("--k", type=int, choices=(1, 2, 4), default=1, help="coordinates per attention input for --intervene")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the confidence intervals")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -52,7 +52,10 @@ def _load(args):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .. import register_auto_classes
     from ..cli import CLIError
+
+    register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
     if not Path(args.model).expanduser().exists() and _looks_like_path(args.model):
         raise CLIError(f"model folder not found: {args.model}")

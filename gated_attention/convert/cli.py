@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 
-from .sources import ConversionError
-
 _INIT_HELP = (
     "exact (default): gate weight 0 so every score is sigmoid(0) = 0.5, and o_proj doubled; the logits are "
     "bit-identical to SRC's. bias: gate bias +10 so every score is sigmoid(10) = 0.99995 and o_proj unchanged; "
@@ -100,6 +98,7 @@ def _user_errors(run):
     @functools.wraps(run)
     def wrapper(args) -> int:
         from ..cli import CLIError
+        from .sources import ConversionError
 
         try:
             return run(args)

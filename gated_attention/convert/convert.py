@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from .. import __version__
+from .. import __version__, register_auto_classes
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
-from ..hub.remote_code import write_remote_code
+from ..hub.remote_code import write_remote_code_for_config
 from .families import (
     GATE_BIAS_INIT,
     GATED_MODEL_TYPES,
+    dense_shapes,
     detect_family,
+    expected_shapes,
     load_source_config,
     plan_weights,
     source_to_target_name,
@@ -62,10 +63,20 @@ def _requested_dtype(dtype: str | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def _meta_model(config):
-    """The target model on the meta device: its state dict gives names and shapes, no memory."""
+def _target_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the target model's tensors.
+
+    Dense: worked out from the config (`dense_shapes`), so that `--no-verify` imports no modeling code.
+    MoE and hybrid: from the model built on the meta device (no memory), because their expert
+    layout is whatever the installed transformers' Qwen3-MoE block is.
+    """
+    if config.model_type == "gated_attention":
+        return dense_shapes(config)
+    from transformers import AutoModelForCausalLM
+
+    register_auto_classes()
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return expected_shapes(AutoModelForCausalLM.from_config(config))
 
 
 def _config_dtype(outputs: list[OutputTensor], requested: torch.dtype | None, source_dtype) -> str:
@@ -78,10 +89,8 @@ def _config_dtype(outputs: list[OutputTensor], requested: torch.dtype | None, so
     return str(dominant).removeprefix("torch.")
 
 
-def _write_config_and_code(stage: Path, model, dtype_name: str) -> None:
-    write_remote_code(stage, model)  # flat modeling files; sets model.config.auto_map
-    config = model.config
-    config.architectures = [type(model).__name__]
+def _write_config_and_code(stage: Path, config, dtype_name: str) -> None:
+    write_remote_code_for_config(stage, config)  # flat modeling files; sets config.auto_map and architectures
     config.dtype = dtype_name
     config.save_pretrained(stage)
 
@@ -117,6 +126,9 @@ VERIFY_ATTENTION = "sdpa"
 
 
 def _load(folder: Path, dtype: torch.dtype | None, **config_overrides):
+    from transformers import AutoModelForCausalLM
+
+    register_auto_classes()
     return AutoModelForCausalLM.from_pretrained(
         folder, dtype=dtype or "auto", attn_implementation=VERIFY_ATTENTION, **config_overrides
     )
@@ -147,6 +159,9 @@ def _verify_hybrid(ckpt: SourceCheckpoint, stage: Path, config, rename, dtype, e
     ref_config = type(config).from_dict({**config.to_dict(), "attn_gate": None})
     # Built in the target dtype (not cast afterwards: .to() would also round RoPE's fp32 inv_freq buffer).
     target_dtype = dtype or getattr(torch, str(config.dtype))
+    from transformers import AutoModelForCausalLM
+
+    register_auto_classes()
     reference = AutoModelForCausalLM.from_config(ref_config, dtype=target_dtype, attn_implementation=VERIFY_ATTENTION)
     state = {rename(name): ckpt.read(name) for name in ckpt.tensors if not (config.tie_word_embeddings and name == "lm_head.weight")}
     missing, unexpected = reference.load_state_dict(state, strict=False)
@@ -201,18 +216,17 @@ def convert_checkpoint(
     config = target_config(src_config, family, gate_spec)
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
-    model = _meta_model(config)
     rename = src_config.target_name if family.kind == "hybrid" else source_to_target_name
-    outputs = plan_weights(ckpt, model, init=init, dtype=requested, rename=rename)
+    outputs = plan_weights(ckpt, _target_shapes(config), config, init=init, dtype=requested, rename=rename)
     dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
     result = Result(dst, [])
     with staged_folder(dst, overwrite) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="converting")
-        _write_config_and_code(stage, model, dtype_name)
+        _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
-        _write_card(stage, src, family.name, gate, init, dtype_name, rope, model.config, command="convert")
+        _write_card(stage, src, family.name, gate, init, dtype_name, rope, config, command="convert")
         if verify and family.kind == "hybrid":
             result.max_abs_diff = _verify_hybrid(ckpt, stage, config, rename, requested, init == "exact", log)
         elif verify:
@@ -238,7 +252,9 @@ def extend_checkpoint(
     log=print,
 ) -> Result:
     """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
-    import gated_attention  # noqa: F401 - registers our config classes with AutoConfig
+    from .. import register_auto_classes
+
+    register_auto_classes()  # AutoConfig reads SRC's gated config below
 
     if rope.empty:
         raise ConversionError("nothing to do: give --rope-theta and/or --yarn-factor with --original-max-position-embeddings")
@@ -260,21 +276,20 @@ def extend_checkpoint(
     config.auto_map = {}  # rewritten from the installed package below
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
-    model = _meta_model(config)
-    outputs = plan_weights(ckpt, model, init="copy", dtype=requested)
+    outputs = plan_weights(ckpt, _target_shapes(config), config, init="copy", dtype=requested)
     dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
 
     log(f"extending {src} -> {dst}: {rope.describe()}")
     result = Result(dst, [])
     with staged_folder(dst, overwrite) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="copying")
-        _write_config_and_code(stage, model, dtype_name)
+        _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
-        _write_card(stage, src, config.model_type, None, None, dtype_name, rope, model.config, command="extend")
+        _write_card(stage, src, config.model_type, None, None, dtype_name, rope, config, command="extend")
         if verify:
             overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
             result.max_abs_diff = _verify(folder, stage, config, requested, overrides, True, log)
-    inv_freq, attention_factor = rope_frequencies(model.config)
+    inv_freq, attention_factor = rope_frequencies(config)
     log(f"rope: {rope_parameters['rope_type']}, attention factor {attention_factor:g}, max positions {max_positions}")
     log(f"wrote {dst}")
     return result

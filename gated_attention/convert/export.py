@@ -308,8 +308,11 @@ def export_checkpoint(
     log=print,
 ) -> Result:
     """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint."""
-    import gated_attention  # noqa: F401 - registers our config classes
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .. import register_auto_classes
+
+    register_auto_classes()  # AutoConfig and AutoModelForCausalLM read SRC's gated checkpoint below
 
     if format not in FORMATS:
         raise ConversionError(f"--format {format!r} is not supported; supported: {', '.join(FORMATS)}")

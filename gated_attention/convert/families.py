@@ -351,6 +351,53 @@ def expected_shapes(model) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
+    """`expected_shapes` of a dense gated model, worked out from its config alone, in the model's order.
+
+    The dense layout is Llama's (DESIGN.md's contract) plus the gate, so it can be written down here;
+    that lets a conversion that verifies nothing skip importing the modeling code (seconds of
+    transformers' modeling stack). tests/test_convert_layout.py checks it against the model itself.
+    """
+    hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    qkv_bias = config.attention_bias or config.qkv_bias
+    spec = config.attn_gate
+    for i in range(config.num_hidden_layers):
+        attn = f"model.layers.{i}.self_attn."
+        for proj, rows, bias in (("q_proj", heads * head_dim, qkv_bias), ("k_proj", kv_heads * head_dim, qkv_bias),
+                                 ("v_proj", kv_heads * head_dim, qkv_bias), ("o_proj", hidden, config.attention_bias)):
+            shapes[f"{attn}{proj}.weight"] = (rows, heads * head_dim if proj == "o_proj" else hidden)
+            if bias:
+                shapes[f"{attn}{proj}.bias"] = (rows,)
+        if config.qk_norm:
+            shapes[f"{attn}q_norm.weight"] = shapes[f"{attn}k_norm.weight"] = (head_dim,)
+        if spec.get("position") is not None:  # `AttentionGate`: one score per (head, channel) or per head
+            if spec["position"] == "dense":
+                width = hidden
+            else:
+                gate_heads = 1 if spec["head_shared"] else (kv_heads if spec["position"] in ("key", "value") else heads)
+                width = gate_heads * (head_dim if spec["granularity"] == "elementwise" else 1)
+            if spec["input_dependent"]:
+                shapes[f"{attn}attn_gate.weight"] = (width, hidden)
+                if spec["bias"]:
+                    shapes[f"{attn}attn_gate.bias"] = (width,)
+            else:
+                shapes[f"{attn}attn_gate.logits"] = (width,)
+        if config.attn_output_norm == "rmsnorm":
+            shapes[f"{attn}attn_output_norm.weight"] = (head_dim,)
+        mlp = f"model.layers.{i}.mlp."
+        for proj, shape in (("gate_proj", (config.intermediate_size, hidden)), ("up_proj", (config.intermediate_size, hidden)),
+                            ("down_proj", (hidden, config.intermediate_size))):
+            shapes[f"{mlp}{proj}.weight"] = shape
+            if config.mlp_bias:
+                shapes[f"{mlp}{proj}.bias"] = (shape[0],)
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes
+
+
 def _check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
     if got != want:
         raise ConversionError(f"tensor {name} has shape {list(got)} in SRC but its config implies {list(want)}")
@@ -382,17 +429,22 @@ def _fused_experts(ckpt: SourceCheckpoint, grouped: dict, dtype, expected) -> li
 
 
 def plan_weights(
-    ckpt: SourceCheckpoint, model, *, init: str, dtype: torch.dtype | None, rename=source_to_target_name
+    ckpt: SourceCheckpoint,
+    expected: dict[str, tuple[int, ...]],
+    config,
+    *,
+    init: str,
+    dtype: torch.dtype | None,
+    rename=source_to_target_name,
 ) -> list[OutputTensor]:
     """Output tensors of a conversion (`init` "exact" or "bias") or a copy (`init` "copy"), in source order.
 
-    `model` is the target model on the meta device: its state dict says which
-    tensors must exist and their shapes, so every name and shape is checked
-    before anything is written. Gate tensors follow their layer's `o_proj`, so
-    they land in the same shard as the rest of the layer.
+    `expected` is the target model's `expected_shapes` (or `dense_shapes`) for
+    `config`: which tensors must exist and their shapes, so every name and
+    shape is checked before anything is written. Gate tensors follow their
+    layer's `o_proj`, so they land in the same shard as the rest of the layer.
     """
-    expected = expected_shapes(model)
-    tied = getattr(model.config, "tie_word_embeddings", False)
+    tied = getattr(config, "tie_word_embeddings", False)
     renamed = {src_name: rename(src_name) for src_name in ckpt.tensors}
     present = set(renamed.values())
     outputs: list[OutputTensor | str] = []  # a str marks where a layer's fused experts go
@@ -409,7 +461,7 @@ def plan_weights(
             layer.setdefault(int(m["expert"]), {})[m["proj"]] = src_name
             continue
         if name not in expected:
-            raise ConversionError(f"SRC has tensor {src_name}, which a {model.config.model_type} model with this config does not have")
+            raise ConversionError(f"SRC has tensor {src_name}, which a {config.model_type} model with this config does not have")
         _check_shape(src_name, info.shape, expected[name])
         out_dtype = _out_dtype(info.dtype, dtype)
         double = init == "exact" and name.endswith("self_attn.o_proj.weight")

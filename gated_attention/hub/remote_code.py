@@ -13,7 +13,7 @@ checks what a remote module needs.
 from __future__ import annotations
 
 import importlib
-import inspect
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -41,7 +41,11 @@ def _resolve(module: str, dots: str, rest: str) -> str:
 
 def flatten_source(module: str) -> tuple[str, list[str]]:
     """Return the flattened source of `module` and the package modules it imports."""
-    source = inspect.getsource(importlib.import_module(module))
+    # Read from the file, not imported: writing a bundle must not import transformers' modeling stack.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise ValueError(f"{module} has no Python source file to copy")
+    source = Path(spec.origin).read_text(encoding="utf-8")
     needed: list[str] = []
 
     def rewrite(match: re.Match) -> str:
@@ -77,6 +81,36 @@ def auto_map_for(model) -> dict[str, str]:
     if causal_lm is not None:
         auto_map["AutoModelForCausalLM"] = f"{model_module}.{causal_lm.__name__}"
     return auto_map
+
+
+# model_type -> (modeling module, base model class, causal-LM class): the classes `import gated_attention` registers
+MODEL_CLASSES = {
+    "gated_attention": (f"{PACKAGE}.modeling.gated_attention", "GatedAttentionModel", "GatedAttentionForCausalLM"),
+    "gated_attention_moe": (f"{PACKAGE}.modeling.gated_attention_moe", "GatedAttentionMoeModel", "GatedAttentionMoeForCausalLM"),
+    "gated_deltanet_hybrid": (
+        f"{PACKAGE}.modeling.gated_deltanet_hybrid", "GatedDeltaNetHybridModel", "GatedDeltaNetHybridForCausalLM"),
+}
+
+
+def write_remote_code_for_config(save_directory: str | os.PathLike, config) -> list[str]:
+    """`write_remote_code` for the causal LM of one of our configs, without building (or importing) the model.
+
+    Sets `config.auto_map` and `config.architectures`; returns the names of the files written.
+    """
+    module, base, causal_lm = MODEL_CLASSES[config.model_type]
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = bundle_sources(module, type(config).__module__)
+    for name, source in sorted(files.items()):
+        (folder / name).write_text(source, encoding="utf-8")
+    flat = flat_module_name(module)
+    config.auto_map = {
+        "AutoConfig": f"{flat_module_name(type(config).__module__)}.{type(config).__name__}",
+        "AutoModel": f"{flat}.{base}",
+        "AutoModelForCausalLM": f"{flat}.{causal_lm}",
+    }
+    config.architectures = [causal_lm]
+    return sorted(files)
 
 
 def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:

@@ -1,0 +1,106 @@
+"""The `gated-attention` command starts light: `--help` imports neither torch nor transformers.
+
+Each case runs a fresh interpreter with `-X importtime`, which lists every module the process
+imported on stderr, so the check sees exactly what a user's `--help` loads. No timings are
+asserted here; `benchmarks/startup.py` measures them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gated_attention
+
+HEAVY = ("torch", "transformers", "numpy", "safetensors", "huggingface_hub")
+COMMANDS = ["", "convert", "extend", "export", "analyze", "quickstart"]
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from `python -X importtime` output ("import time: self | cumulative | name")."""
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":
+                names.add(name)
+    return names
+
+
+def run_help(argv_prefix: list[str], command: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-X", "importtime", *argv_prefix, *([command] if command else []), "--help"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c or "top-level")
+def test_help_imports_no_torch_or_transformers(command):
+    proc = run_help(["-m", "gated_attention"], command)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: gated-attention" in proc.stdout
+    modules = imported_modules(proc.stderr)
+    assert "gated_attention.cli" in modules  # the listing is real: it shows our own modules
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert not heavy, f"`gated-attention {command} --help` imported {heavy[:5]}"
+
+
+def test_console_script_help_imports_no_torch(tmp_path):
+    # The script pip writes for `[project.scripts] gated-attention = "gated_attention.cli:main"`.
+    script = tmp_path / "gated-attention"
+    script.write_text(
+        "import re\nimport sys\nfrom gated_attention.cli import main\nif __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    sys.exit(main())\n"
+    )
+    proc = run_help([str(script)], "convert")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: gated-attention convert" in proc.stdout
+    modules = imported_modules(proc.stderr)
+    assert not sorted(m for m in modules if m.split(".")[0] in ("torch", "transformers"))
+
+
+def test_a_plain_import_registers_the_auto_classes():
+    # This process imported gated_attention as any program does (not as the command), so it registered.
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    for model_type, config_name, model_name in [
+        ("gated_attention", "GatedAttentionConfig", "GatedAttentionForCausalLM"),
+        ("gated_attention_moe", "GatedAttentionMoeConfig", "GatedAttentionMoeForCausalLM"),
+        ("gated_deltanet_hybrid", "GatedDeltaNetHybridConfig", "GatedDeltaNetHybridForCausalLM"),
+    ]:
+        config = AutoConfig.for_model(model_type)
+        assert type(config) is getattr(gated_attention, config_name)
+        assert AutoModelForCausalLM._model_mapping[type(config)] is getattr(gated_attention, model_name)
+        assert AutoModel._model_mapping[type(config)].__name__ == model_name.replace("ForCausalLM", "Model")
+
+
+def test_public_names_resolve_and_unknown_names_raise():
+    for name in gated_attention.__all__:
+        assert getattr(gated_attention, name) is not None
+    with pytest.raises(AttributeError, match="no_such_name"):
+        gated_attention.no_such_name  # noqa: B018
+
+
+def test_analyze_parser_lists_the_interventions_the_analysis_knows():
+    from gated_attention.analysis.cli import INTERVENTIONS
+    from gated_attention.analysis.interventions import KINDS
+
+    assert INTERVENTIONS == KINDS
+
+
+def test_a_command_that_runs_registers_the_auto_classes(tmp_path):
+    # Started as the command, the package registers nothing at import; `main` registers before the command
+    # runs. `extend` reads a gated checkpoint's config through AutoConfig, so it fails without that.
+    from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+
+    config = GatedAttentionConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, max_position_embeddings=32)
+    GatedAttentionForCausalLM(config).save_pretrained(tmp_path / "src")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gated_attention", "extend", str(tmp_path / "src"), str(tmp_path / "dst"),
+         "--rope-theta", "20000", "--no-verify"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "dst" / "config.json").exists()
