@@ -74,13 +74,24 @@ def register_auto_classes() -> None:
 def _starting_cli() -> bool:
     """Is this interpreter starting the `gated-attention` command?
 
+    The console script imports `gated_attention.cli` with sys.argv[0] = its path.
     `python -m gated_attention`: runpy imports this package while it locates
     `gated_attention.__main__`, and until then sys.argv[0] is "-m" (Python's
-    documented behaviour; any later import sees the module's path instead).
-    The console script imports `gated_attention.cli` with sys.argv[0] = its path.
+    documented behaviour). So is it for `python -m mypkg.train` while it imports
+    `mypkg`, which may import this package and then expects the registration:
+    hence the module name is read from the interpreter's own command line.
     """
     argv = getattr(sys, "argv", None) or [""]
-    return argv[0] == "-m" or os.path.basename(argv[0]) in ("gated-attention", "gated-attention.exe", "gated-attention-script.py")
+    if os.path.basename(argv[0]) in ("gated-attention", "gated-attention.exe", "gated-attention-script.py"):
+        return True
+    if argv[0] != "-m":
+        return False
+    command = list(getattr(sys, "orig_argv", []))[1:]
+    for i, arg in enumerate(command):
+        if arg.startswith("-m"):  # `-m NAME` or `-mNAME`
+            module = arg[2:] or (command[i + 1] if i + 1 < len(command) else "")
+            return module == "gated_attention"
+    return False
 
 
 if not _starting_cli():

@@ -7,6 +7,7 @@ asserted here; `benchmarks/startup.py` measures them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,21 @@ def test_a_command_that_runs_registers_the_auto_classes(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "dst" / "config.json").exists()
+
+
+def test_a_module_run_with_m_that_imports_the_package_gets_the_registration(tmp_path):
+    """Only `python -m gated_attention` skips the registration; `python -m mypkg.train` whose package
+    imports gated_attention (sys.argv[0] is "-m" then too) must find the Auto classes registered."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("import gated_attention\n")
+    (package / "train.py").write_text(
+        "from transformers import AutoConfig\n"
+        "print(type(AutoConfig.for_model('gated_attention')).__name__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypkg.train"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "GatedAttentionConfig"
