@@ -7,7 +7,7 @@ numbers, so a release that backports a feature just works:
 - 5.24 renamed the cache argument and output field `past_key_values` to `cache`
   (model forwards, model outputs, the mask builders such as `create_causal_mask`).
   Model code here says `cache`; `CACHE_NAME` is what the installed release calls it.
-- 5.23 added `transformers.modeling_utils.slice_logits_to_keep`.
+- 5.23 added `transformers.modeling_utils.slice_logits_to_keep` (looked up lazily: see `__getattr__`).
 - 5.23 added `Cache.get_recurrent_state` for linear-attention layers.
 - Before 5.24, `generate()` asks the cache for its length, which a cache of
   linear-attention layers alone cannot tell: a model without attention layers
@@ -83,15 +83,24 @@ def mask_kwargs(cache: Cache | None, **kwargs) -> dict:
     return {**kwargs, CACHE_NAME: cache}
 
 
-try:
-    from transformers.modeling_utils import slice_logits_to_keep
-except ImportError:  # before 5.23
+def _slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """`[B, T, D]` -> the positions the logits are needed for: the last `logits_to_keep` (0 = all) or given indices."""
+    if isinstance(logits_to_keep, int):
+        logits_to_keep = slice(-logits_to_keep, None)
+    return hidden_states[:, logits_to_keep, :]
 
-    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-        """`[B, T, D]` -> the positions the logits are needed for: the last `logits_to_keep` (0 = all) or given indices."""
-        if isinstance(logits_to_keep, int):
-            logits_to_keep = slice(-logits_to_keep, None)
-        return hidden_states[:, logits_to_keep, :]
+
+def __getattr__(name: str):
+    # `slice_logits_to_keep` lives in transformers.modeling_utils (from 5.23), whose import takes seconds:
+    # looked up on first use, so that configs (and `convert --no-verify`) import this module without it.
+    if name != "slice_logits_to_keep":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:  # before 5.23
+        slice_logits_to_keep = _slice_logits_to_keep
+    globals()[name] = slice_logits_to_keep
+    return slice_logits_to_keep
 
 
 def get_recurrent_state(cache: Cache, layer_idx: int) -> torch.Tensor | None:

@@ -166,3 +166,31 @@ def test_moe_source_in_the_fused_in_memory_layout(tmp_path):
     result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         assert torch.equal(model.eval()(PROMPT).logits, result(PROMPT).logits)
+
+
+def test_unchanged_tensors_copied_by_the_kernel_equal_the_read_path(tmp_path, monkeypatch):
+    """Tensors that pass through unchanged go file to file (os.copy_file_range); where the OS refuses,
+    plain reads take over. Both give the same files as making every tensor in Python."""
+    from gated_attention.convert import writer
+
+    src = make_source("llama", tmp_path / "src")
+    copied = []
+    copy_file_range = writer.os.copy_file_range
+    monkeypatch.setattr(writer.os, "copy_file_range", lambda *a, **k: copied.append(a[2]) or copy_file_range(*a, **k))
+    assert main(["convert", str(src), str(tmp_path / "kernel"), "--no-verify", "--max-shard-size", "40KB"]) == 0
+    assert copied  # q/k/v, MLP, norms and embeddings pass through; o_proj (doubled) and the gates are made
+
+    def refuse(*args, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(writer.os, "copy_file_range", refuse)
+    assert main(["convert", str(src), str(tmp_path / "reads"), "--no-verify", "--max-shard-size", "40KB"]) == 0
+    # Every tensor made in Python: `copy_of` reads as None whatever the planner sets.
+    monkeypatch.setattr(writer.OutputTensor, "copy_of", property(lambda self: None, lambda self, value: None))
+    assert main(["convert", str(src), str(tmp_path / "made"), "--no-verify", "--max-shard-size", "40KB"]) == 0
+    weights = sorted(p.name for p in (tmp_path / "made").glob("*.safetensors"))
+    assert len(weights) > 1
+    for name in weights:
+        made = (tmp_path / "made" / name).read_bytes()
+        assert (tmp_path / "kernel" / name).read_bytes() == made, name
+        assert (tmp_path / "reads" / name).read_bytes() == made, name

@@ -465,9 +465,9 @@ def plan_weights(
         _check_shape(src_name, info.shape, expected[name])
         out_dtype = _out_dtype(info.dtype, dtype)
         double = init == "exact" and name.endswith("self_attn.o_proj.weight")
-        outputs.append(
-            OutputTensor(name, info.shape, out_dtype, partial(_read, ckpt, src_name, out_dtype, 2.0 if double else 1.0), [src_name])
-        )
+        unchanged = ckpt.format == "safetensors" and out_dtype == info.dtype and not double
+        make = partial(_read, ckpt, src_name, out_dtype, 2.0 if double else 1.0)
+        outputs.append(OutputTensor(name, info.shape, out_dtype, make, [src_name], copy_of=info if unchanged else None))
         if name.endswith("self_attn.o_proj.weight"):
             prefix = name.removesuffix("o_proj.weight") + "attn_gate."
             for suffix, value in (("weight", 0.0), ("bias", GATE_BIAS_INIT if init == "bias" else 0.0)):

@@ -28,7 +28,7 @@ import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from tqdm.auto import tqdm
 
-from .sources import TORCH_TO_SAFETENSORS, ConversionError
+from .sources import TORCH_TO_SAFETENSORS, ConversionError, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
 # Files copied from SRC unchanged: tokenizer, chat template, generation defaults, license.
@@ -54,7 +54,9 @@ class OutputTensor:
 
     `make()` returns the tensor, or an iterable of tensors whose bytes, in
     order, are the tensor's (so a fused `[E, ...]` tensor can be written one
-    expert at a time).
+    expert at a time). A tensor that is a safetensors source tensor byte for
+    byte (same name aside, same dtype, no arithmetic) also has `copy_of`, and
+    its bytes go from file to file without passing through Python.
     """
 
     name: str
@@ -62,6 +64,7 @@ class OutputTensor:
     dtype: torch.dtype
     make: Callable[[], torch.Tensor | Iterable[torch.Tensor]]
     sources: list[str] = field(default_factory=list)  # source tensor names, for ordering and messages
+    copy_of: TensorInfo | None = None
 
     @property
     def nbytes(self) -> int:
@@ -139,11 +142,48 @@ def _header(tensors: list[OutputTensor]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+def _write_all(out, data) -> None:
+    """`out.write` on an unbuffered file may write less than asked (at most ~2 GiB per call on Linux)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[out.write(view) :]
+
+
+def _copy_bytes(info: TensorInfo, out) -> None:
+    """Append a source tensor's bytes to the unbuffered file `out`.
+
+    `os.copy_file_range` lets the kernel move the bytes (page cache to page
+    cache, or a reflink), which is most of a conversion's weights; where it
+    is missing or refuses (not Linux, some file systems), plain reads.
+    """
+    offset, left = info.begin, info.nbytes
+    with open(info.file, "rb", buffering=0) as src:
+        while left:
+            try:
+                n = os.copy_file_range(src.fileno(), out.fileno(), left, offset)
+            except (AttributeError, OSError):
+                n = 0
+            if n == 0:
+                break
+            offset, left = offset + n, left - n
+        while left:
+            chunk = os.pread(src.fileno(), min(left, 64 * 2**20), offset)
+            if not chunk:
+                raise ConversionError(f"{info.file.name} ended while copying tensor {info.name}")
+            _write_all(out, chunk)
+            offset, left = offset + len(chunk), left - len(chunk)
+
+
 def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | None = None) -> None:
     """Write one safetensors file, making and freeing one tensor at a time."""
-    with open(path, "wb") as f:
-        f.write(_header(tensors))
+    with open(path, "wb", buffering=0) as f:  # unbuffered: _copy_bytes appends at the file's own offset
+        _write_all(f, _header(tensors))
         for spec in tensors:
+            if spec.copy_of is not None:
+                _copy_bytes(spec.copy_of, f)
+                if progress is not None:
+                    progress.update(spec.nbytes)
+                continue
             made = spec.make()
             if isinstance(made, torch.Tensor):
                 if tuple(made.shape) != spec.shape:
@@ -153,7 +193,7 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | 
             for chunk in made:  # a tensor, or its leading-dimension slices in order (fused MoE experts)
                 if chunk.dtype != spec.dtype:
                     raise AssertionError(f"{spec.name}: made {chunk.dtype}, planned {spec.dtype}")
-                f.write(chunk.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+                _write_all(f, chunk.contiguous().reshape(-1).view(torch.uint8).numpy())
                 written += chunk.numel() * chunk.element_size()
                 del chunk
             if written != spec.nbytes:
