@@ -107,6 +107,10 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--preset", choices=["sinks"], help="sinks: an ungated and a G1-gated model from the same weights "
+                   "on the package corpus, per-layer first-token attention and max activations (gated_attention/sinks.py)")
+    p.add_argument("--corpus", choices=list(data.CORPORA), help="--preset sinks: training corpus (default packages: "
+                   "the Python sources of this project's dependencies, see data.package_corpus_documents)")
     p.set_defaults(func=run)
 
 
@@ -393,6 +397,10 @@ def run(args: argparse.Namespace) -> int:
     from .modeling.gated_attention import GatedAttentionForCausalLM
     from transformers import LlamaForCausalLM
 
+    if getattr(args, "preset", None) == "sinks":
+        from .sinks import run as run_sinks
+
+        return run_sinks(args)
     s = settings_from_args(args)
     progress = not args.no_progress
     if args.threads:
