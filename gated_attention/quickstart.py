@@ -109,6 +109,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--preset", choices=["sinks"], help="sinks: an ungated and a G1-gated model from the same weights "
                    "on the package corpus, per-layer first-token attention and max activations (gated_attention/sinks.py)")
+    p.add_argument("--architecture", choices=["dense", "hybrid"], help="--preset sinks: dense (default) or a Gated "
+                   "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
     p.add_argument("--corpus", choices=list(data.CORPORA), help="--preset sinks: training corpus (default packages: "
                    "the Python sources of this project's dependencies, see data.package_corpus_documents)")
     p.set_defaults(func=run)

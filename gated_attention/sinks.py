@@ -43,6 +43,7 @@ from . import data
 from .training import TrainConfig, evaluate_loss, make_optimizer, make_scheduler, train
 
 SINK_THRESHOLD = 0.3  # issue 14: F-Attn of the most sink-like layer that counts as a sink
+ARCHITECTURES = ("dense", "hybrid")
 
 
 @dataclass
@@ -70,6 +71,9 @@ class SinkSettings:
     probe_sequences: int = 4
     seed: int = 0
     ungated_only: bool = False  # the sink search decides by the ungated model alone (benchmarks/sink_search.py)
+    architecture: str = "dense"  # "hybrid": Gated DeltaNet hybrid 3:1, ungated vs G1 full-attention layers
+    hybrid_ratio: int = 3
+    analyze: bool | None = None  # run `gated-attention analyze` on both trained models (None: for the hybrid)
 
 
 SINKS_SMOKE = dict(
@@ -80,7 +84,8 @@ SINKS_SMOKE = dict(
 
 # quickstart flags that also set the sinks preset (dest names match SinkSettings fields)
 _FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-          "lr", "gate_lr", "eval_sequences", "seed", "corpus", "corpus_chars", "probe_every", "weight_decay", "ungated_only", "analysis_sequences")
+          "lr", "gate_lr", "eval_sequences", "seed", "corpus", "corpus_chars", "probe_every", "weight_decay", "ungated_only", "analysis_sequences",
+          "architecture", "analyze")
 
 
 def settings_from_args(args: argparse.Namespace) -> SinkSettings:
@@ -95,6 +100,13 @@ def settings_from_args(args: argparse.Namespace) -> SinkSettings:
         s.intermediate_size = 3 * s.hidden_size
     if getattr(args, "gate_lr", None) is None:
         s.gate_lr = s.lr  # from scratch the gates train with everything else
+    if s.architecture not in ARCHITECTURES:
+        raise CLIError(f"--architecture must be one of {ARCHITECTURES}, got {s.architecture!r}")
+    if s.architecture == "hybrid" and getattr(args, "smoke", False) and getattr(args, "num_hidden_layers", None) is None:
+        s.num_hidden_layers = s.hybrid_ratio  # one block: GDN, GDN, full attention
+    if s.architecture == "hybrid" and s.num_hidden_layers < s.hybrid_ratio:
+        raise CLIError(f"a {s.hybrid_ratio}:1 hybrid needs --layers >= {s.hybrid_ratio} (one full-attention layer "
+                       f"closes every {s.hybrid_ratio} layers)")
     if s.hidden_size % s.num_attention_heads:
         raise CLIError(f"--hidden-size {s.hidden_size} is not a multiple of --heads {s.num_attention_heads}")
     if min(s.steps, s.batch_size, s.eval_sequences) < 1 or s.seq_len < 8:
@@ -105,6 +117,60 @@ def settings_from_args(args: argparse.Namespace) -> SinkSettings:
 def uniform_first_token_attention(seq_len: int) -> float:
     """F-Attn of uniform causal attention: query q (q >= 1) puts 1/(q+1) on token 0."""
     return float(np.mean([1.0 / (q + 1) for q in range(1, seq_len)]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def model_pair(s: SinkSettings, tokenizer):
+    """Ungated and G1-gated models with identical weights apart from the gates.
+
+    Dense: `quickstart.scratch_models`. Hybrid: `GatedDeltaNetHybridForCausalLM`
+    at seed 002's `hybrid_ratio`:1 (every third layer full attention), the GDN
+    layers as wide as the attention (`num_attention_heads` heads of
+    `head_dim` keys and `2 * head_dim` values); only the full-attention layers differ.
+    """
+    from .quickstart import _shape, scratch_models
+
+    if s.architecture == "dense":
+        return scratch_models(s, tokenizer)
+    from .configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
+    from .modeling.gated_deltanet_hybrid import GatedDeltaNetHybridForCausalLM
+
+    head_dim = s.hidden_size // s.num_attention_heads
+    shape = dict(_shape(s, tokenizer), hybrid_ratio=s.hybrid_ratio, linear_num_key_heads=s.num_attention_heads,
+                 linear_key_head_dim=head_dim, linear_value_head_dim=2 * head_dim)
+    torch.manual_seed(s.seed)
+    ungated = GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridConfig(**shape, attn_gate=None))
+    torch.manual_seed(s.seed)
+    gated = GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridConfig(**shape, attn_gate={"position": "G1"}))
+    missing, unexpected = gated.load_state_dict(ungated.state_dict(), strict=False)
+    assert not unexpected and all("attn_gate" in k for k in missing), (missing, unexpected)
+    return ungated, gated
+
+
+ANALYZE_METRICS = ("f_attn", "m_act", "gate_mean", "sink_spike_alignment", "peak_excess", "inter_spike_retention")
+
+
+def analyze_saved(model, tokenizer, name: str, out: Path, max_length: int) -> list[dict]:
+    """Save `model` to `out/models/<name>` and run what `gated-attention analyze` runs on it.
+
+    Equivalent command: `gated-attention analyze OUT/models/<name> --out OUT/analyze/<name>
+    --max-length <seq_len>` (built-in prose/code/math samples, 1000 bootstrap resamples).
+    """
+    from .analysis import cli as analyze_cli
+
+    folder = out / "models" / name
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    args = argparse.Namespace(model=str(folder), out=str(out / "analyze" / name), text_file=None, n_per_domain=4,
+                              max_length=max_length, tokenizer=None, device="cpu", dtype="float32",
+                              trust_remote_code=False, intervene=None, k=1, bootstrap=1000, seed=0)
+    analyze_cli.run(args)
+    from .quickstart import read_csv
+
+    return [{"model": name, **r} for r in read_csv(out / "analyze" / name / "metrics.csv")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +279,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .quickstart import scratch_models, write_csv
+    from .quickstart import write_csv
     from .sinks_plots import draw
 
     s = settings_from_args(args)
@@ -246,8 +312,8 @@ def run(args: argparse.Namespace) -> int:
         f"{info['validation']['tokens']:,} validation tokens; {s.steps} steps x {s.batch_size} rows = "
         f"{seen / max(1, len(train_rows)):.2f} epochs")
 
-    ungated, gated = scratch_models(s, tokenizer)
-    log(f"models: {s.num_hidden_layers} layers, width {s.hidden_size}, {s.num_attention_heads} heads; "
+    ungated, gated = model_pair(s, tokenizer)
+    log(f"models: {s.architecture}, {s.num_hidden_layers} layers, width {s.hidden_size}, {s.num_attention_heads} heads; "
         f"{sum(p.numel() for p in ungated.parameters()):,} parameters ungated, "
         f"{sum(p.numel() for p in gated.parameters()):,} with the G1 gate (same initial weights otherwise)")
 
@@ -259,11 +325,11 @@ def run(args: argparse.Namespace) -> int:
         val_ppl = math.exp(evaluate_loss(model, valid[: s.eval_sequences], s.batch_size))
         layers = layer_metrics(model, valid[: s.analysis_sequences])
         layer_rows += [{"model": name, **r, "val_ppl": val_ppl} for r in layers]
-        fa = [r["f_attn"] for r in layers]
+        fa = [r["f_attn"] if not math.isnan(r["f_attn"]) else -1.0 for r in layers]  # GDN layers have no F-Attn
         summary.append({
             "model": name, "steps": s.steps, "train_minutes": minutes, "final_train_loss": history[-1]["loss"],
-            "val_ppl": val_ppl, "f_attn_mean": float(np.nanmean(fa)), "f_attn_max_layer": int(np.nanargmax(fa)) + 1,
-            "f_attn_max": float(np.nanmax(fa)), "m_act": float(np.mean([r["m_act"] for r in layers])),
+            "val_ppl": val_ppl, "f_attn_mean": float(np.mean([v for v in fa if v >= 0])),
+            "f_attn_max_layer": int(np.argmax(fa)) + 1, "f_attn_max": float(np.max(fa)), "m_act": float(np.mean([r["m_act"] for r in layers])),
             "gate_mean": float(np.nanmean([r["gate_mean"] for r in layers])) if name != "no gate" else math.nan,
         })
         probes += model_probes
@@ -275,6 +341,12 @@ def run(args: argparse.Namespace) -> int:
                                            "first_token_max", "other_tokens_max", "gate_mean", "gate_frac_below_0.1"])
     write_csv(out / "training.csv", training_rows, ["model", "step", "loss", "gate_score", "lr", "gate_lr", "batch", "seconds"])
     plots = draw(out)
+    analyzed = []
+    if s.analyze if s.analyze is not None else s.architecture == "hybrid":
+        models = {"no gate": ungated, "G1 gate": gated}
+        for name in [r["model"] for r in summary]:
+            analyzed += analyze_saved(models[name], tokenizer, name.replace(" ", "_"), out, s.seq_len)
+        write_csv(out / "analyze.csv", analyzed, list(analyzed[0]))
 
     uniform = uniform_first_token_attention(s.seq_len)
     base = summary[0]
@@ -285,6 +357,10 @@ def run(args: argparse.Namespace) -> int:
     log(f"uniform causal attention over {s.seq_len} tokens gives F-Attn {uniform:.3f}. Ungated model: most sink-like "
         f"layer {base['f_attn_max_layer']} at F-Attn {base['f_attn_max']:.3f} -> "
         + (f"a sink formed (>= {SINK_THRESHOLD})" if formed else f"no sink (< {SINK_THRESHOLD})"))
+    for r in analyzed:
+        if r["metric"] in ANALYZE_METRICS:
+            log(f"analyze {r['model']:<8} {r['metric']:<22} {r['anchor']:<15} {float(r['mean']):8.4g} "
+                f"[{float(r['ci_low']):.4g}, {float(r['ci_high']):.4g}]  n={r['n']}")
     log(f"wrote {out / 'layers.csv'}, summary.csv, probes.csv, training.csv, corpus.json, "
         f"{', '.join(p.name for p in plots)} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return 0

@@ -135,3 +135,21 @@ def test_chunked_training_equals_one_run(tmp_path):
                             rows, probe, False, lambda m: None)
     for (n, p), q in zip(chunked.named_parameters(), whole.parameters()):
         assert torch.equal(p, q), n
+
+
+@pytest.mark.slow
+def test_sinks_preset_hybrid_smoke_runs_analyze_on_both(tmp_path):
+    from gated_attention import quickstart
+
+    out = tmp_path / "hybrid"
+    assert quickstart.run(_args(out, tmp_path / "cache", architecture="hybrid")) == 0
+    layers = _read(out / "layers.csv")
+    # 3:1 at smoke size: GDN, GDN, full attention; F-Attn exists only for the attention layer
+    assert [r["f_attn"] == "nan" for r in layers if r["model"] == "no gate"] == [True, True, False]
+    analyzed = _read(out / "analyze.csv")
+    for model in ("no_gate", "G1_gate"):
+        rows = {(r["metric"], r["anchor"]): r for r in analyzed if r["model"] == model}
+        for key in (("sink_spike_alignment", "consensus_sink"), ("peak_excess", "consensus_sink")):
+            assert math.isfinite(float(rows[key]["mean"])) and rows[key]["ci_low"] != "", (model, key)
+        assert (out / "analyze" / model / "summary.md").exists()
+        assert (out / "models" / model / "config.json").exists()
