@@ -60,9 +60,9 @@ class SinkSettings:
     num_attention_heads: int = 4
     seq_len: int = 128
     batch_size: int = 32
-    steps: int = 1800
-    lr: float = 3e-3
-    gate_lr: float = 3e-3
+    steps: int = 1000
+    lr: float = 1e-2
+    gate_lr: float = 1e-2
     weight_decay: float = 0.1
     warmup_fraction: float = 0.05
     eval_sequences: int = 64  # validation sequences for perplexity
@@ -167,6 +167,7 @@ def analyze_saved(model, tokenizer, name: str, out: Path, max_length: int) -> li
     args = argparse.Namespace(model=str(folder), out=str(out / "analyze" / name), text_file=None, n_per_domain=4,
                               max_length=max_length, tokenizer=None, device="cpu", dtype="float32",
                               trust_remote_code=False, intervene=None, k=1, bootstrap=1000, seed=0)
+    args.device = str(next(model.parameters()).device)
     analyze_cli.run(args)
     from .quickstart import read_csv
 
@@ -188,21 +189,22 @@ def layer_metrics(model, rows: torch.Tensor) -> list[dict]:
     from .analysis.capture import Capture
 
     model.eval()
+    device = next(model.parameters()).device
     fa, m_act, first, other, gates = [], [], [], [], {}
     with Capture(model, residual=True, attentions=True, gates=True) as cap:
         full = cap.layout.full_attention_layers
         for x in rows:
             cap.clear()
-            model(input_ids=x[None], use_cache=False)
+            model(input_ids=x[None].to(device), use_cache=False)
             record = cap.records[-1]
-            maps = [record.attentions[f][0].float().numpy() for f in full]  # [H, T, T] each
+            maps = [record.attentions[f][0].float().cpu().numpy() for f in full]  # [H, T, T] each
             fa.append(M.first_token_attention(maps).mean(axis=1))  # [n_attention_layers]
-            token_max = M.token_max_abs(record.residual_stack()[:, 0].float().numpy())[1:]  # [L, T]: X[1..L]
+            token_max = M.token_max_abs(record.residual_stack()[:, 0].float().cpu().numpy())[1:]  # [L, T]: X[1..L]
             m_act.append(token_max.max(axis=1))
             first.append(token_max[:, 0])
             other.append(token_max[:, 1:].max(axis=1))
             for f, g in record.gates.items():
-                gates.setdefault(f, []).append(g.float().numpy().ravel())
+                gates.setdefault(f, []).append(g.float().cpu().numpy().ravel())
     fa_by_layer = dict(zip(full, np.mean(fa, axis=0)))
     out = []
     for l, (ma, fm, om) in enumerate(zip(np.mean(m_act, axis=0), np.mean(first, axis=0), np.mean(other, axis=0)), 1):
@@ -313,6 +315,12 @@ def run(args: argparse.Namespace) -> int:
         f"{seen / max(1, len(train_rows)):.2f} epochs")
 
     ungated, gated = model_pair(s, tokenizer)
+    # `--device` (quickstart's; "auto" or absent: CUDA where there is one). Only the CPU path has been run.
+    requested = getattr(args, "device", None) or "auto"
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    ungated, gated = ungated.to(device), gated.to(device)
     log(f"models: {s.architecture}, {s.num_hidden_layers} layers, width {s.hidden_size}, {s.num_attention_heads} heads; "
         f"{sum(p.numel() for p in ungated.parameters()):,} parameters ungated, "
         f"{sum(p.numel() for p in gated.parameters()):,} with the G1 gate (same initial weights otherwise)")
