@@ -22,6 +22,7 @@ attention sinks form.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -102,6 +103,116 @@ def corpus_split(split: str, max_chars: int | None = None) -> list[Document]:
         out.append(d)
         total += len(d.text)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The larger on-machine corpus: the Python sources of the project's own dependencies
+
+
+# Fixed, not "whatever is installed": these are the packages this project needs
+# (pyproject's dependencies, by import name), so every machine that runs it has them.
+# Their versions still differ between machines; `package_corpus_manifest` records them
+# and `corpus_fingerprint` names the exact text, so a run says which corpus it used.
+PACKAGE_CORPUS_PACKAGES = (
+    "accelerate", "fla", "huggingface_hub", "matplotlib", "numpy", "peft", "safetensors", "tokenizers", "torch",
+    "transformers", "triton",
+)
+PACKAGE_CORPUS_CHARS = 48_000_000  # default cap: about 15M tokens with the 1024-token embedded BPE
+_SKIP_PARTS = {"__pycache__", "site-packages", "dist-packages", "test", "tests", "idlelib"}
+
+
+def _package_folder(name: str) -> Path | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(sorted(spec.submodule_search_locations)[0])
+
+
+def _python_files(folder: Path, prefix: str) -> list[Document]:
+    """Every `*.py` under `folder` (test folders and caches left out), named `prefix` + relative path.
+
+    Names use the path relative to `folder`, so they do not depend on where Python is installed.
+    """
+    docs = []
+    for path in sorted(folder.rglob("*.py")):
+        rel = path.relative_to(folder)
+        if _SKIP_PARTS & set(rel.parts[:-1]):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if text.strip():
+            docs.append(Document(prefix + rel.as_posix(), text))
+    return docs
+
+
+@functools.lru_cache(maxsize=1)  # ~130 MB of text read once per process: the split and the token cache both ask
+def _all_package_documents() -> tuple[Document, ...]:
+    docs = _pydoc_topics() + _python_files(Path(sysconfig.get_paths()["stdlib"]), "stdlib:")
+    for name in PACKAGE_CORPUS_PACKAGES:
+        folder = _package_folder(name)
+        if folder is not None:
+            docs += _python_files(folder, f"pkg:{name}/")
+    return tuple(sorted(docs, key=lambda d: (_name_hash(d.name), d.name)))
+
+
+def package_corpus_documents(max_chars: int | None = PACKAGE_CORPUS_CHARS) -> list[Document]:
+    """The package corpus, in the fixed (name-hash) order, cut after about `max_chars` characters.
+
+    The embedded corpus (pydoc topics, top-level standard-library modules, with
+    the same names, so the same split) plus the standard library's packages
+    (`stdlib:json/decoder.py`, tests left out) plus the sources of
+    `PACKAGE_CORPUS_PACKAGES` (`pkg:torch/nn/modules/linear.py`). The cut keeps
+    whole documents in hash order, so it is a fair sample of all of them.
+    """
+    docs = _all_package_documents()
+    if max_chars is None:
+        return list(docs)
+    out, total = [], 0
+    for d in docs:
+        if out and total + len(d.text) > max_chars:
+            break
+        out.append(d)
+        total += len(d.text)
+    return out
+
+
+def package_corpus_manifest() -> dict:
+    """Which packages (and versions) the package corpus was read from on this machine."""
+    from importlib import metadata
+
+    versions = {}
+    for name in PACKAGE_CORPUS_PACKAGES:
+        dist = {"fla": "flash-linear-attention", "huggingface_hub": "huggingface-hub"}.get(name, name)
+        try:
+            versions[name] = metadata.version(dist) if _package_folder(name) else None
+        except metadata.PackageNotFoundError:
+            versions[name] = "unknown"
+    return {"python": sysconfig.get_python_version(), "packages": versions}
+
+
+CORPORA = ("embedded", "packages")
+
+
+def documents(corpus: str, split: str, max_chars: int | None = None) -> list[Document]:
+    """The `split` of `corpus`: `"embedded"` (`corpus_split`) or `"packages"` (`package_corpus_documents`).
+
+    For `"packages"`, `max_chars` caps the whole corpus before the split
+    (None = `PACKAGE_CORPUS_CHARS`); both corpora split one document in ten
+    to validation by the same name hash.
+    """
+    if corpus == "embedded":
+        return corpus_split(split, max_chars)
+    if corpus != "packages":
+        raise ValueError(f"corpus must be one of {CORPORA}, got {corpus!r}")
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+    want_val = split == "validation"
+    docs = package_corpus_documents(PACKAGE_CORPUS_CHARS if max_chars is None else max_chars)
+    return [d for d in docs if (_name_hash(d.name) % VALIDATION_EVERY == 0) == want_val]
 
 
 def load_text_files(paths: Iterable[str | os.PathLike]) -> list[Document]:
@@ -211,23 +322,31 @@ def pack(stream: np.ndarray, seq_len: int, bos_id: int, max_rows: int | None = N
     return torch.cat([bos, rows], dim=1)  # [N, T]
 
 
-def corpus_tokens(tokenizer, split: str, max_chars: int | None = None) -> np.ndarray:
-    """The token stream of an embedded-corpus split; cached beside the tokenizer if it is the embedded one.
+def corpus_tokens(tokenizer, split: str, max_chars: int | None = None, corpus: str = "embedded") -> np.ndarray:
+    """The token stream of a corpus split (`documents`); cached beside the tokenizer if it is the embedded one.
 
     (Only a folder written by `tokenizer_path`, marked by its `corpus.json`, gets
-    the cache; a model's own folder is never written to.)
+    the cache; a model's own folder is never written to.) The cache file is
+    named by the split's `corpus_fingerprint`; a JSON file beside it records
+    documents, characters and tokens.
     """
-    docs = corpus_split(split, max_chars)
+    docs = documents(corpus, split, max_chars)
     folder = Path(tokenizer.name_or_path) if tokenizer.name_or_path else None
     if folder is None or not (folder / "corpus.json").exists():
         return token_stream(tokenizer, docs)
-    path = folder / f"tokens-{split}-{corpus_fingerprint(docs)}.npy"
+    fingerprint = corpus_fingerprint(docs)
+    path = folder / f"tokens-{split}-{fingerprint}.npy"
     if path.exists():
         return np.load(path)
     stream = token_stream(tokenizer, docs)
     tmp = path.with_name(path.stem + f".tmp{os.getpid()}.npy")
     np.save(tmp, stream)
     os.replace(tmp, path)
+    info = {"corpus": corpus, "split": split, "fingerprint": fingerprint, "documents": len(docs),
+            "characters": sum(len(d.text) for d in docs), "tokens": int(len(stream))}
+    if corpus == "packages":
+        info.update(package_corpus_manifest())
+    path.with_suffix(".json").write_text(json.dumps(info, indent=1), encoding="utf-8")
     return stream
 
 

@@ -353,6 +353,10 @@ def run(args: argparse.Namespace) -> int:
     from .modeling.gated_attention import GatedAttentionForCausalLM
     from transformers import LlamaForCausalLM
 
+    if getattr(args, "preset", None) == "sinks":
+        from .sinks import run as run_sinks
+
+        return run_sinks(args)
     s = settings_from_args(args)
     placement = choose_device(getattr(args, "device", "auto"))
     progress = not args.no_progress

@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+# gated_attention.data.CORPORA, spelled out so that building the parser imports nothing heavy (tests/test_sinks.py checks)
+CORPORA = ("embedded", "packages")
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -77,6 +80,12 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--preset", choices=["sinks"], help="sinks: an ungated and a G1-gated model from the same weights "
+                   "on the package corpus, per-layer first-token attention and max activations (gated_attention/sinks.py)")
+    p.add_argument("--architecture", choices=["dense", "hybrid"], help="--preset sinks: dense (default) or a Gated "
+                   "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
+    p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "
+                   "the Python sources of this project's dependencies, see data.package_corpus_documents)")
     p.set_defaults(func=_run)
 
 

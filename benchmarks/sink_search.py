@@ -1,0 +1,45 @@
+"""One setting of the sink search (issue 14): the sinks preset, optionally for the ungated model alone.
+
+    PYTHONPATH=. python benchmarks/sink_search.py --ungated-only --layers 8 --lr 6e-3 --out runs/sink_b
+
+Takes every `gated-attention quickstart` flag (the sinks preset is implied) plus
+`--ungated-only`, `--probe-every`, `--weight-decay`, `--corpus-chars`: the search picks a setting by whether the ungated model forms a
+sink, so the gated twin need not be trained while searching. Every setting tried
+is written down, with its numbers, in `benchmarks/sink_search.md`.
+"""
+
+import argparse
+import platform
+import sys
+import time
+
+import torch
+
+from gated_attention import quickstart, sinks
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    quickstart.register(sub)
+    ours = argparse.ArgumentParser(add_help=False)
+    ours.add_argument("--ungated-only", action="store_true")
+    ours.add_argument("--probe-every", type=int)
+    ours.add_argument("--weight-decay", type=float)
+    ours.add_argument("--corpus-chars", type=int)
+    extra, rest = ours.parse_known_args(argv)
+    args = parser.parse_args(["quickstart", "--preset", "sinks", *rest])
+    args.ungated_only = extra.ungated_only or None
+    args.probe_every, args.weight_decay, args.corpus_chars = extra.probe_every, extra.weight_decay, extra.corpus_chars
+    t0 = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads; "
+          f"command: {' '.join(sys.argv)}", flush=True)
+    rc = sinks.run(args)
+    print(f"wall time {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
