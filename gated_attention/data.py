@@ -85,6 +85,19 @@ def corpus_documents() -> list[Document]:
     return sorted(docs, key=lambda d: (_name_hash(d.name), d.name))
 
 
+def _first_chars(docs: Sequence[Document], max_chars: int | None) -> list[Document]:
+    """The leading documents up to `max_chars` characters in all (always at least one); all of them for None."""
+    if max_chars is None:
+        return list(docs)
+    out, total = [], 0
+    for d in docs:
+        if out and total + len(d.text) > max_chars:
+            break
+        out.append(d)
+        total += len(d.text)
+    return out
+
+
 def corpus_split(split: str, max_chars: int | None = None) -> list[Document]:
     """The `"train"` or `"validation"` documents, optionally only a prefix of about `max_chars` characters.
 
@@ -94,15 +107,7 @@ def corpus_split(split: str, max_chars: int | None = None) -> list[Document]:
         raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
     want_val = split == "validation"
     docs = [d for d in corpus_documents() if (_name_hash(d.name) % VALIDATION_EVERY == 0) == want_val]
-    if max_chars is None:
-        return docs
-    out, total = [], 0
-    for d in docs:
-        if out and total + len(d.text) > max_chars:
-            break
-        out.append(d)
-        total += len(d.text)
-    return out
+    return _first_chars(docs, max_chars)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,16 +173,7 @@ def package_corpus_documents(max_chars: int | None = PACKAGE_CORPUS_CHARS) -> li
     `PACKAGE_CORPUS_PACKAGES` (`pkg:torch/nn/modules/linear.py`). The cut keeps
     whole documents in hash order, so it is a fair sample of all of them.
     """
-    docs = _all_package_documents()
-    if max_chars is None:
-        return list(docs)
-    out, total = [], 0
-    for d in docs:
-        if out and total + len(d.text) > max_chars:
-            break
-        out.append(d)
-        total += len(d.text)
-    return out
+    return _first_chars(_all_package_documents(), max_chars)
 
 
 def package_corpus_manifest() -> dict:
