@@ -251,9 +251,14 @@ RESULT_COLUMNS = [
 
 
 def format_table(rows: list[dict], long_len: int) -> str:
-    header = [title.format(L=long_len) for _, title, _ in RESULT_COLUMNS]
+    return format_columns(rows, [(key, title.format(L=long_len), fmt) for key, title, fmt in RESULT_COLUMNS])
+
+
+def format_columns(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A plain-text table: `columns` are (key, title, format); NaN prints as "-"; first column left-aligned."""
+    header = [title for _, title, _ in columns]
     cells = [
-        ["-" if isinstance(r[k], float) and math.isnan(r[k]) else fmt.format(r[k]) for k, _, fmt in RESULT_COLUMNS]
+        ["-" if isinstance(r[k], float) and math.isnan(r[k]) else fmt.format(r[k]) for k, _, fmt in columns]
         for r in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]

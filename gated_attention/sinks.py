@@ -263,17 +263,9 @@ TABLE_COLUMNS = [
 
 
 def format_table(rows: list[dict]) -> str:
-    header = [title for _, title, _ in TABLE_COLUMNS]
-    cells = [
-        ["-" if isinstance(r[k], float) and math.isnan(r[k]) else fmt.format(r[k]) for k, _, fmt in TABLE_COLUMNS]
-        for r in rows
-    ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for c in cells:
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))))
-    return "\n".join(lines)
+    from .quickstart import format_columns
+
+    return format_columns(rows, TABLE_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------
