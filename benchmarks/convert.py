@@ -53,12 +53,12 @@ for name in sorted(os.listdir(src)):
         save_file(load_file(os.path.join(src, name)), os.path.join(dst, name), metadata={"format": "pt"})
 """
 IMPORTS_PLAIN = "import torch, safetensors.torch"
-# What `python -m gated_attention convert` imports before its first tensor. sys.argv[0] is "-m" while that command
-# starts, and then the package registers nothing (see gated_attention/__init__.py); a plain `-c` import would.
+# What `python -m gated_attention convert` imports before its first tensor. While that command starts the
+# package registers nothing (see gated_attention/__init__.py), which it tells from sys.argv[0] == "-m" and the
+# module in sys.orig_argv; a plain `-c` import would register every model, so both are set as the command has them.
 IMPORTS_CONVERT = (
-    "import sys; sys.argv[0] = '-m'; "
-    "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert; "
-    "from transformers import AutoConfig"
+    "import sys; sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'gated_attention']; "
+    "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert"
 )
 
 
@@ -144,6 +144,9 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, argv in commands.items():
                 dst = root / "out"
+                # Each command starts with no dirty pages: otherwise the kernel's writeback of the previous
+                # command's 2 GB throttles whichever command runs next (seen here: 0.2 to 2.5 GB/s copies).
+                os.sync()
                 wall, rss = run(argv(dst))
                 walls[name].append(wall)
                 rsses[name].append(rss)

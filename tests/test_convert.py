@@ -170,27 +170,47 @@ def test_moe_source_in_the_fused_in_memory_layout(tmp_path):
 
 def test_unchanged_tensors_copied_by_the_kernel_equal_the_read_path(tmp_path, monkeypatch):
     """Tensors that pass through unchanged go file to file (os.copy_file_range); where the OS refuses,
-    plain reads take over. Both give the same files as making every tensor in Python."""
-    from gated_attention.convert import writer
+    plain reads take over; the zero gate weights are holes in the file. All give the same files as
+    making and writing every tensor in Python."""
+    from gated_attention.convert import families, writer
 
     src = make_source("llama", tmp_path / "src")
-    copied = []
+    copied, filled = [], []
     copy_file_range = writer.os.copy_file_range
     monkeypatch.setattr(writer.os, "copy_file_range", lambda *a, **k: copied.append(a[2]) or copy_file_range(*a, **k))
+    full = families._full
+    monkeypatch.setattr(families, "_full", lambda *a: filled.append(a) or full(*a))
     assert main(["convert", str(src), str(tmp_path / "kernel"), "--no-verify", "--max-shard-size", "40KB"]) == 0
-    assert copied  # q/k/v, MLP, norms and embeddings pass through; o_proj (doubled) and the gates are made
+    assert copied  # q/k/v, MLP, norms and embeddings pass through; o_proj (doubled) is made
+    assert not filled  # the gate weights (zeros) are never made
 
     def refuse(*args, **kwargs):
         raise OSError(18, "Invalid cross-device link")
 
     monkeypatch.setattr(writer.os, "copy_file_range", refuse)
     assert main(["convert", str(src), str(tmp_path / "reads"), "--no-verify", "--max-shard-size", "40KB"]) == 0
-    # Every tensor made in Python: `copy_of` reads as None whatever the planner sets.
+    # Every tensor made in Python: `copy_of` and `zeros` read as None and False whatever the planner sets.
     monkeypatch.setattr(writer.OutputTensor, "copy_of", property(lambda self: None, lambda self, value: None))
+    monkeypatch.setattr(writer.OutputTensor, "zeros", property(lambda self: False, lambda self, value: None))
     assert main(["convert", str(src), str(tmp_path / "made"), "--no-verify", "--max-shard-size", "40KB"]) == 0
     weights = sorted(p.name for p in (tmp_path / "made").glob("*.safetensors"))
     assert len(weights) > 1
+    assert len(filled) == 2  # one gate weight per layer, made only in the last run
     for name in weights:
         made = (tmp_path / "made" / name).read_bytes()
         assert (tmp_path / "kernel" / name).read_bytes() == made, name
         assert (tmp_path / "reads" / name).read_bytes() == made, name
+
+
+def test_a_shard_that_ends_in_zeros_has_its_full_size(tmp_path):
+    from safetensors.torch import load_file
+
+    from gated_attention.convert.writer import OutputTensor, write_safetensors
+
+    ones = OutputTensor("a", (3, 5), torch.float32, lambda: torch.ones(3, 5))
+    zeros = OutputTensor("b", (4, 8), torch.bfloat16, lambda: torch.zeros(4, 8, dtype=torch.bfloat16), zeros=True)
+    write_safetensors(tmp_path / "holes.safetensors", [ones, zeros])
+    zeros.zeros = False
+    write_safetensors(tmp_path / "written.safetensors", [ones, zeros])
+    assert (tmp_path / "holes.safetensors").read_bytes() == (tmp_path / "written.safetensors").read_bytes()
+    assert torch.equal(load_file(tmp_path / "holes.safetensors")["b"], torch.zeros(4, 8, dtype=torch.bfloat16))

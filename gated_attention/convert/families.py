@@ -15,6 +15,8 @@ gradient is scaled by sigmoid'(10) = 4.5e-5.
 
 from __future__ import annotations
 
+import copy
+import math
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -72,20 +74,121 @@ def detect_family(config_dict: dict) -> Family:
     )
 
 
-def load_source_config(folder, family: Family):
-    """The source config through transformers' own class (standardises legacy RoPE fields).
+# --- source configs, read without transformers' per-family classes ----------------------------------
+#
+# Importing a family's config class (LlamaConfig, ...) pulls in transformers' model-loading stack:
+# 1.5 s of a 2-core machine's time, as much as everything else `convert --no-verify` imports. The
+# mapping reads a dozen fields, so config.json is read as the dict it is, with the defaults of the
+# family's transformers class for the keys it leaves out (transformers saves only what differs from
+# them), the class's own derived fields, and RoPE standardised by transformers' own mixin.
+# tests/test_convert_source_config.py checks every family against the installed transformers' classes,
+# on the newest release and on the floor (tests/floor.sh).
 
-    fla's config is read as the plain dict it is (with fla's defaults), so
-    conversion needs neither fla's import nor its CUDA-only kernels.
+_LLAMA_LIKE = dict(
+    hidden_act="silu", initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True, tie_word_embeddings=False,
+    attention_dropout=0.0, head_dim=None, pad_token_id=None,
+)  # fmt: skip
+_QWEN = dict(
+    _LLAMA_LIKE, vocab_size=151936, max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096,
+    bos_token_id=None, eos_token_id=None,
+)  # fmt: skip
+SOURCE_DEFAULTS: dict[str, dict] = {
+    "llama": dict(
+        _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=None, max_position_embeddings=2048, bos_token_id=1,
+        eos_token_id=2, attention_bias=False, mlp_bias=False,
+    ),
+    "mistral": dict(
+        _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, bos_token_id=1,
+        eos_token_id=2, sliding_window=4096,
+    ),
+    "qwen2": dict(
+        _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, max_window_layers=28, layer_types=None,
+    ),
+    "qwen3": dict(
+        _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, head_dim=128, attention_bias=False, max_window_layers=28, layer_types=None,
+    ),
+    "qwen3_moe": dict(
+        _QWEN, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=32,
+        num_key_value_heads=4, attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=768,
+        num_experts_per_tok=8, num_experts=128, norm_topk_prob=False, output_router_logits=False,
+        router_aux_loss_coef=0.001, mlp_only_layers=None,
+    ),
+    "mixtral": dict(
+        _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, rms_norm_eps=1e-5,
+        bos_token_id=1, eos_token_id=2, sliding_window=None, num_experts_per_tok=2, num_local_experts=8,
+        output_router_logits=False, router_aux_loss_coef=0.001,
+    ),
+}  # fmt: skip
+# Keys transformers' classes read under another name (their `attribute_map`).
+SOURCE_ALIASES = {"qwen3_moe": {"num_local_experts": "num_experts"}, "mixtral": {"num_experts": "num_local_experts"}}
+SOURCE_DEFAULT_THETA = {"mixtral": 1e6}  # the class's `default_theta`; 10000 for the others
+_ROPE_KWARGS = ("rope_scaling", "rope_theta", "partial_rotary_factor")  # legacy keys, not fields of the classes
+
+
+class SourceConfig:
+    """A Llama-family or MoE config.json as the family's transformers class reads it: attributes are
+    the file's keys over the class's defaults, plus the fields the class derives in `__post_init__`
+    (head_dim, key/value heads, Qwen's sliding window and layer_types) and `rope_parameters`
+    standardised from legacy `rope_scaling` / `rope_theta` by transformers' RotaryEmbeddingConfigMixin."""
+
+    def __init__(self, raw: dict):
+        raw = copy.deepcopy(raw)  # the RoPE mixin edits rope_parameters in place
+        self.model_type = model_type = raw["model_type"]
+        for alias, name in SOURCE_ALIASES.get(model_type, {}).items():
+            if alias in raw:
+                raw.setdefault(name, raw.pop(alias))
+        rope_kwargs = {k: raw.pop(k) for k in _ROPE_KWARGS if k in raw}
+        self.__dict__.update({**SOURCE_DEFAULTS[model_type], **raw})
+        dtype = raw.get("dtype") or raw.get("torch_dtype")
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and not self.use_sliding_window:
+            self.sliding_window = None
+        if model_type in ("qwen2", "qwen3") and self.layer_types is None:
+            self.layer_types = [
+                "sliding_attention" if self.sliding_window is not None and i >= self.max_window_layers else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+        if model_type == "qwen3_moe" and self.mlp_only_layers is None:
+            self.mlp_only_layers = []
+        self.rope_parameters = _standardised_rope(self, SOURCE_DEFAULT_THETA.get(model_type, 1e4), rope_kwargs)
+
+
+def _standardised_rope(config: SourceConfig, default_theta: float, rope_kwargs: dict) -> dict:
+    """`rope_parameters` as the family's class makes it: transformers' RoPE mixin run on the config's fields."""
+    from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+    class Fields(RotaryEmbeddingConfigMixin):
+        pass
+
+    fields = Fields()
+    fields.default_theta = default_theta
+    fields.__dict__.update({"rope_parameters": None, **vars(config)})
+    fields.convert_rope_params_to_dict(**rope_kwargs)
+    return fields.rope_parameters
+
+
+def load_source_config(folder, family: Family):
+    """SRC's config: a `SourceConfig` (Llama family, MoE) or an fla hybrid's dict with fla's defaults.
+
+    Neither imports the family's transformers class (see above), nor fla and its CUDA-only kernels.
     """
-    from transformers import AutoConfig
+    from .sources import read_config_dict
 
     if family.kind == "hybrid":
         return FlaHybridSource.from_folder(folder)
-
     try:
-        return AutoConfig.from_pretrained(folder)
-    except Exception as e:  # noqa: BLE001 - a config transformers cannot read is bad input
+        return SourceConfig(read_config_dict(folder))
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
         raise ConversionError(f"SRC config.json could not be read as a {family} config: {e}") from None
 
 
@@ -296,11 +399,13 @@ def hybrid_config(src: FlaHybridSource, gate_spec: dict):
 
 
 def target_config(src, family: Family, gate_spec: dict):
-    if family.kind == "dense":
-        return dense_config(src, gate_spec)
-    if family.kind == "moe":
-        return moe_config(src, gate_spec)
-    return hybrid_config(src, gate_spec)
+    build = {"dense": dense_config, "moe": moe_config, "hybrid": hybrid_config}[family.kind]
+    try:
+        return build(src, gate_spec)
+    except ConversionError:
+        raise
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:  # a config.json no model can have
+        raise ConversionError(f"SRC config.json does not describe a valid {family} model: {e}") from None
 
 
 # --- weight plan -------------------------------------------------------------------------------------
@@ -326,7 +431,9 @@ def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 
     if t.dtype != dtype:
         t = t.to(dtype)
     if scale != 1.0:
-        t.mul_(scale)  # a power of two: exact in every float format
+        # A power of two: exact in every float format. Out of place: writing into the file's private
+        # mapping faults page by page (copy on write), 15x slower than a fresh product on this machine.
+        t = t * scale
     return t
 
 
@@ -473,7 +580,9 @@ def plan_weights(
             for suffix, value in (("weight", 0.0), ("bias", GATE_BIAS_INIT if init == "bias" else 0.0)):
                 if prefix + suffix in expected and prefix + suffix not in present:
                     shape = expected[prefix + suffix]
-                    outputs.append(OutputTensor(prefix + suffix, shape, out_dtype, partial(_full, shape, out_dtype, value)))
+                    make = partial(_full, shape, out_dtype, value)
+                    zeros = value == 0.0 and math.copysign(1.0, value) > 0
+                    outputs.append(OutputTensor(prefix + suffix, shape, out_dtype, make, zeros=zeros))
     fused = {o.name: o for o in _fused_experts(ckpt, experts, dtype, expected)}
     planned: list[OutputTensor] = []
     for item in outputs:

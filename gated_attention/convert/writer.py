@@ -5,9 +5,8 @@ that is renamed to DST only when complete, so a DST that exists is always a
 whole checkpoint. Ctrl-C and SIGTERM remove the staging folder; after a
 SIGKILL it stays behind, marked incomplete by its name.
 
-Shards are planned with huggingface_hub's `split_torch_state_dict_into_shards`
-on meta tensors (names, shapes and dtypes only) and then written one tensor at
-a time: the safetensors header is known from the plan, so each tensor is
+Shards are planned with huggingface_hub's sharding helper from names, shapes
+and dtypes only, and then written one tensor at a time: the safetensors header is known from the plan, so each tensor is
 produced, written and freed before the next one is read.
 """
 
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from huggingface_hub import split_torch_state_dict_into_shards
+from huggingface_hub import constants, split_state_dict_into_shards_factory
 from tqdm.auto import tqdm
 
 from .sources import TORCH_TO_SAFETENSORS, ConversionError, TensorInfo
@@ -56,7 +55,9 @@ class OutputTensor:
     order, are the tensor's (so a fused `[E, ...]` tensor can be written one
     expert at a time). A tensor that is a safetensors source tensor byte for
     byte (same name aside, same dtype, no arithmetic) also has `copy_of`, and
-    its bytes go from file to file without passing through Python.
+    its bytes go from file to file without passing through Python. A tensor
+    of zeros (`zeros`, the exact gate init) is left as a hole in the file,
+    which reads back as zeros and costs no writing.
     """
 
     name: str
@@ -65,6 +66,7 @@ class OutputTensor:
     make: Callable[[], torch.Tensor | Iterable[torch.Tensor]]
     sources: list[str] = field(default_factory=list)  # source tensor names, for ordering and messages
     copy_of: TensorInfo | None = None
+    zeros: bool = False  # every byte is zero
 
     @property
     def nbytes(self) -> int:
@@ -179,8 +181,11 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | 
     with open(path, "wb", buffering=0) as f:  # unbuffered: _copy_bytes appends at the file's own offset
         _write_all(f, _header(tensors))
         for spec in tensors:
-            if spec.copy_of is not None:
-                _copy_bytes(spec.copy_of, f)
+            if spec.copy_of is not None or spec.zeros:
+                if spec.zeros:
+                    f.seek(spec.nbytes, os.SEEK_CUR)
+                else:
+                    _copy_bytes(spec.copy_of, f)
                 if progress is not None:
                     progress.update(spec.nbytes)
                 continue
@@ -200,15 +205,25 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | 
                 raise AssertionError(f"{spec.name}: made {written} bytes, planned {spec.nbytes}")
             if progress is not None:
                 progress.update(spec.nbytes)
+        f.truncate()  # the size, where the file ends in a hole
 
 
 def write_sharded(
     folder: Path, tensors: list[OutputTensor], *, max_shard_size: int | str = "5GB", desc: str = "writing"
 ) -> list[str]:
-    """Plan shards with huggingface_hub on meta tensors, write them, and write the index if sharded."""
+    """Plan shards with huggingface_hub, write them, and write the index if sharded.
+
+    The plan is `split_torch_state_dict_into_shards`'s, made by the factory under it with the planned
+    sizes: the torch variant asks each tensor whether it is a DTensor, and that import alone
+    (torch.distributed.tensor) costs a second, a third of what `convert --no-verify` imports.
+    """
     by_name = {t.name: t for t in tensors}
-    meta = {t.name: torch.empty(t.shape, dtype=t.dtype, device="meta") for t in tensors}
-    split = split_torch_state_dict_into_shards(meta, max_shard_size=max_shard_size)
+    split = split_state_dict_into_shards_factory(
+        by_name,
+        get_storage_size=lambda t: t.nbytes,
+        filename_pattern=constants.SAFETENSORS_WEIGHTS_FILE_PATTERN,
+        max_shard_size=max_shard_size,
+    )
     total = sum(t.nbytes for t in tensors)
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=None) as bar:
         for filename, names in split.filename_to_tensors.items():

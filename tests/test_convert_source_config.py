@@ -1,0 +1,92 @@
+"""The converter reads SRC's config.json without transformers' per-family classes (they cost seconds
+to import); what it reads must be what those classes read. Every case maps a config.json twice,
+through `SourceConfig` and through `AutoConfig.from_pretrained` (the installed transformers' own class),
+and the two gated configs must be equal field for field. tests/floor.sh runs this on the floor release.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoConfig
+
+from gated_attention.convert.convert import _gate_spec
+from gated_attention.convert.families import SOURCE_DEFAULTS, SourceConfig, detect_family, target_config
+from gated_attention.convert.sources import ConversionError
+
+SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2)
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+
+CASES = {
+    # Only the model type: every field the mapping reads comes from the class's defaults.
+    **{f"{model_type}-defaults": {"model_type": model_type} for model_type in SOURCE_DEFAULTS},
+    "llama-small-gqa-tied-bf16": dict(SMALL, model_type="llama", tie_word_embeddings=True,
+                                      torch_dtype="bfloat16", bos_token_id=0, eos_token_id=[1, 2], rms_norm_eps=1e-5),
+    "llama-bias-headdim": dict(SMALL, model_type="llama", attention_bias=True, mlp_bias=True, head_dim=32),
+    "llama-legacy-linear-rope": dict(SMALL, model_type="llama", rope_theta=5e5, rope_scaling={"type": "linear", "factor": 2.0}),
+    "llama-legacy-dynamic-rope": dict(SMALL, model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+    "llama-legacy-llama3-rope": dict(
+        SMALL, model_type="llama", max_position_embeddings=256, rope_theta=5e5,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 32},
+    ),
+    "llama-yarn-rope-parameters": dict(
+        SMALL, model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}
+    ),
+    "llama-rope-theta-only": dict(SMALL, model_type="llama", rope_theta=123456.0, dtype="float16"),
+    "mistral-no-window": dict(SMALL, model_type="mistral", sliding_window=None, num_key_value_heads=1),
+    "mistral-window": dict(SMALL, model_type="mistral", sliding_window=16, rope_theta=1e6),
+    "qwen2-window-flag-off": dict(SMALL, model_type="qwen2", sliding_window=16, use_sliding_window=False),
+    "qwen2-window-from-layer-2": dict(SMALL, model_type="qwen2", sliding_window=16, use_sliding_window=True,
+                                      max_window_layers=2, rope_theta=1e6, tie_word_embeddings=True),
+    "qwen2-layer-types-given": dict(SMALL, model_type="qwen2", use_sliding_window=True, sliding_window=8,
+                                    layer_types=["full_attention", "sliding_attention"] * 2),
+    "qwen3-small": dict(SMALL, model_type="qwen3", head_dim=32, rope_theta=1e6),
+    "qwen3-yarn-legacy": dict(SMALL, model_type="qwen3", rope_scaling={"type": "yarn", "factor": 4.0,
+                                                                       "original_max_position_embeddings": 32}),
+    "qwen3_moe-small": dict(SMALL, **MOE, model_type="qwen3_moe", num_experts=4, head_dim=32, norm_topk_prob=True,
+                            decoder_sparse_step=2, mlp_only_layers=[0], router_aux_loss_coef=0.01),
+    "qwen3_moe-local-experts-key": dict(SMALL, **MOE, model_type="qwen3_moe", num_local_experts=6),
+    "mixtral-small": dict(SMALL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, rope_theta=1e4,
+                          output_router_logits=True),
+    "mixtral-num-experts-key": dict(SMALL, model_type="mixtral", num_experts=3, sliding_window=32),
+}  # fmt: skip
+
+
+def mapped(src, family) -> dict:
+    config = target_config(src, family, _gate_spec("elementwise", "exact")).to_dict()
+    config.pop("transformers_version", None)
+    return config
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_source_config_reads_like_transformers_own_class(case, tmp_path):
+    raw = CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    family = detect_family(raw)
+    theirs = AutoConfig.from_pretrained(tmp_path)
+    ours = SourceConfig(raw)
+    assert mapped(ours, family) == mapped(theirs, family)
+    assert ours.dtype == theirs.dtype
+    assert raw == CASES[case]  # read, not edited
+
+
+def test_defaults_cover_every_field_the_mapping_reads():
+    """A missing default would fall back to the mapping's getattr default, not the class's: the
+    defaults-only cases above compare the result, this names the field when one goes missing."""
+    for model_type, defaults in SOURCE_DEFAULTS.items():
+        cls = type(AutoConfig.for_model(model_type))
+        for name, value in defaults.items():
+            if name in cls.__dataclass_fields__:
+                field = cls.__dataclass_fields__[name]
+                assert field.default == value, (model_type, name)
+
+
+def test_a_config_that_describes_no_model_is_one_line(tmp_path):
+    from gated_attention.convert.families import load_source_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 0}))
+    with pytest.raises(ConversionError, match="could not be read as a Llama config"):
+        load_source_config(tmp_path, detect_family({"model_type": "llama"}))
