@@ -1,8 +1,8 @@
 """Source families: which checkpoints convert, their config mapping and their weight plan.
 
-Each family maps a source `config.json` (read through transformers' own config
-class, so legacy `rope_scaling` / `rope_theta` are already standardised) onto
-one of our configs, and lists the output tensors: source tensors renamed where
+Each family maps a source `config.json` (read as its transformers class reads
+it, defaults and legacy `rope_scaling` / `rope_theta` included: `SourceConfig`)
+onto one of our configs, and lists the output tensors: source tensors renamed where
 needed, `o_proj` doubled, and the new gate parameters.
 
 Exact init (DESIGN.md, "Function-preserving conversion"): gate weight 0 and no
