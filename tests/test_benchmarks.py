@@ -55,3 +55,13 @@ def test_gpu_models_smoke_compile_and_hybrid(capsys):
     transformers' Qwen3.5: tens of seconds on a CPU."""
     assert load("gpu_models").main(["--smoke", "--parts", "compile", "hybrid"]) == 0
     assert "no graph break" in capsys.readouterr().out
+
+
+def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsys):
+    """benchmarks/sink_search.py parses quickstart's flags plus its own, and trains only the ungated model."""
+    argv = ["--smoke", "--ungated-only", "--weight-decay", "0.5", "--threads", "1", "--no-progress",
+            "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    assert load("sink_search").main(argv) == 0
+    assert "wall time" in capsys.readouterr().out
+    with open(tmp_path / "out" / "layers.csv") as f:
+        assert {row["model"] for row in csv.DictReader(f)} == {"no gate"}
