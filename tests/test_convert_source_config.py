@@ -73,15 +73,30 @@ def test_source_config_reads_like_transformers_own_class(case, tmp_path):
     assert raw == CASES[case]  # read, not edited
 
 
-def test_defaults_cover_every_field_the_mapping_reads():
-    """A missing default would fall back to the mapping's getattr default, not the class's: the
-    defaults-only cases above compare the result, this names the field when one goes missing."""
-    for model_type, defaults in SOURCE_DEFAULTS.items():
-        cls = type(AutoConfig.for_model(model_type))
-        for name, value in defaults.items():
-            if name in cls.__dataclass_fields__:
-                field = cls.__dataclass_fields__[name]
-                assert field.default == value, (model_type, name)
+class Recorder:
+    """Passes attribute reads through to a config and remembers their names."""
+
+    def __init__(self, config):
+        self.__dict__.update(config=config, seen=set())
+
+    def __getattr__(self, name):
+        self.seen.add(name)
+        return getattr(self.config, name)
+
+
+@pytest.mark.parametrize("model_type", SOURCE_DEFAULTS)
+def test_every_field_the_mapping_reads_has_the_class_default(model_type):
+    """The defaults-only cases above compare results; this names the field when a default goes
+    missing or differs: every field of transformers' class that the mapping reads is in
+    SOURCE_DEFAULTS with the class's default (model type, RoPE and dtype are handled apart)."""
+    theirs = Recorder(AutoConfig.for_model(model_type))
+    target_config(theirs, detect_family({"model_type": model_type}), _gate_spec("elementwise", "exact"))
+    fields = type(theirs.config).__dataclass_fields__
+    read = {name for name in theirs.seen if name in fields} - {"model_type", "rope_parameters", "dtype"}
+    assert read, theirs.seen
+    for name in sorted(read):
+        assert name in SOURCE_DEFAULTS[model_type], name
+        assert SOURCE_DEFAULTS[model_type][name] == fields[name].default, name
 
 
 def test_a_config_that_describes_no_model_is_one_line(tmp_path):
