@@ -63,6 +63,7 @@ from gated_attention.streaming import (
     text_stream,
 )
 from gated_attention.training import (
+    CheckpointError,
     TrainConfig,
     evaluate_loss,
     latest_checkpoint,
@@ -181,12 +182,13 @@ def describe_data(train_rows, seq_len: int) -> str:
 
 
 def exit_on_data_error(main):
-    """Run `main`; a corpus that cannot be read ends the process with one line on stderr, exit status 2."""
+    """Run `main`; a corpus or a `--resume` checkpoint that cannot be read ends the process with one
+    line on stderr, exit status 2."""
 
     def run(argv: list[str] | None = None):
         try:
             return main(argv)
-        except DataError as e:
+        except (DataError, CheckpointError) as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
 

@@ -374,18 +374,23 @@ def save_checkpoint(accelerator, output_dir, step: int, data=None):
     return folder
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message is one readable line."""
+
+
 def load_checkpoint(accelerator, folder, data=None) -> int:
     """Restore a `save_checkpoint` folder into the prepared objects (and the position of a stream
     `data`); returns the step to continue from."""
     folder = Path(folder)
     if not (folder / "step.json").exists():
-        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no step.json)")
+        raise CheckpointError(f"--resume {folder} is not a complete checkpoint (no step.json); give a "
+                              "checkpoints/step-* folder that has one, or 'latest'")
     accelerator.load_state(str(folder))
     if data is not None and hasattr(data, "load_state_dict"):
         path = folder / f"data_state_{accelerator.process_index}.json"
         if not path.exists():
-            raise FileNotFoundError(f"{folder} has no stream position for process {accelerator.process_index} "
-                                    "(saved with other data or another number of processes)")
+            raise CheckpointError(f"--resume {folder} has no stream position for process {accelerator.process_index} "
+                                  "(saved with other data or another number of processes)")
         data.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
     return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])
 

@@ -285,3 +285,13 @@ def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
     first, resumed = read_log(tmp_path / "a"), read_log(tmp_path / "b")
     assert [r["step"] for r in resumed] == [2] and resumed[0]["batch"] == first[1]["batch"]
     assert resumed[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-6, abs=0)
+
+
+def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model, tmp_path, capsys):
+    cpt = _import_example("continued_pretraining")
+    with pytest.raises(SystemExit) as exit_info:
+        cpt.main(["--model", str(tiny_model), "--steps", "1", "--output-dir", str(tmp_path / "out"),
+                  "--resume", str(tmp_path), *COMMON])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: --resume {tmp_path} is not a complete checkpoint (no step.json)"), err
