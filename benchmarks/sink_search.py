@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/sink_search.py --ungated-only --layers 8 --lr 6e-3 --out runs/sink_b
 
 Takes every `gated-attention quickstart` flag (the sinks preset is implied) plus
-`--ungated-only`, `--probe-every`, `--weight-decay`, `--corpus-chars`: the search picks a setting by whether the ungated model forms a
+`--ungated-only`, `--probe-every`, `--corpus-chars`: the search picks a setting by whether the ungated model forms a
 sink, so the gated twin need not be trained while searching. Every setting tried
 is written down, with its numbers, in `benchmarks/sink_search.md`.
 """
@@ -25,12 +25,11 @@ def main(argv=None) -> int:
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--ungated-only", action="store_true")
     ours.add_argument("--probe-every", type=int)
-    ours.add_argument("--weight-decay", type=float)
     ours.add_argument("--corpus-chars", type=int)
     extra, rest = ours.parse_known_args(argv)
     args = parser.parse_args(["quickstart", "--preset", "sinks", *rest])
     args.ungated_only = extra.ungated_only or None
-    args.probe_every, args.weight_decay, args.corpus_chars = extra.probe_every, extra.weight_decay, extra.corpus_chars
+    args.probe_every, args.corpus_chars = extra.probe_every, extra.corpus_chars
     t0 = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)

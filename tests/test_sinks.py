@@ -163,3 +163,12 @@ def test_cli_spells_out_the_corpora_of_the_data_module():
     assert CORPORA == data.CORPORA
     args = build_parser().parse_args(["quickstart", "--preset", "sinks", "--corpus", "packages", "--architecture", "hybrid"])
     assert (args.preset, args.corpus, args.architecture) == ("sinks", "packages", "hybrid")
+
+
+def test_preset_flags_reach_the_settings():
+    from gated_attention.cli import build_parser
+
+    args = build_parser().parse_args(["quickstart", "--preset", "sinks", "--layers", "12", "--weight-decay", "1.0"])
+    s = sinks.settings_from_args(args)
+    assert (s.num_hidden_layers, s.weight_decay) == (12, 1.0)
+    assert sinks.settings_from_args(build_parser().parse_args(["quickstart", "--preset", "sinks"])).weight_decay == 0.1
