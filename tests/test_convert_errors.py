@@ -165,9 +165,12 @@ def test_interruption_leaves_no_dst(tmp_path, sig):
     src = _big_source(tmp_path / "big")
     before = file_hashes(src)
     dst = tmp_path / "out"
+    # A child inherits an ignored SIGINT (a shell's background job has one), and Python then installs no
+    # KeyboardInterrupt handler: give it the default disposition, as a terminal's Ctrl-C finds it.
     proc = subprocess.Popen(
         [sys.executable, "-m", "gated_attention", "convert", str(src), str(dst)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     # Wait until the first shard is being written into the staging folder, then interrupt.
     deadline = time.monotonic() + 120
