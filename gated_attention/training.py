@@ -383,13 +383,13 @@ def load_checkpoint(accelerator, folder, data=None) -> int:
     `data`); returns the step to continue from."""
     folder = Path(folder)
     if not (folder / "step.json").exists():
-        raise CheckpointError(f"--resume {folder} is not a complete checkpoint (no step.json); give a "
+        raise CheckpointError(f"{folder} is not a complete checkpoint (no step.json); resume from a "
                               "checkpoints/step-* folder that has one, or 'latest'")
     accelerator.load_state(str(folder))
     if data is not None and hasattr(data, "load_state_dict"):
         path = folder / f"data_state_{accelerator.process_index}.json"
         if not path.exists():
-            raise CheckpointError(f"--resume {folder} has no stream position for process {accelerator.process_index} "
+            raise CheckpointError(f"{folder} has no stream position for process {accelerator.process_index} "
                                   "(saved with other data or another number of processes)")
         data.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
     return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])

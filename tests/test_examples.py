@@ -294,4 +294,4 @@ def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model,
                   "--resume", str(tmp_path), *COMMON])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: --resume {tmp_path} is not a complete checkpoint (no step.json)"), err
+    assert err[-1].startswith(f"error: {tmp_path} is not a complete checkpoint (no step.json)"), err

@@ -6,8 +6,9 @@ whole checkpoint. Ctrl-C and SIGTERM remove the staging folder; after a
 SIGKILL it stays behind, marked incomplete by its name.
 
 Shards are planned with huggingface_hub's sharding helper from names, shapes
-and dtypes only, and then written one tensor at a time: the safetensors header is known from the plan, so each tensor is
-produced, written and freed before the next one is read.
+and dtypes only, and then written one tensor at a time: the safetensors header
+is known from the plan, so each tensor is produced, written and freed before
+the next one is read.
 """
 
 from __future__ import annotations
@@ -181,31 +182,32 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | 
     with open(path, "wb", buffering=0) as f:  # unbuffered: _copy_bytes appends at the file's own offset
         _write_all(f, _header(tensors))
         for spec in tensors:
-            if spec.copy_of is not None or spec.zeros:
-                if spec.zeros:
-                    f.seek(spec.nbytes, os.SEEK_CUR)
-                else:
-                    _copy_bytes(spec.copy_of, f)
-                if progress is not None:
-                    progress.update(spec.nbytes)
-                continue
-            made = spec.make()
-            if isinstance(made, torch.Tensor):
-                if tuple(made.shape) != spec.shape:
-                    raise AssertionError(f"{spec.name}: made shape {list(made.shape)}, planned {list(spec.shape)}")
-                made = (made,)
-            written = 0
-            for chunk in made:  # a tensor, or its leading-dimension slices in order (fused MoE experts)
-                if chunk.dtype != spec.dtype:
-                    raise AssertionError(f"{spec.name}: made {chunk.dtype}, planned {spec.dtype}")
-                _write_all(f, chunk.contiguous().reshape(-1).view(torch.uint8).numpy())
-                written += chunk.numel() * chunk.element_size()
-                del chunk
-            if written != spec.nbytes:
-                raise AssertionError(f"{spec.name}: made {written} bytes, planned {spec.nbytes}")
+            if spec.zeros:
+                f.seek(spec.nbytes, os.SEEK_CUR)  # a hole
+            elif spec.copy_of is not None:
+                _copy_bytes(spec.copy_of, f)
+            else:
+                _write_made(f, spec)
             if progress is not None:
                 progress.update(spec.nbytes)
         f.truncate()  # the size, where the file ends in a hole
+
+
+def _write_made(f, spec: OutputTensor) -> None:
+    made = spec.make()
+    if isinstance(made, torch.Tensor):
+        if tuple(made.shape) != spec.shape:
+            raise AssertionError(f"{spec.name}: made shape {list(made.shape)}, planned {list(spec.shape)}")
+        made = (made,)
+    written = 0
+    for chunk in made:  # a tensor, or its leading-dimension slices in order (fused MoE experts)
+        if chunk.dtype != spec.dtype:
+            raise AssertionError(f"{spec.name}: made {chunk.dtype}, planned {spec.dtype}")
+        _write_all(f, chunk.contiguous().reshape(-1).view(torch.uint8).numpy())
+        written += chunk.numel() * chunk.element_size()
+        del chunk
+    if written != spec.nbytes:
+        raise AssertionError(f"{spec.name}: made {written} bytes, planned {spec.nbytes}")
 
 
 def write_sharded(
