@@ -281,6 +281,16 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Tight layout, 120 dpi, figure closed (every plot of quickstart and the sinks preset); returns `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def draw_plots(out: Path) -> list[Path]:
     """Draw the PNGs from `training.csv` and `layers.csv` (so they can be redrawn from the files alone)."""
     import matplotlib
@@ -313,10 +323,7 @@ def draw_plots(out: Path) -> list[Path]:
         ax.plot(steps[w - 1 :], smooth(loss, w), label=model, **style(model))
     ax.set(xlabel="step", ylabel="training loss (nats, moving mean)", title="Training loss")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "loss.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save_figure(fig, out / "loss.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for model in runs:
@@ -326,10 +333,7 @@ def draw_plots(out: Path) -> list[Path]:
     ax.axhline(0.5, color="gray", lw=0.8, ls=":")
     ax.set(xlabel="step", ylabel="mean gate score (training batches)", title="Gate score during training")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "gate_score.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save_figure(fig, out / "gate_score.png"))
 
     for column, name, ylabel in (
         ("first_token_attention", "first_token_attention.png", "attention on the first token (mean over heads, queries)"),
@@ -342,10 +346,7 @@ def draw_plots(out: Path) -> list[Path]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="layer (1-based)", ylabel=ylabel, title=ylabel.split(" (")[0].capitalize() + " per layer")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out / name)
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        written.append(save_figure(fig, out / name))
     return written
 
 

@@ -13,7 +13,7 @@ def draw(out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .quickstart import read_csv
+    from .quickstart import read_csv, save_figure
 
     layers, probes = read_csv(out / "layers.csv"), read_csv(out / "probes.csv")
     models = list(dict.fromkeys(r["model"] for r in layers))
@@ -32,10 +32,7 @@ def draw(out: Path) -> list[Path]:
     ax.set(xlabel="layer (1-based)", ylabel="attention on the first token (mean over heads, queries)",
            title="First-token attention per layer", ylim=(0, None))
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "first_token_attention.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save_figure(fig, out / "first_token_attention.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for model in models:
@@ -46,10 +43,7 @@ def draw(out: Path) -> list[Path]:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="layer (1-based)", ylabel="max |hidden| of the layer output", title="Massive activations per layer")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "max_activation.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save_figure(fig, out / "max_activation.png"))
 
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), sharey=True, squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -60,8 +54,5 @@ def draw(out: Path) -> list[Path]:
         ax.axhline(0.3, color="gray", lw=0.8, ls=":")
         ax.set(xlabel="training step", ylabel="first-token attention (probe sequences)", title=model)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "sink_trend.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save_figure(fig, out / "sink_trend.png"))
     return written
