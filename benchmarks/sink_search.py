@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from gated_attention import quickstart_cli, sinks
+from gated_attention.recipes import cli, sinks
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    quickstart_cli.register(sub)
+    cli.register(sub)
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--ungated-only", action="store_true")
     ours.add_argument("--probe-every", type=int)

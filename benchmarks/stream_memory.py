@@ -1,4 +1,4 @@
-"""Peak memory and speed of the streamed data path (`gated_attention.streaming`) at two corpus sizes.
+"""Peak memory and speed of the streamed data path (`gated_attention.training.streaming`) at two corpus sizes.
 
     python benchmarks/stream_memory.py                   # 100 MB and 1 GB jsonl corpora under /tmp
     python benchmarks/stream_memory.py --sizes-mb 10 100 --steps 200
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-import gated_attention.data as data
+from gated_attention.training import data
 
 
 def write_corpus(path: Path, size_mb: int, seed: int = 0) -> Path:
@@ -56,7 +56,7 @@ def peak_rss_mb() -> float:
 
 def measure(corpus: str, steps: int, batch_size: int, seq_len: int, vocab_size: int) -> dict:
     """Runs in its own process: the data path alone for `steps` steps."""
-    from gated_attention.streaming import text_stream
+    from gated_attention.training.streaming import text_stream
     from gated_attention.training import StreamBatches
 
     tokenizer = data.load_tokenizer(vocab_size)

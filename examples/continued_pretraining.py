@@ -9,14 +9,14 @@ gated types; `--trust-remote-code` for others that need it).
 
 Data, packed into `--seq-len` rows that each start with BOS (documents joined by EOS):
 - `--dataset`: a corpus of any size, streamed through HF `datasets` and
-  tokenized on the fly (`gated_attention.streaming`): jsonl/json, parquet, csv
+  tokenized on the fly (`gated_attention.training.streaming`): jsonl/json, parquet, csv
   or txt files (or a folder of them), a `save_to_disk` folder, or a Hub dataset
   id (read from the local cache, so offline once cached); `--text-field` names
   the text column. Each process reads its own part; memory stays flat. Or a
   folder written by `examples/tokenize_corpus.py` (token shards, memory-mapped,
   rows shuffled like the in-memory path).
 - `--text-files` (folders mean every *.txt), or the embedded corpus of
-  `gated_attention.data` when neither is given: tokenized in memory, rows shuffled.
+  `gated_attention.training.data` when neither is given: tokenized in memory, rows shuffled.
 
 Gate parameters (names containing `attn_gate`) train at `--gate-lr`, the rest
 at `--lr`: a converted model's gates start at weight 0 (score exactly 0.5),
@@ -53,8 +53,8 @@ from accelerate.utils import set_seed
 from transformers import AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.data import packed_rows, tokenizer_for
-from gated_attention.streaming import (
+from gated_attention.training.data import packed_rows, tokenizer_for
+from gated_attention.training.streaming import (
     DataError,
     TokenShards,
     check_text_field,

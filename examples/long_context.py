@@ -37,7 +37,7 @@ from continued_pretraining import (
     run_training,
 )
 from gated_attention.convert.rope import RopeChange, apply_rope_change
-from gated_attention.data import packed_rows, tokenizer_for
+from gated_attention.training.data import packed_rows, tokenizer_for
 from gated_attention.training import evaluate_loss, save_final, with_rope
 
 

@@ -36,7 +36,7 @@ from continued_pretraining import (
     make_accelerator,
     run_training,
 )
-from gated_attention.data import tokenizer_for
+from gated_attention.training.data import tokenizer_for
 from gated_attention.training import evaluate_loss
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -18,8 +18,8 @@ import argparse
 import sys
 import time
 
-from gated_attention.data import tokenizer_for
-from gated_attention.streaming import DataError, write_token_shards
+from gated_attention.training.data import tokenizer_for
+from gated_attention.training.streaming import DataError, write_token_shards
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -23,6 +23,16 @@ import sys
 
 __version__ = "0.1.0"
 
+
+class CLIError(Exception):
+    """A user-facing error of the `gated-attention` command: printed as one line, exit status 2.
+
+    Defined here, below every sub-package, so that the command modules of
+    `convert`, `analysis` and `recipes` can raise it without importing `cli`
+    (which imports them to build its parser).
+    """
+
+
 # public name -> the module that defines it
 _EXPORTS = {
     "DEFAULT_GATE_SPEC": ".configuration.gate_spec",
@@ -39,7 +49,7 @@ _EXPORTS = {
     "GlobalLoadBalancer": ".modeling.load_balancing",
 }
 
-__all__ = sorted(_EXPORTS) + ["register_auto_classes"]
+__all__ = sorted(_EXPORTS) + ["CLIError", "register_auto_classes"]
 
 
 def __getattr__(name: str):

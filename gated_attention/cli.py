@@ -20,15 +20,13 @@ import importlib
 import os
 import sys
 
+from . import CLIError
+
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",
     "gated_attention.analysis.cli",
-    "gated_attention.quickstart_cli",
+    "gated_attention.recipes.cli",
 ]
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

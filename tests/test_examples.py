@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import gated_attention
-from gated_attention import data
+from gated_attention.training import data
 from gated_attention.training import evaluate_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,7 +250,7 @@ def test_streamed_parquet_two_processes(env, tiny_model, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gated_attention.streaming import rows_digest, text_stream
+    from gated_attention.training.streaming import rows_digest, text_stream
 
     text = "".join(d.text for d in data.corpus_split("train", MAX_CHARS))
     docs = [text[i : i + 300] for i in range(0, len(text), 300)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gated_attention
-from gated_attention import data
+from gated_attention.training import data
 from gated_attention.training import GateScoreMeter, StepBatches, make_optimizer
 
 MAX_CHARS = 150_000  # a corpus prefix, so the tokenizer trains in well under a second
@@ -155,7 +155,7 @@ def test_quickstart_smoke_end_to_end(cache, tmp_path):
 
 def test_device_auto_follows_cuda_and_cuda_means_bf16_autocast(monkeypatch):
     from gated_attention.cli import CLIError
-    from gated_attention.quickstart import Placement, choose_device
+    from gated_attention.recipes.common import Placement, choose_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert choose_device("auto") == Placement(torch.device("cpu"), None)
@@ -170,7 +170,7 @@ def test_device_auto_follows_cuda_and_cuda_means_bf16_autocast(monkeypatch):
 def test_quickstart_parser_takes_device_and_defaults_to_auto():
     import argparse
 
-    from gated_attention.quickstart_cli import register
+    from gated_attention.recipes.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import gated_attention
-from gated_attention import data, sinks
+from gated_attention.recipes import settings, sinks
+from gated_attention.recipes.common import Job, Placement, model_pair
+from gated_attention.training import data
 
 CORPUS_CHARS = 300_000  # a prefix of the package corpus: tokenized in well under a second
 
@@ -92,11 +94,11 @@ def _args(out: Path, cache: Path, **extra) -> argparse.Namespace:
 
 @pytest.mark.slow
 def test_sinks_preset_smoke_end_to_end(tmp_path, capsys):
-    from gated_attention import quickstart
+    from gated_attention.recipes import cli
 
     out = tmp_path / "sinks"
     # through quickstart's dispatch, as `gated-attention quickstart --preset sinks --smoke` runs it
-    assert quickstart.run(_args(out, tmp_path / "cache")) == 0
+    assert cli.run(_args(out, tmp_path / "cache")) == 0
     printed = capsys.readouterr().out
     assert "F-Attn" in printed and "max|x| tok 0" in printed and "uniform causal attention" in printed
 
@@ -112,7 +114,7 @@ def test_sinks_preset_smoke_end_to_end(tmp_path, capsys):
     training = _read(out / "training.csv")
     ungated = [r["batch"] for r in training if r["model"] == "no gate"]
     assert ungated == [r["batch"] for r in training if r["model"] == "G1 gate"]  # the same batches, step by step
-    assert len(ungated) == sinks.SINKS_SMOKE["steps"]
+    assert len(ungated) == settings.SINKS_SMOKE["steps"]
     probes = _read(out / "probes.csv")
     assert sorted({int(r["step"]) for r in probes}) == [2, 4]  # probed every 2 steps, chunked training
     assert "fingerprint" in (out / "corpus.json").read_text()
@@ -122,27 +124,26 @@ def test_sinks_preset_smoke_end_to_end(tmp_path, capsys):
 
 def test_chunked_training_equals_one_run(tmp_path):
     """Probing between chunks must not change training: same weights as an unprobed run."""
-    s = sinks.SinkSettings(**{**sinks.SINKS_SMOKE, "steps": 4})
+    s = settings.SinkSettings(**{**settings.SINKS_SMOKE, "steps": 4})
     tok = data.load_tokenizer(s.vocab_size, s.tokenizer_chars, tmp_path)
     rows = data.pack(data.corpus_tokens(tok, "train", s.corpus_chars, corpus=s.corpus), s.seq_len, tok.bos_token_id)
     probe = rows[:1]
-    from gated_attention.quickstart import scratch_models
-
-    chunked, _ = scratch_models(s, tok)
-    whole, _ = scratch_models(s, tok)
-    sinks.train_with_probes(chunked, "a", s, rows, probe, False, lambda m: None)
-    sinks.train_with_probes(whole, "b", sinks.SinkSettings(**{**sinks.SINKS_SMOKE, "steps": 4, "probe_every": 0}),
-                            rows, probe, False, lambda m: None)
+    job = Job(tmp_path, tmp_path, Placement(torch.device("cpu"), None), progress=False)
+    chunked, _ = model_pair(s, tok)
+    whole, _ = model_pair(s, tok)
+    sinks.train_with_probes(chunked, "a", s, rows, probe, job)
+    sinks.train_with_probes(whole, "b", settings.SinkSettings(**{**settings.SINKS_SMOKE, "steps": 4, "probe_every": 0}),
+                            rows, probe, job)
     for (n, p), q in zip(chunked.named_parameters(), whole.parameters()):
         assert torch.equal(p, q), n
 
 
 @pytest.mark.slow
 def test_sinks_preset_hybrid_smoke_runs_analyze_on_both(tmp_path):
-    from gated_attention import quickstart
+    from gated_attention.recipes import cli
 
     out = tmp_path / "hybrid"
-    assert quickstart.run(_args(out, tmp_path / "cache", architecture="hybrid")) == 0
+    assert cli.run(_args(out, tmp_path / "cache", architecture="hybrid")) == 0
     layers = _read(out / "layers.csv")
     # 3:1 at smoke size: GDN, GDN, full attention; F-Attn exists only for the attention layer
     assert [r["f_attn"] == "nan" for r in layers if r["model"] == "no gate"] == [True, True, False]
@@ -158,7 +159,7 @@ def test_sinks_preset_hybrid_smoke_runs_analyze_on_both(tmp_path):
 def test_cli_spells_out_the_corpora_of_the_data_module():
     """The quickstart parser lists the corpora without importing `data` (torch): the two lists must agree."""
     from gated_attention.cli import build_parser
-    from gated_attention.quickstart_cli import CORPORA
+    from gated_attention.recipes.settings import CORPORA
 
     assert CORPORA == data.CORPORA
     args = build_parser().parse_args(["quickstart", "--preset", "sinks", "--corpus", "packages", "--architecture", "hybrid"])
@@ -169,6 +170,6 @@ def test_preset_flags_reach_the_settings():
     from gated_attention.cli import build_parser
 
     args = build_parser().parse_args(["quickstart", "--preset", "sinks", "--layers", "12", "--weight-decay", "1.0"])
-    s = sinks.settings_from_args(args)
+    s = settings.sink_settings_from_args(args)
     assert (s.num_hidden_layers, s.weight_decay) == (12, 1.0)
-    assert sinks.settings_from_args(build_parser().parse_args(["quickstart", "--preset", "sinks"])).weight_decay == 0.1
+    assert settings.sink_settings_from_args(build_parser().parse_args(["quickstart", "--preset", "sinks"])).weight_decay == 0.1

@@ -1,4 +1,4 @@
-"""Streamed corpora (`gated_attention.streaming`) against the in-memory packing of the same documents.
+"""Streamed corpora (`gated_attention.training.streaming`) against the in-memory packing of the same documents.
 
 The reference is `data.pack(data.token_stream(...))`, the rows the in-memory
 path cuts; a stream must give exactly those rows (same tokens, same order),
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from gated_attention import data
-from gated_attention.streaming import (
+from gated_attention.training import data
+from gated_attention.training.streaming import (
     DataError,
     TokenShards,
     open_text_dataset,

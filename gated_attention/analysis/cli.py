@@ -53,7 +53,7 @@ def _load(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .. import register_auto_classes
-    from ..cli import CLIError
+    from .. import CLIError
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -83,7 +83,7 @@ def _load(args):
 
 
 def run(args) -> int:
-    from ..cli import CLIError
+    from .. import CLIError
     from .analyze import run_analysis
     from .samples import builtin_samples, read_text_file
 

@@ -97,7 +97,7 @@ def _user_errors(run):
 
     @functools.wraps(run)
     def wrapper(args) -> int:
-        from ..cli import CLIError
+        from .. import CLIError
         from .sources import ConversionError
 
         try:

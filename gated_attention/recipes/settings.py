@@ -1,0 +1,144 @@
+"""What decides the numbers of each recipe, and how the `quickstart` flags set it.
+
+Plain dataclasses and the standard library only: the parser (`recipes.cli`)
+reads the defaults from here for its help without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from .. import CLIError
+
+# gated_attention.training.data.CORPORA, spelled out so that the parser imports no torch (tests/test_sinks.py checks)
+CORPORA = ("embedded", "packages")
+DEVICES = ("auto", "cpu", "cuda")
+ARCHITECTURES = ("dense", "hybrid")
+
+
+# ---------------------------------------------------------------------------------------------
+# quickstart
+
+
+@dataclass
+class Settings:
+    """Everything that decides the numbers; `--smoke` and the flags only change these."""
+
+    vocab_size: int = 1024
+    max_chars: int | None = None  # corpus prefix; None = all of it
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 200  # from scratch, and continued training after conversion
+    pretrain_steps: int = 200  # the Llama source
+    lr: float = 1e-3  # from scratch and for pretraining the source
+    continue_lr: float = 3e-4  # continued training of the source and the converted model (non-gate parameters)
+    gate_lr: float = 1e-3  # gate parameters, in every run
+    warmup_fraction: float = 0.1
+    long_factor: int = 4  # evaluate at long_factor * seq_len, without and with YaRN
+    eval_sequences: int = 64  # validation sequences for perplexity (at each length)
+    analysis_sequences: int = 8  # validation sequences for F-Attn, M-Act and gate statistics
+    seed: int = 0
+
+
+SMOKE = dict(
+    vocab_size=300, max_chars=150_000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=2, seq_len=32, batch_size=4, steps=4, pretrain_steps=4, long_factor=2,
+    eval_sequences=4, analysis_sequences=2,
+)
+
+_QUICKSTART_FLAGS = ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers",
+                     "num_attention_heads", "vocab_size", "lr", "continue_lr", "gate_lr", "long_factor",
+                     "eval_sequences", "seed")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    s = Settings(**(SMOKE if getattr(args, "smoke", False) else {}))
+    _apply_flags(s, args, _QUICKSTART_FLAGS)
+    if min(s.steps, s.pretrain_steps, s.batch_size, s.eval_sequences) < 1 or s.seq_len < 8 or s.long_factor < 2:
+        raise CLIError("--steps, --pretrain-steps, --batch-size, --eval-sequences must be >= 1, --seq-len >= 8, "
+                       "--long-factor >= 2")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# quickstart --preset sinks
+
+
+@dataclass
+class SinkSettings:
+    """Everything that decides the numbers of the sinks preset."""
+
+    corpus: str = "packages"
+    corpus_chars: int | None = None  # cap on the corpus (None: data.PACKAGE_CORPUS_CHARS, or all of "embedded")
+    tokenizer_chars: int | None = None  # embedded-corpus prefix the BPE is trained on (None: all of it)
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 4
+    seq_len: int = 128
+    batch_size: int = 32
+    steps: int = 1000
+    lr: float = 1e-2
+    gate_lr: float = 1e-2
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.05
+    eval_sequences: int = 64  # validation sequences for perplexity
+    analysis_sequences: int = 16  # validation sequences for the per-layer metrics
+    probe_every: int = 200  # steps between probes of F-Attn / M-Act (0: only at the end)
+    probe_sequences: int = 4
+    seed: int = 0
+    ungated_only: bool = False  # the sink search decides by the ungated model alone (benchmarks/sink_search.py)
+    architecture: str = "dense"  # "hybrid": Gated DeltaNet hybrid 3:1, ungated vs G1 full-attention layers
+    hybrid_ratio: int = 3
+    analyze: bool | None = None  # run `gated-attention analyze` on both trained models (None: for the hybrid)
+
+
+SINKS_SMOKE = dict(
+    corpus_chars=300_000, tokenizer_chars=150_000, vocab_size=300, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=2, num_attention_heads=2, seq_len=32, batch_size=4, steps=4, eval_sequences=4,
+    analysis_sequences=2, probe_every=2, probe_sequences=2,
+)
+
+# quickstart flags that also set the sinks preset (dest names match SinkSettings fields)
+_SINKS_FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "vocab_size", "lr", "gate_lr", "eval_sequences", "seed", "corpus", "corpus_chars", "probe_every",
+                "weight_decay", "ungated_only", "analysis_sequences", "architecture", "analyze")
+
+
+def sink_settings_from_args(args: argparse.Namespace) -> SinkSettings:
+    smoke = getattr(args, "smoke", False)
+    s = SinkSettings(**(SINKS_SMOKE if smoke else {}))
+    _apply_flags(s, args, _SINKS_FLAGS)
+    if getattr(args, "gate_lr", None) is None:
+        s.gate_lr = s.lr  # from scratch the gates train with everything else
+    if s.architecture not in ARCHITECTURES:
+        raise CLIError(f"--architecture must be one of {ARCHITECTURES}, got {s.architecture!r}")
+    if s.architecture == "hybrid" and smoke and getattr(args, "num_hidden_layers", None) is None:
+        s.num_hidden_layers = s.hybrid_ratio  # one block: GDN, GDN, full attention
+    if s.architecture == "hybrid" and s.num_hidden_layers < s.hybrid_ratio:
+        raise CLIError(f"a {s.hybrid_ratio}:1 hybrid needs --layers >= {s.hybrid_ratio} (one full-attention layer "
+                       f"closes every {s.hybrid_ratio} layers)")
+    if min(s.steps, s.batch_size, s.eval_sequences) < 1 or s.seq_len < 8:
+        raise CLIError("--steps, --batch-size, --eval-sequences must be >= 1 and --seq-len >= 8")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _apply_flags(s, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Copy the flags that were given onto `s`; `--hidden-size` also sets the MLP width (3x); heads must divide it."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(s, name, value)
+    if getattr(args, "hidden_size", None) is not None:
+        s.intermediate_size = 3 * s.hidden_size
+    if s.hidden_size % s.num_attention_heads:
+        raise CLIError(f"--hidden-size {s.hidden_size} is not a multiple of --heads {s.num_attention_heads}")

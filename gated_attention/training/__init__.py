@@ -1,0 +1,44 @@
+"""Training: the loop shared by the recipes and `examples/`, and the data it reads.
+
+- `loop`: optimizer groups (gates at their own learning rate), the training
+  loop with the gate-score meter, (seed, step)-addressed batches, evaluation,
+  accelerate checkpoints and the final save. Its names are re-exported here:
+  `from gated_attention.training import train, TrainConfig`.
+- `data`: the embedded corpora (Python's own docs and sources; the package
+  corpus), the byte-level BPE tokenizer trained on them, packing into BOS-led rows.
+- `streaming`: Hugging Face `datasets` streams packed on the fly, and token shards.
+
+It imports nothing else of this package: it works on any causal LM (ours,
+transformers', a PEFT wrapper), and the recipes and examples build on it.
+"""
+
+from .loop import (
+    GATE_KEY,
+    CheckpointError,
+    GateScoreMeter,
+    RowBatches,
+    StepBatches,
+    StreamBatches,
+    TrainConfig,
+    checkpoint_dir,
+    evaluate_loss,
+    gate_modules,
+    gate_parameters_snapshot,
+    is_gate_parameter,
+    latest_checkpoint,
+    load_checkpoint,
+    make_optimizer,
+    make_scheduler,
+    optimizer_groups,
+    save_checkpoint,
+    save_final,
+    train,
+    with_rope,
+)
+
+__all__ = [
+    "GATE_KEY", "CheckpointError", "GateScoreMeter", "RowBatches", "StepBatches", "StreamBatches", "TrainConfig",
+    "checkpoint_dir", "evaluate_loss", "gate_modules", "gate_parameters_snapshot", "is_gate_parameter",
+    "latest_checkpoint", "load_checkpoint", "make_optimizer", "make_scheduler", "optimizer_groups",
+    "save_checkpoint", "save_final", "train", "with_rope",
+]
