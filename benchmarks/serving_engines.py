@@ -1,0 +1,126 @@
+"""Run serving engines on checkpoints, greedily, from token ids: the engine side of `serving_check.py`.
+
+    ENGINE_PYTHON benchmarks/serving_engines.py {vllm|llama.cpp} JOBS.json RESULTS.json
+
+Runs in the engine's own environment (vLLM and llama-cpp-python each pin their
+own torch / build), so it imports only the standard library and the engine,
+never this package: a checkpoint's remote code is all vLLM needs. JOBS.json
+holds `{"jobs": [{"name", "path", "prompts": [[token ids]], "max_tokens",
+"dtype", "model_impl", "texts"}]}`; RESULTS.json gets one record per job with
+the greedy tokens, the log-probability of each chosen token, the engine's own
+tokenization of `texts`, load and generate seconds, or the first line of the
+error that stopped it. Every job runs in a fresh child process, so an engine
+that aborts (llama.cpp's GGML_ASSERT) costs that job only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import queue as queues
+import signal
+import sys
+import time
+import traceback
+
+
+def run_vllm(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=job["path"], model_impl=job.get("model_impl", "auto"), trust_remote_code=True, dtype=job["dtype"],
+        max_model_len=job["max_model_len"], seed=0, enforce_eager=job.get("enforce_eager", True),
+        kv_cache_memory_bytes=256 << 20,  # tiny models: the CPU backend otherwise reserves most of RAM
+    )
+    t1 = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=1, ignore_eos=True)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
+    t2 = time.perf_counter()
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    logprobs = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, ids)] for o, ids in zip(outputs, tokens)]
+    tokenizer = llm.get_tokenizer()
+    tokenized = [tokenizer.encode(text, add_special_tokens=False) for text in job.get("texts", [])]
+    return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
+
+
+def run_llama_cpp(job: dict) -> dict:
+    import llama_cpp
+    import numpy as np  # a dependency of llama-cpp-python
+
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=job["path"], n_ctx=job["max_model_len"], logits_all=True, verbose=False,
+                          seed=0, n_threads=job.get("threads"))
+    t1 = time.perf_counter()
+    tokens, logprobs = [], []
+    for prompt in job["prompts"]:
+        llm.reset()
+        llm.eval(prompt)
+        ids, lps = [], []
+        for _ in range(job["max_tokens"]):  # greedy from the raw logits, as transformers' generate does
+            logits = llm.scores[llm.n_tokens - 1].astype(np.float64)  # [V]
+            best = int(logits.argmax())
+            ids.append(best)
+            lps.append(float(logits[best] - logits.max() - np.log(np.exp(logits - logits.max()).sum())))
+            llm.eval([best])
+        tokens.append(ids)
+        logprobs.append(lps)
+    t2 = time.perf_counter()
+    tokenized = [llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) for text in job.get("texts", [])]
+    return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
+
+
+RUNNERS = {"vllm": run_vllm, "llama.cpp": run_llama_cpp}
+
+
+def _child(engine: str, job: dict, queue) -> None:
+    os.setpgrp()  # the engine's own processes (vLLM's engine core and workers) join this group: see run_job
+    try:
+        queue.put({"ok": True, **RUNNERS[engine](job)})
+    except BaseException as e:  # noqa: BLE001 - reported to the parent as one line
+        text = "".join(traceback.format_exception_only(type(e), e)).strip()
+        queue.put({"ok": False, "error": " ".join(text.split())[:400]})  # one line
+
+
+def run_job(engine: str, job: dict, timeout: float) -> dict:
+    ctx = multiprocessing.get_context("spawn")  # vLLM starts its engine core with spawn too
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(engine, job, queue))
+    proc.start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = queue.get(timeout=1)
+            break
+        except queues.Empty:
+            if not proc.is_alive():  # it died without a word: an abort (llama.cpp's GGML_ASSERT) or a kill
+                result = {"ok": False, "error": f"the engine process ended with exit code {proc.exitcode} and no result"}
+                break
+            if time.monotonic() > deadline:
+                result = {"ok": False, "error": f"no result within {timeout:.0f} s"}
+                break
+    # vLLM's engine core and workers outlive the process that made them (they poll, busy, for minutes):
+    # end the whole process group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    return {"name": job["name"], **result}
+
+
+def main(argv: list[str]) -> int:
+    engine, jobs_path, results_path = argv
+    jobs = json.loads(open(jobs_path, encoding="utf-8").read())["jobs"]
+    results = []
+    for job in jobs:
+        print(f"{engine}: {job['name']} ...", file=sys.stderr, flush=True)
+        results.append(run_job(engine, job, timeout=job.get("timeout", 900)))
+        with open(results_path, "w", encoding="utf-8") as f:  # after every job: a killed run keeps what it has
+            json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
