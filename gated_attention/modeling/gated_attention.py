@@ -5,8 +5,6 @@ gate off is a Llama/Mistral/Qwen2/Qwen3 model and loads their state dicts with
 `strict=True`.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache

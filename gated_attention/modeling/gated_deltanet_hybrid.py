@@ -11,15 +11,15 @@ layers get the 2-D padding mask. The cache is transformers' hybrid
 states for Gated DeltaNet.
 """
 
-from __future__ import annotations
-
 import torch
 import transformers
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import MoeModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 from transformers.utils.output_capturing import OutputRecorder
@@ -100,7 +100,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ):
+    ) -> MoeModelOutputWithPast:
         if position_ids is None and all(t == "linear_attention" for t in self.config.layer_types):
             # Pure Gated DeltaNet (seed 002's rho = infinity): nothing reads positions, and the cache has
             # no attention layer to count past tokens (its get_seq_length raises).
@@ -117,7 +117,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         )
 
 
-class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM):
+class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM, GenerationMixin):
     """The MoE family's causal LM (its forward: loss, and the router losses when `num_experts > 0`)."""
 
     def __init__(self, config: GatedDeltaNetHybridConfig):
