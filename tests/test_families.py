@@ -1,6 +1,8 @@
-"""What every model family shares with transformers' own models: class layout."""
+"""What every model family shares with transformers' own models: class layout, the window flag."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -106,3 +108,41 @@ def test_forward_is_annotated_with_the_class_it_returns(model_cls):
         assert type(model(torch.randint(3, TINY["vocab_size"], (1, 4)))) is annotation
     if family != "dense":
         assert "router_logits" in annotation.__dataclass_fields__
+
+
+# --- use_sliding_window, as in Qwen2 / Qwen3 ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given, window, flag",
+    [
+        ({}, None, False),
+        ({"sliding_window": 8}, 8, True),
+        ({"sliding_window": 8, "use_sliding_window": True}, 8, True),
+        ({"sliding_window": 8, "use_sliding_window": False}, None, False),  # Qwen2: a size kept with the flag off
+    ],
+    ids=["no-window", "window", "window-and-flag", "flag-off"],
+)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_use_sliding_window_agrees_with_sliding_window(family, given, window, flag):
+    config = tiny_config(family, **given)
+    assert (config.sliding_window, config.use_sliding_window) == (window, flag)
+    if family != "hybrid":  # the hybrid's schedule has no sliding layers unless layer_types names them
+        assert ("sliding_attention" in config.layer_types) is flag
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_use_sliding_window_without_a_window_is_refused(family):
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        tiny_config(family, use_sliding_window=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_configs_saved_before_the_flag_keep_their_window(family, tmp_path):
+    tiny_config(family, sliding_window=8).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["use_sliding_window"] is True
+    del saved["use_sliding_window"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    again = FAMILIES[family][0].from_pretrained(tmp_path)
+    assert (again.sliding_window, again.use_sliding_window) == (8, True)
