@@ -1,4 +1,12 @@
-"""What every model family shares with transformers' own models: class layout, the window flag."""
+"""What every model family shares with transformers' own models: class layout, packed rows, the window flag.
+
+Packed ("padding-free") rows are what transformers' `DataCollatorWithFlattening`
+builds: several sequences in one row, `position_ids` restarting at each start,
+no attention mask, and with `return_flash_attn_kwargs=True` also flash-attention's
+`cu_seq_lens_q/k`. The reference is each sequence run alone. The hybrid-only
+behaviour (stateful generation, static cache, compiled decoding) is in
+test_hybrid.py.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,8 @@ import json
 
 import pytest
 import torch
-from transformers import GenerationMixin
+from transformers import DataCollatorWithFlattening, GenerationMixin
+from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, MoeModelOutputWithPast
 
 from gated_attention import (
@@ -20,6 +29,7 @@ from gated_attention import (
     GatedDeltaNetHybridForCausalLM,
     GatedDeltaNetHybridModel,
 )
+from gated_attention.compat import CACHE_NAME, cache_of
 from gated_attention.modeling.gated_attention_moe import GatedAttentionMoeCausalLMOutput
 
 TINY = dict(
@@ -108,6 +118,101 @@ def test_forward_is_annotated_with_the_class_it_returns(model_cls):
         assert type(model(torch.randint(3, TINY["vocab_size"], (1, 4)))) is annotation
     if family != "dense":
         assert "router_logits" in annotation.__dataclass_fields__
+
+
+# --- packed rows --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("flash_kwargs", [False, True], ids=["position-ids", "cu-seq-lens"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_row_equals_each_sequence_alone(family, flash_kwargs, attn_implementation):
+    model = tiny_model(family, attn_implementation=attn_implementation)
+    seqs = sequences()
+    collate = DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=flash_kwargs)
+    batch = collate([{"input_ids": s.tolist()} for s in seqs])  # input_ids, labels, position_ids (+ cu_seq_lens_q/k)
+    with torch.no_grad():
+        packed = model(**batch)  # config.use_cache is True: a packed row must still not run into a cache
+    torch.testing.assert_close(packed.logits[0], one_by_one(model, seqs), atol=ATOL, rtol=0)
+    assert cache_of(packed) is None  # a cache of several sequences in one row could not be continued
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_rows_in_a_batch_equal_each_sequence_alone(family):
+    """B = 2 rows of two sequences each (position_ids alone), with use_cache=False as transformers' own tests pass it."""
+    model = tiny_model(family)
+    rows = [sequences([6, 11]), sequences([12, 5])]
+    ids = torch.stack([torch.cat(row) for row in rows])  # [2, 17]
+    position_ids = torch.stack([torch.cat([torch.arange(len(s)) for s in row]) for row in rows])
+    with torch.no_grad():
+        logits = model(ids, position_ids=position_ids, use_cache=False).logits
+    for b, row in enumerate(rows):
+        torch.testing.assert_close(logits[b], one_by_one(model, row), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cu_seq_lens_alone_give_each_sequence_its_positions(family):
+    """flash-attention's kwargs without position_ids: each sequence still starts at position 0."""
+    model = tiny_model(family)
+    seqs = sequences([7, 4, 9])
+    cu = torch.tensor([0, 7, 11, 20], dtype=torch.int32)
+    with torch.no_grad():
+        logits = model(torch.cat(seqs)[None], cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9, max_length_k=9).logits
+    torch.testing.assert_close(logits[0], one_by_one(model, seqs), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_row_never_runs_silently_into_something_that_cannot_separate_it(family):
+    model = tiny_model(family)
+    seqs = sequences([5, 6])
+    ids = torch.cat(seqs)[None]
+    position_ids = torch.cat([torch.arange(5), torch.arange(6)])[None]
+    with pytest.raises(ValueError, match="packed"):  # a given cache: the row's sequences cannot all continue it
+        model(ids, position_ids=position_ids, **{CACHE_NAME: DynamicCache(config=model.config)})
+    with pytest.raises(ValueError, match="attention_mask"):  # with a mask, transformers' masks ignore the restarts
+        model(ids, position_ids=position_ids, attention_mask=torch.ones_like(ids))
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):  # boundaries that disagree with the positions
+        cu = torch.tensor([0, 4, 11], dtype=torch.int32)
+        model(ids, position_ids=position_ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=7, max_length_k=7)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_batches_with_their_position_ids_are_not_mistaken_for_packed_rows(family):
+    """generate()'s left padding and right padding restart positions only next to padding: no error, no change."""
+    model = tiny_model(family)
+    ids = torch.randint(3, TINY["vocab_size"], (2, 8))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    mask[1, 6:] = 0  # right padding
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # generate()'s rule
+    with torch.no_grad():
+        with_positions = model(ids, attention_mask=mask, position_ids=position_ids).logits
+        alone = [model(ids[0:1, 3:]).logits[0], model(ids[1:2, :6]).logits[0]]
+    torch.testing.assert_close(with_positions[0, 3:], alone[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(with_positions[1, :6], alone[1], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_rows_in_a_fullgraph_compiled_forward(family):
+    """While tracing, the positions' values are unknown: attention-only models without a cache separate packed
+    rows through transformers' traced masks; where only sequence bounds could, a packed row fails in the graph.
+    (backend="eager": dynamo's tracing, which is what fullgraph checks, without inductor's code generation.)"""
+    model = tiny_model(family)
+    seqs = sequences([5, 9])
+    ids = torch.cat(seqs)[None]
+    position_ids = torch.cat([torch.arange(5), torch.arange(9)])[None]
+    forward = torch.compile(model.forward, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        if family == "hybrid":
+            with pytest.raises(RuntimeError, match="packed rows"):
+                forward(input_ids=ids, position_ids=position_ids, use_cache=False)
+        else:
+            logits = forward(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+            torch.testing.assert_close(logits[0], one_by_one(model, seqs), atol=ATOL, rtol=0)
+            with pytest.raises(RuntimeError, match="packed rows"):  # a cache in use: the masks cannot see the restarts
+                forward(input_ids=ids, position_ids=position_ids, use_cache=True)
+        unpacked = forward(input_ids=ids, position_ids=torch.arange(14)[None], use_cache=False).logits
+        torch.testing.assert_close(unpacked, model(ids, use_cache=False).logits, atol=ATOL, rtol=0)
 
 
 # --- use_sliding_window, as in Qwen2 / Qwen3 ---------------------------------------------------------

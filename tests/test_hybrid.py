@@ -3,7 +3,8 @@
 References: transformers' Qwen3.5 Gated DeltaNet (torch path) for the GDN layer,
 fla's naive recurrent delta rule for the layer without output gate, the dense
 `GatedAttentionForCausalLM` for an all-attention schedule, and the model itself
-without cache for generate().
+without cache for generate(). What the hybrid shares with the other families
+(packed rows, classes) is in test_families.py.
 """
 
 from __future__ import annotations
@@ -202,13 +203,15 @@ def test_gdn_layer_without_output_gate_matches_hand_written_reference():
 def test_gdn_layer_packed_sequences_equal_one_by_one():
     config = tiny_config(num_hidden_layers=1, hybrid_ratio=None, layer_types=["linear_attention"])
     layer = GatedDeltaNet(config, layer_idx=0).eval()
-    lengths = [5, 70, 2]
-    xs = [torch.randn(1, n, config.hidden_size) for n in lengths]
-    cu = torch.tensor([0, 5, 75, 77], dtype=torch.int32)
+    a, b, c, d = (torch.randn(1, n, config.hidden_size) for n in (5, 70, 2, 72))
     with torch.no_grad():
-        packed = layer(torch.cat(xs, dim=1), cu_seq_lens_q=cu)
-        alone = torch.cat([layer(x) for x in xs], dim=1)
-    torch.testing.assert_close(packed, alone, atol=ATOL, rtol=0)
+        packed = layer(torch.cat([a, b, c], dim=1), cu_seqlens=torch.tensor([0, 5, 75, 77], dtype=torch.int32))
+        torch.testing.assert_close(packed, torch.cat([layer(a), layer(b), layer(c)], dim=1), atol=ATOL, rtol=0)
+        # Two rows, [a | b's first 67] and [d]: the bounds count the rows' tokens one row after the other.
+        rows = torch.cat([torch.cat([a, b], dim=1)[:, :72], d])  # [2, 72, hidden]
+        two_rows = layer(rows, cu_seqlens=torch.tensor([0, 5, 72, 144], dtype=torch.int32))
+        torch.testing.assert_close(two_rows[0], torch.cat([layer(a), layer(b[:, :67])], dim=1)[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(two_rows[1], layer(d)[0], atol=ATOL, rtol=0)
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -258,6 +261,15 @@ def test_generate_with_cache_equals_recomputation(overrides):
     assert torch.equal(cached.sequences, recomputed.sequences)
     for a, b in zip(cached.logits, recomputed.logits):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_four_d_attention_mask_is_refused():
+    """A custom 4-D mask (e.g. a shared prefix with several continuations) cannot reach a recurrence."""
+    model = tiny_model()
+    ids = torch.randint(3, TINY["vocab_size"], (1, 6))
+    mask = torch.ones(1, 1, 6, 6).tril()
+    with pytest.raises(ValueError, match="4-D attention mask"):
+        model(ids, attention_mask=mask)
 
 
 def test_moe_mlp_reports_router_losses():

@@ -9,6 +9,9 @@ MoE family's (hence the dense model's), with one more mask: linear-attention
 layers get the 2-D padding mask. The cache is transformers' hybrid
 `DynamicCache(config=...)`: key/value layers for attention, conv + recurrent
 states for Gated DeltaNet.
+
+Packed rows (see `packing.py`) reach the GDN layers as `cu_seqlens`; a custom
+4-D attention mask, which a recurrence cannot apply, is refused.
 """
 
 import torch
@@ -52,11 +55,12 @@ class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: Cache | None = None,
+        sequence_bounds: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         x = self.input_layernorm(hidden_states)
         if self.layer_type == "linear_attention":
-            mixed = self.linear_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)
+            mixed = self.linear_attn(x, attention_mask=attention_mask, cache=cache, cu_seqlens=sequence_bounds)
         else:
             mixed, _ = self.self_attn(
                 x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache, **kwargs
@@ -101,7 +105,14 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         use_cache: bool | None = None,
         **kwargs,
     ) -> MoeModelOutputWithPast:
-        if position_ids is None and all(t == "linear_attention" for t in self.config.layer_types):
+        recurrent = "linear_attention" in self.config.layer_types
+        if recurrent and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+            raise ValueError(
+                "a custom 4-D attention mask cannot be applied to Gated DeltaNet layers (a recurrence sees every "
+                "earlier token of its row); pass a 2-D padding mask, or pack sequences with position_ids"
+            )
+        attention_free = "full_attention" not in self.config.layer_types
+        if position_ids is None and attention_free and kwargs.get("cu_seq_lens_q") is None:
             # Pure Gated DeltaNet (seed 002's rho = infinity): nothing reads positions, and the cache has
             # no attention layer to count past tokens (its get_seq_length raises).
             length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
