@@ -8,10 +8,15 @@ sparse block when `config.num_experts > 0`; the model, masks and output are the
 MoE family's (hence the dense model's), with one more mask: linear-attention
 layers get the 2-D padding mask. The cache is transformers' hybrid
 `DynamicCache(config=...)`: key/value layers for attention, conv + recurrent
-states for Gated DeltaNet.
+states for Gated DeltaNet, or its `StaticCache(config=..., max_cache_len=...)`
+(`generate(cache_implementation="static")`), whose attention layers are
+pre-allocated `StaticLayer`s beside the same fixed-size GDN states.
 
-Packed rows (see `packing.py`) reach the GDN layers as `cu_seqlens`; a custom
-4-D attention mask, which a recurrence cannot apply, is refused.
+As in transformers' Qwen3-Next the model is stateful (`_is_stateful`): a
+recurrent state cannot be cropped back to accepted tokens, so generate() refuses
+assisted decoding up front. Packed rows (see `packing.py`) reach the GDN layers
+as `cu_seqlens`; a custom 4-D attention mask, which a recurrence cannot apply,
+is refused.
 """
 
 import torch
@@ -73,8 +78,11 @@ class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
     config: GatedDeltaNetHybridConfig
     config_class = GatedDeltaNetHybridConfig
     _no_split_modules = ["GatedDeltaNetHybridDecoderLayer"]
-    # The torch delta-rule path loops over chunks in Python and the conv cache changes shape at prefill.
-    _can_compile_fullgraph = False
+    _is_stateful = True
+    # On the CPU (the torch delta-rule path) a decode step on a static cache compiles with fullgraph=True
+    # (tests/test_hybrid.py). On CUDA, fla's chunk kernel is wrapped in torch.compiler.disable (a graph break for
+    # prefill and training); its decode kernel is untested under compile here (see README).
+    _can_compile_fullgraph = True
     _can_record_outputs = {
         "router_logits": OutputRecorder(Qwen3MoeTopKRouter, index=0),
         "hidden_states": GatedDeltaNetHybridDecoderLayer,
