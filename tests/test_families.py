@@ -138,6 +138,25 @@ def test_packed_row_equals_each_sequence_alone(family, flash_kwargs, attn_implem
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_packed_row_trains_as_each_sequence_alone(family):
+    """The collator's labels skip each sequence's first token, so the packed loss is the token-weighted mean of
+    the per-sequence losses, and its gradients theirs (fp32; relative to each gradient's largest entry)."""
+    model = tiny_model(family).train()
+    seqs = sequences()
+    batch = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": s.tolist()} for s in seqs])
+    packed_loss = model(**batch).loss
+    packed_loss.backward()
+    packed_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    predicted = sum(len(s) - 1 for s in seqs)
+    loss = sum(model(s[None], labels=s[None]).loss * (len(s) - 1) for s in seqs) / predicted
+    loss.backward()
+    torch.testing.assert_close(packed_loss, loss, atol=ATOL, rtol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(packed_grads[name], p.grad, atol=1e-5 * p.grad.abs().max().item(), rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_packed_rows_in_a_batch_equal_each_sequence_alone(family):
     """B = 2 rows of two sequences each (position_ids alone), with use_cache=False as transformers' own tests pass it."""
     model = tiny_model(family)
