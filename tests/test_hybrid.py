@@ -3,7 +3,8 @@
 References: transformers' Qwen3.5 Gated DeltaNet (torch path) for the GDN layer,
 fla's naive recurrent delta rule for the layer without output gate, the dense
 `GatedAttentionForCausalLM` for an all-attention schedule, and the model itself
-without cache for generate().
+without cache (or with the dynamic cache, uncompiled) for generate(). What the
+hybrid shares with the other families (packed rows, classes) is in test_families.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import AutoModelForCausalLM
-from transformers.cache_utils import DynamicCache
+from transformers import AutoModelForCausalLM, CompileConfig
+from transformers.cache_utils import DynamicCache, LinearAttentionLayer, StaticCache, StaticLayer
 
 from gated_attention import (
     GatedAttentionConfig,
@@ -25,7 +26,7 @@ from gated_attention import (
     GatedDeltaNetHybridConfig,
     GatedDeltaNetHybridForCausalLM,
 )
-from gated_attention.compat import ATTENTION_FREE_CACHED_GENERATE
+from gated_attention.compat import ATTENTION_FREE_CACHED_GENERATE, CACHE_NAME
 from gated_attention.modeling.gated_deltanet import GatedDeltaNet
 
 TINY = dict(
@@ -202,13 +203,15 @@ def test_gdn_layer_without_output_gate_matches_hand_written_reference():
 def test_gdn_layer_packed_sequences_equal_one_by_one():
     config = tiny_config(num_hidden_layers=1, hybrid_ratio=None, layer_types=["linear_attention"])
     layer = GatedDeltaNet(config, layer_idx=0).eval()
-    lengths = [5, 70, 2]
-    xs = [torch.randn(1, n, config.hidden_size) for n in lengths]
-    cu = torch.tensor([0, 5, 75, 77], dtype=torch.int32)
+    a, b, c, d = (torch.randn(1, n, config.hidden_size) for n in (5, 70, 2, 72))
     with torch.no_grad():
-        packed = layer(torch.cat(xs, dim=1), cu_seq_lens_q=cu)
-        alone = torch.cat([layer(x) for x in xs], dim=1)
-    torch.testing.assert_close(packed, alone, atol=ATOL, rtol=0)
+        packed = layer(torch.cat([a, b, c], dim=1), cu_seqlens=torch.tensor([0, 5, 75, 77], dtype=torch.int32))
+        torch.testing.assert_close(packed, torch.cat([layer(a), layer(b), layer(c)], dim=1), atol=ATOL, rtol=0)
+        # Two rows, [a | b's first 67] and [d]: the bounds count the rows' tokens one row after the other.
+        rows = torch.cat([torch.cat([a, b], dim=1)[:, :72], d])  # [2, 72, hidden]
+        two_rows = layer(rows, cu_seqlens=torch.tensor([0, 5, 72, 144], dtype=torch.int32))
+        torch.testing.assert_close(two_rows[0], torch.cat([layer(a), layer(b[:, :67])], dim=1)[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(two_rows[1], layer(d)[0], atol=ATOL, rtol=0)
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -257,6 +260,78 @@ def test_generate_with_cache_equals_recomputation(overrides):
         recomputed = model.generate(ids, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, recomputed.sequences)
     for a, b in zip(cached.logits, recomputed.logits):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_is_stateful_so_assisted_decoding_is_refused_before_any_forward():
+    """transformers' rule for recurrent models: a recurrent state cannot be cropped back to accepted tokens."""
+    model = tiny_model()
+    assert model._is_stateful
+    forwards = []
+    model.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    ids = torch.randint(3, TINY["vocab_size"], (1, 5))
+    for assisted in ({"assistant_model": tiny_model()}, {"prompt_lookup_num_tokens": 2}):
+        with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+            model.generate(ids, max_new_tokens=3, do_sample=False, **assisted)
+    assert not forwards
+
+
+def test_four_d_attention_mask_is_refused():
+    """A custom 4-D mask (e.g. a shared prefix with several continuations) cannot reach a recurrence."""
+    model = tiny_model()
+    ids = torch.randint(3, TINY["vocab_size"], (1, 6))
+    mask = torch.ones(1, 1, 6, 6).tril()
+    with pytest.raises(ValueError, match="4-D attention mask"):
+        model(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}],
+    ids=["gated", "moe-mlp"],
+)
+def test_static_cache_generates_the_dynamic_caches_tokens(overrides):
+    """The attention layers get transformers' pre-allocated StaticLayer, the GDN layers their fixed-size states."""
+    model = tiny_model(**overrides)
+    ids = torch.randint(3, TINY["vocab_size"], (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    kwargs = dict(
+        attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
+    )
+    with torch.no_grad():
+        dynamic = model.generate(ids, **kwargs)
+        static = model.generate(ids, cache_implementation="static", **kwargs)
+    cache = getattr(static, CACHE_NAME)
+    assert isinstance(cache, StaticCache)
+    expected_layers = [StaticLayer if t == "full_attention" else LinearAttentionLayer for t in model.config.layer_types]
+    assert [type(layer) for layer in cache.layers] == expected_layers
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for a, b in zip(static.logits, dynamic.logits):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_decode_step_compiles_without_graph_breaks():
+    """generate() with a static cache and `torch.compile(forward, fullgraph=True)` (transformers' own compile
+    test does the same), on the CPU: the torch delta-rule path. fullgraph=True turns any graph break into an error."""
+    model = tiny_model(num_hidden_layers=2)
+    assert model._can_compile_fullgraph
+    ids = torch.randint(3, TINY["vocab_size"], (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kwargs = dict(
+        attention_mask=mask, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
+    )
+    with torch.no_grad():
+        eager = model.generate(ids, **kwargs)
+        compile_config = CompileConfig(fullgraph=True, dynamic=False)
+        compile_config._compile_all_devices = True  # generate() compiles on accelerators only, unless told
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        compiled = model.generate(ids, cache_implementation="static", compile_config=compile_config, **kwargs)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the compiled forward did run
+    assert torch.equal(compiled.sequences, eager.sequences)
+    for a, b in zip(compiled.logits, eager.logits):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 

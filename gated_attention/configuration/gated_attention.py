@@ -4,8 +4,9 @@ Field names are transformers' Llama/Qwen names, so a Llama, Mistral, Qwen2 or
 Qwen3 `config.json` maps onto this config key for key (see `convert/`). On top
 of them: `qkv_bias` (Qwen2: bias on q/k/v but not on o_proj, whereas
 `attention_bias` is Llama's bias on all four), `qk_norm` (Qwen3),
-`sliding_window` (Mistral/Qwen2; None = off), the gate spec `attn_gate` (see
-`gate_spec.py`) and the paper's two non-gate ablations on the SDPA output.
+`sliding_window` (Mistral/Qwen2; None = off) with Qwen2/Qwen3's flag
+`use_sliding_window` beside it, the gate spec `attn_gate` (see `gate_spec.py`)
+and the paper's two non-gate ablations on the SDPA output.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class GatedAttentionConfig(PreTrainedConfig):
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    # Qwen2/Qwen3's flag. None (configs saved before it existed) follows sliding_window; False turns a given
+    # window off, as in Qwen2; afterwards it always reads `sliding_window is not None`.
+    use_sliding_window: bool | None = None
     layer_types: list[str] | None = None
     attn_gate: dict[str, Any] | None = field(default_factory=lambda: dict(DEFAULT_GATE_SPEC))
     attn_output_norm: str | None = None
@@ -100,6 +104,11 @@ class GatedAttentionConfig(PreTrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.use_sliding_window is False:
+            self.sliding_window = None
+        elif self.use_sliding_window and self.sliding_window is None:
+            raise ValueError("use_sliding_window=True needs a sliding_window size")
+        self.use_sliding_window = self.sliding_window is not None
         if self.layer_types is None:
             kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
             self.layer_types = [kind] * self.num_hidden_layers

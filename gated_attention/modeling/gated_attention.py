@@ -5,8 +5,6 @@ gate off is a Llama/Mistral/Qwen2/Qwen3 model and loads their state dicts with
 `strict=True`.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
@@ -15,6 +13,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
@@ -22,6 +21,9 @@ from ..compat import accepts_cache_kwarg, cache_of, mask_kwargs, slice_logits_to
 from ..configuration.gated_attention import GatedAttentionConfig
 from .attention import GatedAttention
 from .base import GatedPreTrainedModel
+from .packing import packed_sequences
+
+logger = logging.get_logger(__name__)
 
 
 class GatedAttentionDecoderLayer(GradientCheckpointingLayer):
@@ -39,8 +41,11 @@ class GatedAttentionDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: Cache | None = None,
+        sequence_bounds: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
+        # sequence_bounds (packed rows) are for recurrent mixers; attention separates packed sequences through
+        # its mask, which transformers builds from position_ids.
         attn_out, _ = self.self_attn(
             self.input_layernorm(hidden_states),
             position_embeddings=position_embeddings,
@@ -98,6 +103,20 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        position_ids, sequence_bounds = packed_sequences(
+            position_ids,
+            attention_mask,
+            kwargs.get("cu_seq_lens_q"),
+            *inputs_embeds.shape[:2],
+            masks_separate=not (use_cache or cache is not None or "linear_attention" in self.config.layer_types),
+        )
+        if sequence_bounds is not None:  # several sequences in one row: none of them can continue from a cache
+            if cache is not None:
+                raise ValueError("packed rows (several sequences in one row) cannot fill or continue a cache; pass none")
+            if use_cache:
+                if not torch.compiler.is_compiling():  # logging would break the graph
+                    logger.warning_once("Packed rows (several sequences in one row) run without a cache: use_cache=False.")
+                use_cache = False
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         if position_ids is None:
@@ -127,6 +146,7 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=use_cache,
+                sequence_bounds=sequence_bounds,
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)

@@ -7,8 +7,6 @@ model's. Parameter names are transformers' Qwen3-MoE, so with the gate off and
 gives the same logits and `aux_loss`.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +66,28 @@ class GatedAttentionMoePreTrainedModel(GatedAttentionPreTrainedModel):
 class GatedAttentionMoeModel(GatedAttentionMoePreTrainedModel, GatedAttentionModel):
     decoder_layer_class = GatedAttentionMoeDecoderLayer
     output_class = MoeModelOutputWithPast  # router_logits are filled in by output capturing
+
+    @accepts_cache_kwarg
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> MoeModelOutputWithPast:
+        # The dense model's forward; declared again for its annotation, from which tools read the output type.
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
 
 
 @dataclass

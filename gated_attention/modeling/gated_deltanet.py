@@ -125,24 +125,27 @@ class GatedDeltaNet(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        **kwargs,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`[B, T, hidden]` -> `[B, T, hidden]`.
 
         `attention_mask` is the 2-D padding mask (or None): padded positions are
         zeroed, so they write nothing into the state (k = 0) and, being left
-        padding, only decay a state that is still zero. Packed sequences come as
-        `cu_seq_lens_q` (transformers' flash-attention kwarg) with B = 1.
+        padding, only decay a state that is still zero. `cu_seqlens` (int32
+        `[N + 1]`) are the bounds of sequences packed into the rows, counted
+        over the rows laid end to end: no sequence's state or convolution sees
+        the one before it. Packed sequences are a training input and are never
+        cached.
         """
         x = hidden_states
         if attention_mask is not None and attention_mask.dim() == 2:
             x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
-        B, T, _ = x.shape
-        cu_seqlens = kwargs.get("cu_seq_lens_q")
+        rows = x.shape[:2]
         if cu_seqlens is not None:
-            # Packed sequences are a training input: one state per sequence, nothing to continue
-            # from, so the cache (which a training forward may still carry) is left alone.
-            cache = None
+            if cache is not None:
+                raise ValueError("packed sequences (cu_seqlens) cannot be cached: each would need its own state")
+            x = x.reshape(1, -1, x.shape[-1])  # [1, B * T, hidden]: the kernels take packed sequences in one row
+        B, T, _ = x.shape
         # Read before the conv update below, which marks the layer as having a past.
         recurrent_state = get_recurrent_state(cache, self.layer_idx) if cache is not None else None
 
@@ -172,4 +175,4 @@ class GatedDeltaNet(nn.Module):
 
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.output_gate else None
         o = self.o_norm(o, gate)
-        return self.o_proj(o.reshape(B, T, self.value_dim))
+        return self.o_proj(o.reshape(*rows, self.value_dim))

@@ -8,18 +8,26 @@ sparse block when `config.num_experts > 0`; the model, masks and output are the
 MoE family's (hence the dense model's), with one more mask: linear-attention
 layers get the 2-D padding mask. The cache is transformers' hybrid
 `DynamicCache(config=...)`: key/value layers for attention, conv + recurrent
-states for Gated DeltaNet.
-"""
+states for Gated DeltaNet, or its `StaticCache(config=..., max_cache_len=...)`
+(`generate(cache_implementation="static")`), whose attention layers are
+pre-allocated `StaticLayer`s beside the same fixed-size GDN states.
 
-from __future__ import annotations
+As in transformers' Qwen3-Next the model is stateful (`_is_stateful`): a
+recurrent state cannot be cropped back to accepted tokens, so generate() refuses
+assisted decoding up front. Packed rows (see `packing.py`) reach the GDN layers
+as `cu_seqlens`; a custom 4-D attention mask, which a recurrence cannot apply,
+is refused.
+"""
 
 import torch
 import transformers
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import MoeModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 from transformers.utils.output_capturing import OutputRecorder
@@ -52,11 +60,12 @@ class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: Cache | None = None,
+        sequence_bounds: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         x = self.input_layernorm(hidden_states)
         if self.layer_type == "linear_attention":
-            mixed = self.linear_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)
+            mixed = self.linear_attn(x, attention_mask=attention_mask, cache=cache, cu_seqlens=sequence_bounds)
         else:
             mixed, _ = self.self_attn(
                 x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache, **kwargs
@@ -69,8 +78,11 @@ class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
     config: GatedDeltaNetHybridConfig
     config_class = GatedDeltaNetHybridConfig
     _no_split_modules = ["GatedDeltaNetHybridDecoderLayer"]
-    # The torch delta-rule path loops over chunks in Python and the conv cache changes shape at prefill.
-    _can_compile_fullgraph = False
+    _is_stateful = True
+    # On the CPU (the torch delta-rule path) a decode step on a static cache compiles with fullgraph=True
+    # (tests/test_hybrid.py). On CUDA, fla's chunk kernel is wrapped in torch.compiler.disable (a graph break for
+    # prefill and training); its decode kernel is untested under compile here (see README).
+    _can_compile_fullgraph = True
     _can_record_outputs = {
         "router_logits": OutputRecorder(Qwen3MoeTopKRouter, index=0),
         "hidden_states": GatedDeltaNetHybridDecoderLayer,
@@ -100,8 +112,15 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ):
-        if position_ids is None and all(t == "linear_attention" for t in self.config.layer_types):
+    ) -> MoeModelOutputWithPast:
+        recurrent = "linear_attention" in self.config.layer_types
+        if recurrent and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+            raise ValueError(
+                "a custom 4-D attention mask cannot be applied to Gated DeltaNet layers (a recurrence sees every "
+                "earlier token of its row); pass a 2-D padding mask, or pack sequences with position_ids"
+            )
+        attention_free = "full_attention" not in self.config.layer_types
+        if position_ids is None and attention_free and kwargs.get("cu_seq_lens_q") is None:
             # Pure Gated DeltaNet (seed 002's rho = infinity): nothing reads positions, and the cache has
             # no attention layer to count past tokens (its get_seq_length raises).
             length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
@@ -117,7 +136,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         )
 
 
-class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM):
+class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM, GenerationMixin):
     """The MoE family's causal LM (its forward: loss, and the router losses when `num_experts > 0`)."""
 
     def __init__(self, config: GatedDeltaNetHybridConfig):
