@@ -15,7 +15,8 @@ Checkpoints (embedded-corpus BPE tokenizer; gates set to random, non-constant
 values, as after training, since a converted gate starts at the constant 0.5):
 - `llama`, `mistral`, `qwen2`, `qwen3`: a random source of that family converted
   by `convert_checkpoint` (remote code) -> vLLM's transformers backend
-  (`model_impl="transformers"`; `llama` also `"auto"`, which falls back to it);
+  (`model_impl="transformers"`; `llama` also `"auto"`, which falls back to it,
+  and compiled, as vLLM runs by default: the check runs eager otherwise);
 - `variant-*`: every gate variant of the dense family -> the transformers backend;
 - `moe`: the MoE family -> the transformers backend;
 - `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
@@ -85,6 +86,7 @@ class Route:
     label: str  # how the engine runs it
     dtype: str = "float32"
     model_impl: str = "auto"  # vLLM
+    enforce_eager: bool = True  # vLLM: False compiles the forward (torch.compile), as vLLM does by default
     expect: str = ""  # a known outcome to print beside the result (e.g. an engine bug)
 
 
@@ -153,7 +155,10 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         folder = work / family
         convert_checkpoint(str(source), folder, overwrite=True, log=quiet)
         _save(_randomize(ga.GatedAttentionForCausalLM.from_pretrained(folder)), tokenizer, folder)
-        routes = [backend] + ([Route("vllm", "transformers backend (auto)", model_impl="auto")] if family == "llama" else [])
+        routes = [backend]
+        if family == "llama":  # "auto" falls back to the backend for an architecture vLLM does not know
+            routes += [Route("vllm", "transformers backend (auto)", model_impl="auto"),
+                       Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False)]
         if wanted(family):
             out.append(Checkpoint(family, folder, routes))
         if family == "qwen3" and wanted("qwen3-native"):
@@ -475,6 +480,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
             key = f"{ckpt.name}/{route.engine}/{route.label}"
             jobs[route.engine].append({
                 "name": key, "path": str(path), "model_impl": route.model_impl, "dtype": route.dtype,
+                "enforce_eager": route.enforce_eager,
                 "max_model_len": 256, "max_tokens": args.max_tokens, "prompts": prompts, "texts": texts,
             })
             expected = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
