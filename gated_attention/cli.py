@@ -9,8 +9,9 @@ usage errors answer without importing torch or transformers. The package's
 our checkpoints through the Auto classes calls `register_auto_classes()`
 first (and `convert --no-verify` of a dense model never imports the models).
 
-Errors are one line on stderr and a non-zero exit; set
-`GATED_ATTENTION_DEBUG=1` to see the traceback instead.
+Errors are one line on stderr and a non-zero exit, and so are the package's
+warnings (`GatedAttentionWarning`). Set
+`GATED_ATTENTION_DEBUG=1` to see tracebacks and Python's own warning format.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
-from . import CLIError
+from . import CLIError, GatedAttentionWarning
 
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",
@@ -40,11 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(command: str, show_default):
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, GatedAttentionWarning):
+            print(f"gated-attention {command}: warning: {message}", file=sys.stderr)
+        else:
+            show_default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = os.environ.get("GATED_ATTENTION_DEBUG") == "1"
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            if not debug:
+                warnings.showwarning = _one_line_warning(args.command, warnings.showwarning)
+            return int(args.func(args) or 0)
     except CLIError as e:
         if debug:
             raise

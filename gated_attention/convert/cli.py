@@ -24,7 +24,12 @@ def _positive_int(text: str) -> int:
 
 def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
     p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when available)")
-    p.add_argument("dst", metavar="DST", help="output folder; written beside itself and renamed when complete")
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        help="output folder; written into .DST.incomplete-PID beside it and renamed to DST when complete, "
+        "only if nothing is at DST then (unless --overwrite)",
+    )
     if dtype:
         p.add_argument(
             "--dtype",
@@ -32,7 +37,12 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
             default="auto",
             help="dtype of the written floating-point weights (default: as stored in SRC)",
         )
-    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DST if it exists (also if it appears while writing), and remove the .DST.incomplete-PID / "
+        ".DST.replaced-PID folders a killed run left beside it (without it they are named, and left)",
+    )
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading both models to compare logits (for models too large to load twice)")
     p.add_argument("--max-shard-size", default="5GB", help="largest output shard (default 5GB)")
     p.add_argument("--revision", default=None, help="Hub revision when SRC is a repo id")

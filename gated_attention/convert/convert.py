@@ -33,7 +33,8 @@ from .families import (
 )
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
-from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
+from .staging import check_destination, staged_folder
+from .writer import OutputTensor, copy_side_files, write_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VERIFY_TOKENS = 32
@@ -208,7 +209,7 @@ def convert_checkpoint(
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision, allow_pickle=allow_pickle)
     dst = Path(dst)
-    check_destination(folder, dst, overwrite)
+    check_destination(dst, overwrite, src=folder)
     family = detect_family(read_config_dict(folder))
     ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
     src_config = load_source_config(folder, family)
@@ -222,7 +223,7 @@ def convert_checkpoint(
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite) as stage:
+    with staged_folder(dst, overwrite, log) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="converting")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
@@ -261,7 +262,7 @@ def extend_checkpoint(
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision)
     dst = Path(dst)
-    check_destination(folder, dst, overwrite)
+    check_destination(dst, overwrite, src=folder)
     config_dict = read_config_dict(folder)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:
         detect_family(config_dict)  # names the architecture and the supported list
@@ -281,7 +282,7 @@ def extend_checkpoint(
 
     log(f"extending {src} -> {dst}: {rope.describe()}")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite) as stage:
+    with staged_folder(dst, overwrite, log) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="copying")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConversionError
+
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
@@ -49,10 +51,6 @@ TORCH_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 _MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-class ConversionError(ValueError):
-    """Bad input for convert / extend / export; the message is one readable line."""
 
 
 @dataclass(frozen=True)
