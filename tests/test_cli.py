@@ -123,3 +123,48 @@ def test_a_module_run_with_m_that_imports_the_package_gets_the_registration(tmp_
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "GatedAttentionConfig"
+
+
+# --- answers that come before any heavy import ------------------------------------------------------------
+
+LIGHT_FORBIDDEN = ("torch", "transformers", "numpy", "safetensors")
+
+
+def run_command(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, set[str]]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gated_attention", *argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout, "\n".join(lines)), imported_modules(proc.stderr)
+
+
+def test_version_names_the_package_and_its_libraries_without_importing_them(tmp_path):
+    import huggingface_hub
+    import transformers
+
+    proc, modules = run_command(["--version"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"gated-attention {gated_attention.__version__} (transformers {transformers.__version__}, "
+                           f"torch {torch_version()}, huggingface_hub {huggingface_hub.__version__})\n")  # fmt: skip
+    assert not sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["convert"], "the following arguments are required: SRC, DST"),
+        (["convert", "src", "out", "--gate", "rowwise"], "argument --gate: invalid choice: 'rowwise'"),
+    ],
+    ids=["no-command", "convert-no-args", "bad-choice"],
+)
+def test_a_usage_error_is_one_line_that_points_to_help(tmp_path, argv, expected):
+    proc, _ = run_command(argv, tmp_path)
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert expected in proc.stderr and proc.stderr.endswith("--help)")
