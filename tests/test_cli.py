@@ -8,6 +8,7 @@ asserted here; `benchmarks/startup.py` measures them.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,59 @@ def test_a_usage_error_is_one_line_that_points_to_help(tmp_path, argv, expected)
     assert proc.returncode == 2
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert expected in proc.stderr and proc.stderr.endswith("--help)")
+
+
+# Each: a command line that is wrong on its face, and what the one line says. SRC `src` is a folder with a
+# config.json, `existing` a folder, `afile` a file (see `workdir`); nothing is read before the answer.
+REFUSED_BEFORE_IMPORTS = {
+    "extend-nothing-to-do": (["extend", "src", "out"], "nothing to do: give --rope-theta"),
+    "shard-size-not-a-size": (["convert", "src", "out", "--max-shard-size", "abc"], "argument --max-shard-size: expected a size such as 5GB"),
+    "shard-size-zero": (["convert", "src", "out", "--max-shard-size", "0GB"], "argument --max-shard-size: expected a size above zero"),
+    "src-missing": (["convert", "./nope", "out"], "SRC ./nope: no such folder"),
+    "src-no-repo-id": (["export", "a/b/c", "out", "--format", "qwen3_5"], "SRC a/b/c: no such folder"),
+    "src-a-file": (["convert", "afile", "out"], "SRC afile is a file"),
+    "revision-of-a-folder": (["convert", "src", "out", "--revision", "v1"], "--revision is for a Hub repo id"),
+    "dst-exists": (["extend", "src", "existing", "--rope-theta", "1e6"], "DST existing already exists; pass --overwrite"),
+    "dst-inside-src": (["convert", "src", "src/out"], "must not be SRC, inside SRC or contain it"),
+    "yarn-without-original": (["convert", "src", "out", "--yarn-factor", "4"], "--yarn-factor needs --original-max-position-embeddings"),
+    "yarn-below-one": (["extend", "src", "out", "--yarn-factor", "0.5", "--original-max-position-embeddings", "64"], "--yarn-factor must be a number > 1"),
+    "yarn-fractional-positions": (["convert", "src", "out", "--yarn-factor", "1.3", "--original-max-position-embeddings", "7"], "is not a whole number of positions"),
+    "original-alone": (["convert", "src", "out", "--original-max-position-embeddings", "64"], "only used with --yarn-factor"),
+    "theta-negative": (["convert", "src", "out", "--rope-theta", "-1"], "--rope-theta must be a positive number"),
+    "theta-nan": (["extend", "src", "out", "--rope-theta", "nan"], "--rope-theta must be a positive number"),
+    "export-no-format": (["export", "src", "out"], "the following arguments are required: --format"),
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "src").mkdir()
+    (folder / "src" / "config.json").write_text("{}")
+    (folder / "existing").mkdir()
+    (folder / "afile").write_text("x")
+    return folder
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_BEFORE_IMPORTS))
+def test_a_wrong_command_line_is_refused_before_torch_is_imported(workdir, case):
+    """On a busy machine importing torch and transformers takes tens of seconds: no reason to wait for them."""
+    argv, expected = REFUSED_BEFORE_IMPORTS[case]
+    proc, modules = run_command(argv, workdir)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"gated-attention {argv[0]}: error: ") and expected in proc.stderr, proc.stderr
+    heavy = sorted(m for m in modules if m.split(".")[0] in LIGHT_FORBIDDEN)
+    assert not heavy, f"imported {heavy[:5]} before refusing"
+    assert sorted(p.name for p in workdir.iterdir()) == ["afile", "existing", "src"]  # nothing written
+
+
+@pytest.mark.parametrize("command", ["", "convert", "extend", "export"], ids=lambda c: c or "top-level")
+def test_help_states_each_default_once_and_no_default_that_is_not_there(command):
+    """`(default: None)` on a required option, or two defaults for one option, is help that is not true."""
+    proc = run_help(["-m", "gated_attention"], command)
+    options = re.split(r"\n  (?=-)", proc.stdout.split("options:", 1)[1])  # one block per option
+    for block in options:
+        text = " ".join(block.split())
+        assert "default: None" not in text and "(default: False)" not in text, text
+        assert text.count("default") <= 1, text

@@ -94,7 +94,7 @@ def test_overwrite_replaces_dst_and_leaves_nothing_beside_it(llama, gated, tmp_p
 
 def test_the_portable_fallback_keeps_an_empty_dst_too(tmp_path, monkeypatch):
     """Where renameat2(RENAME_NOREPLACE) is missing (not Linux, old libc, a file system without it)."""
-    from gated_attention.convert import staging
+    from gated_attention.convert import folders as staging
 
     monkeypatch.setattr(staging, "_renameat2", lambda src, dst, flags: False)
     stage, dst = tmp_path / "stage", tmp_path / "dst"
@@ -111,7 +111,7 @@ def test_the_portable_fallback_keeps_an_empty_dst_too(tmp_path, monkeypatch):
 
 
 def test_renameat2_is_used_on_linux(tmp_path):
-    from gated_attention.convert import staging
+    from gated_attention.convert import folders as staging
 
     if not sys.platform.startswith("linux"):
         pytest.skip("renameat2 is Linux's")

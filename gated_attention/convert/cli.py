@@ -1,10 +1,17 @@
-"""`gated-attention convert | extend | export`."""
+"""`gated-attention convert | extend | export`.
+
+Everything that can be checked without reading SRC (option values and their combinations, whether SRC and
+DST are where they should be) is checked before anything heavy is imported: a wrong command line is
+answered at once, also on a busy machine.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 
+DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
 _INIT_HELP = (
     "exact (default): gate weight 0 so every score is sigmoid(0) = 0.5, and o_proj doubled; the logits are "
     "bit-identical to SRC's. bias: gate bias +10 so every score is sigmoid(10) = 0.99995 and o_proj unchanged; "
@@ -20,6 +27,21 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _shard_size(text: str) -> int:
+    """A size as huggingface_hub's sharding reads it ("5GB", "500MB": KB, MB, GB, TB, powers of 10), in bytes."""
+    # The parser `split_state_dict_into_shards_factory` itself applies to a string; huggingface_hub does
+    # not re-export it.
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        size = parse_size_to_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB or 500MB (units KB, MB, GB, TB), got {text!r}") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
+    return size
 
 
 def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
@@ -43,19 +65,37 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
         help="replace DST if it exists (also if it appears while writing), and remove the .DST.incomplete-PID / "
         ".DST.replaced-PID folders a killed run left beside it (without it they are named, and left)",
     )
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading both models to compare logits (for models too large to load twice)")
-    p.add_argument("--max-shard-size", default="5GB", help="largest output shard (default 5GB)")
-    p.add_argument("--revision", default=None, help="Hub revision when SRC is a repo id")
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip loading both models to compare logits (for models too large to load twice); SRC's weights "
+        "are still checked for NaN and inf",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=_shard_size,
+        default=DEFAULT_SHARD_SIZE,
+        metavar="SIZE",
+        help="largest output shard, e.g. 5GB or 500MB (default 5GB); a tensor larger than SIZE gets a shard of its own",
+    )
+    p.add_argument("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id (default: main)")
 
 
 def _add_rope(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("RoPE / YaRN")
-    g.add_argument("--rope-theta", type=float, default=None, help="new RoPE base (rope_theta)")
-    g.add_argument("--yarn-factor", type=float, default=None, help="YaRN context extension factor (> 1)")
+    g.add_argument("--rope-theta", type=float, metavar="THETA", help="new RoPE base (rope_theta), a positive number")
+    g.add_argument(
+        "--yarn-factor",
+        type=float,
+        metavar="FACTOR",
+        help="YaRN context extension factor (> 1); max_position_embeddings becomes FACTOR x "
+        "--original-max-position-embeddings",
+    )
     g.add_argument(
         "--original-max-position-embeddings",
         type=_positive_int,
-        default=None,
+        metavar="N",
         help="context length SRC was trained at; required with --yarn-factor (YaRN's ramp is computed from it)",
     )
 
@@ -103,15 +143,19 @@ def _rope_change(args):
 
 
 def _user_errors(run):
-    """Report a ConversionError (bad input) as the CLI's one-line error."""
+    """Check SRC and DST as far as that needs no reading, then run; a ConversionError (bad input) is the
+    CLI's one-line error. Nothing here imports torch: a wrong command line is answered before it."""
 
     @functools.wraps(run)
     def wrapper(args) -> int:
         from .. import CLIError
-        from .sources import ConversionError
+        from .errors import ConversionError
+        from .folders import check_destination, check_source
 
         try:
-            return run(args)
+            check_source(args.src, args.revision)
+            check_destination(args.dst, args.overwrite, src=args.src if Path(args.src).expanduser().exists() else None)
+            return run(args, _rope_change(args) if hasattr(args, "rope_theta") else None)
         except ConversionError as e:
             raise CLIError(str(e)) from None
 
@@ -119,7 +163,7 @@ def _user_errors(run):
 
 
 @_user_errors
-def run_convert(args) -> int:
+def run_convert(args, rope) -> int:
     from .convert import convert_checkpoint
 
     convert_checkpoint(
@@ -128,7 +172,7 @@ def run_convert(args) -> int:
         gate=args.gate,
         init=args.init,
         dtype=args.dtype,
-        rope=_rope_change(args),
+        rope=rope,
         overwrite=args.overwrite,
         allow_pickle=args.allow_pickle,
         verify=args.verify,
@@ -139,13 +183,14 @@ def run_convert(args) -> int:
 
 
 @_user_errors
-def run_extend(args) -> int:
+def run_extend(args, rope) -> int:
+    rope.check_not_empty()
     from .convert import extend_checkpoint
 
     extend_checkpoint(
         args.src,
         args.dst,
-        rope=_rope_change(args),
+        rope=rope,
         dtype=args.dtype,
         overwrite=args.overwrite,
         verify=args.verify,
@@ -156,7 +201,7 @@ def run_extend(args) -> int:
 
 
 @_user_errors
-def run_export(args) -> int:
+def run_export(args, rope) -> int:
     from .export import export_checkpoint
 
     export_checkpoint(

@@ -33,7 +33,7 @@ from .families import (
 )
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
-from .staging import check_destination, staged_folder
+from .folders import check_destination, staged_folder
 from .writer import OutputTensor, copy_side_files, write_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -253,12 +253,8 @@ def extend_checkpoint(
     log=print,
 ) -> Result:
     """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
-    from .. import register_auto_classes
-
+    rope.check_not_empty()
     register_auto_classes()  # AutoConfig reads SRC's gated config below
-
-    if rope.empty:
-        raise ConversionError("nothing to do: give --rope-theta and/or --yarn-factor with --original-max-position-embeddings")
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision)
     dst = Path(dst)

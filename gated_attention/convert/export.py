@@ -26,7 +26,7 @@ from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from .convert import VERIFY_ATTENTION, Result, compare_logits
 from .families import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
-from .staging import check_destination, staged_folder
+from .folders import check_destination, staged_folder
 from .writer import OutputTensor, copy_side_files, write_sharded
 
 FORMATS = ("qwen3_5",)

@@ -1,4 +1,5 @@
-"""The staging folder of `convert`, `extend` and `export`: DST appears whole, or not at all, and is never lost.
+"""SRC and DST of `convert`, `extend` and `export` on disk: the checks that need no file content, and the
+staging folder that DST appears from, whole or not at all. DST is never lost.
 
 Everything is written into a hidden folder beside DST (`.DST.incomplete-PID`),
 which is renamed to DST only when complete, so a DST that exists is always a
@@ -13,7 +14,7 @@ silently replaces an empty folder, which its owner may be about to fill. On
 Linux, renameat2(RENAME_NOREPLACE) makes the check and the rename one atomic
 step; elsewhere DST is claimed with mkdir first (see `rename_noreplace`).
 
-Standard library only: the command line checks DST before it imports torch.
+Standard library only: the command line checks SRC and DST before it imports torch.
 """
 
 from __future__ import annotations
@@ -30,12 +31,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import GatedAttentionWarning
+from ..hub.repo_ids import missing_folder
 from .errors import ConversionError
 
 # renameat2(2) flags, from <linux/fs.h>
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100
 STAGING_KINDS = ("incomplete", "replaced")  # .DST.incomplete-PID: being written; .DST.replaced-PID: the old DST, on its way out
+
+
+def check_source(src: str, revision: str | None = None) -> None:
+    """What can be told about SRC without reading it (the command line checks this before importing torch)."""
+    path = Path(src).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json)")
+        if revision is not None:
+            raise ConversionError(f"--revision is for a Hub repo id, and SRC {src} is a local folder")
+    elif missing_folder(src):
+        raise ConversionError(f"SRC {src}: no such folder")
 
 
 def check_destination(dst: Path, overwrite: bool, src: Path | None = None) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import mmap
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import ConversionError
+from .folders import check_source
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -50,7 +50,6 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 TORCH_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 _MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -78,13 +77,10 @@ def resolve_source(src: str, *, revision: str | None = None, allow_pickle: bool 
     A cached repo resolves without any network access (`local_files_only=True`
     first), so conversion works offline once the files are cached.
     """
+    check_source(src, revision)
     path = Path(src).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json)")
         return path.resolve()
-    if src.startswith((".", "/", "~")) or not _REPO_ID.match(src):  # a path, not `owner/name`
-        raise ConversionError(f"SRC {src}: no such folder")
 
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
