@@ -190,6 +190,14 @@ REFUSED_BEFORE_IMPORTS = {
     "theta-negative": (["convert", "src", "out", "--rope-theta", "-1"], "--rope-theta must be a positive number"),
     "theta-nan": (["extend", "src", "out", "--rope-theta", "nan"], "--rope-theta must be a positive number"),
     "export-no-format": (["export", "src", "out"], "the following arguments are required: --format"),
+    "analyze-model-missing": (["analyze", "./nope", "--out", "o"], "model folder not found: ./nope"),
+    "analyze-tokenizer-missing": (["analyze", "src", "--out", "o", "--tokenizer", "./nope"], "--tokenizer folder not found"),
+    "analyze-out-a-file": (["analyze", "src", "--out", "afile"], "argument --out: afile exists and is not a folder"),
+    "analyze-max-length": (["analyze", "src", "--out", "o", "--max-length", "1"], "argument --max-length: expected an integer >= 2"),
+    "analyze-n-per-domain": (["analyze", "src", "--out", "o", "--n-per-domain", "0"], "argument --n-per-domain: expected an integer >= 1"),
+    "analyze-bootstrap": (["analyze", "src", "--out", "o", "--bootstrap", "0"], "argument --bootstrap: expected an integer >= 1"),
+    "analyze-text-file": (["analyze", "src", "--out", "o", "--text-file", "none.txt"], "argument --text-file: none.txt: no such file"),
+    "analyze-device": (["analyze", "src", "--out", "o", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
 }
 
 
@@ -216,7 +224,7 @@ def test_a_wrong_command_line_is_refused_before_torch_is_imported(workdir, case)
     assert sorted(p.name for p in workdir.iterdir()) == ["afile", "existing", "src"]  # nothing written
 
 
-@pytest.mark.parametrize("command", ["", "convert", "extend", "export"], ids=lambda c: c or "top-level")
+@pytest.mark.parametrize("command", ["", "convert", "extend", "export", "analyze"], ids=lambda c: c or "top-level")
 def test_help_states_each_default_once_and_no_default_that_is_not_there(command):
     """`(default: None)` on a required option, or two defaults for one option, is help that is not true."""
     proc = run_help(["-m", "gated_attention"], command)
