@@ -194,3 +194,57 @@ def test_successful_conversion_of_the_same_source_still_works(src, tmp_path):
     result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         assert torch.equal(reference(PROMPT).logits, result(PROMPT).logits)
+
+
+# A field of the wrong type, as a hand-edited or badly exported config.json has it: one line naming the
+# field, the value and the type expected (the type the family's transformers class declares).
+WRONG_TYPES = [
+    ("hidden_size", "64", "int"),
+    ("num_attention_heads", "4", "int"),
+    ("num_key_value_heads", 2.0, "int"),
+    ("max_position_embeddings", "128", "int"),
+    ("rms_norm_eps", "1e-6", "float"),
+    ("attention_bias", "yes", "bool"),
+    ("hidden_act", 3, "str"),
+    ("eos_token_id", "2", "int"),
+    ("rope_parameters", "llama3", "dict"),
+    ("dtype", "float99", "a torch dtype"),
+]
+
+
+@pytest.mark.parametrize("field, value, expected", WRONG_TYPES, ids=[f for f, _, _ in WRONG_TYPES])
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_config_field_of_the_wrong_type_is_named(src, tmp_path, capsys, field, value, expected, verify):
+    config = json.loads((src / "config.json").read_text())
+    config[field] = value
+    (src / "config.json").write_text(json.dumps(config))
+    err = refuse(["convert", str(src), str(tmp_path / "out"), *([] if verify else ["--no-verify"])],
+                 capsys, tmp_path / "out", src, f"{field} = {value!r}")  # fmt: skip
+    assert f"expected {expected}" in err, err
+
+
+def test_an_fla_config_field_of_the_wrong_type_is_named(tmp_path, capsys):
+    from convert_helpers import make_fla_hybrid_source
+
+    src = make_fla_hybrid_source(tmp_path / "fla", reference=tmp_path / "reference")
+    config = json.loads((src / "config.json").read_text())
+    config["num_heads"] = "2"
+    (src / "config.json").write_text(json.dumps(config))
+    err = refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, "num_heads = '2'")
+    assert "expected int" in err
+
+
+@pytest.mark.parametrize("command", ["extend", "export"])
+def test_a_gated_config_field_of_the_wrong_type_is_named(tmp_path, capsys, command):
+    from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+
+    src = tmp_path / "gated"
+    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, qk_norm=True, max_position_embeddings=64)  # fmt: skip
+    GatedAttentionForCausalLM(config).save_pretrained(src)
+    raw = json.loads((src / "config.json").read_text())
+    raw["num_attention_heads"] = "4"  # was: "not all arguments converted during string formatting"
+    (src / "config.json").write_text(json.dumps(raw))
+    argv = [command, str(src), str(tmp_path / "out"), *(["--rope-theta", "2e4"] if command == "extend" else ["--format", "qwen3_5"])]
+    err = refuse(argv, capsys, tmp_path / "out", src, "num_attention_heads = '4'")
+    assert "expected int" in err

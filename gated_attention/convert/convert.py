@@ -23,6 +23,7 @@ from ..hub.remote_code import write_remote_code_for_config
 from .families import (
     GATE_BIAS_INIT,
     GATED_MODEL_TYPES,
+    check_field_types,
     dense_shapes,
     detect_family,
     expected_shapes,
@@ -240,6 +241,33 @@ def convert_checkpoint(
 # --- extend ------------------------------------------------------------------------------------------
 
 
+def _declared_types(config_class) -> dict:
+    """Field -> type, as `config_class` and its bases up to transformers' PreTrainedConfig annotate them."""
+    import inspect
+
+    from transformers import PreTrainedConfig
+
+    types = {}
+    for klass in reversed(config_class.__mro__[: config_class.__mro__.index(PreTrainedConfig)]):
+        types.update(inspect.get_annotations(klass, eval_str=True))  # our modules annotate with strings
+    return types
+
+
+def load_gated_config(folder: Path):
+    """SRC's gated config (`config.json` read by its class), with a field of the wrong type named."""
+    from transformers import AutoConfig
+
+    register_auto_classes()
+    raw = read_config_dict(folder)
+    config_class = type(AutoConfig.for_model(raw["model_type"]))
+    check_field_types(raw, _declared_types(config_class))
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:
+        raise ConversionError(f"SRC config.json does not describe a valid {raw['model_type']} model: {e}") from None
+
+
+
 def extend_checkpoint(
     src: str,
     dst: str | Path,
@@ -254,7 +282,6 @@ def extend_checkpoint(
 ) -> Result:
     """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
     rope.check_not_empty()
-    register_auto_classes()  # AutoConfig reads SRC's gated config below
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision)
     dst = Path(dst)
@@ -267,9 +294,7 @@ def extend_checkpoint(
             "with --rope-theta / --yarn-factor"
         )
     ckpt = SourceCheckpoint(folder)
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder)
+    config = load_gated_config(folder)
     config.auto_map = {}  # rewritten from the installed package below
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
