@@ -248,3 +248,81 @@ def test_a_gated_config_field_of_the_wrong_type_is_named(tmp_path, capsys, comma
     argv = [command, str(src), str(tmp_path / "out"), *(["--rope-theta", "2e4"] if command == "extend" else ["--format", "qwen3_5"])]
     err = refuse(argv, capsys, tmp_path / "out", src, "num_attention_heads = '4'")
     assert "expected int" in err
+
+
+# --- a broken source weight -----------------------------------------------------------------------------
+
+
+def _poison(src: Path, name: str, index: tuple[int, ...], value: float) -> None:
+    """Set one element of tensor `name` in SRC's safetensors files to `value`."""
+    from safetensors.torch import load_file
+
+    for shard in shards(src):
+        state = load_file(shard)
+        if name in state:
+            state[name][index] = value
+            save_file(state, shard, metadata={"format": "pt"})
+            return
+    raise AssertionError(f"{name} not in {src}")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_non_finite_source_weight_is_reported_as_the_sources(src, tmp_path, capsys, value, verify):
+    # was: "exact conversion changed the logits (max abs diff nan)", and with --no-verify a DST and exit 0
+    _poison(src, "model.layers.1.mlp.down_proj.weight", (3, 5), value)
+    err = refuse(["convert", str(src), str(tmp_path / "out"), *([] if verify else ["--no-verify"])], capsys,
+                 tmp_path / "out", src, "SRC tensor model.layers.1.mlp.down_proj.weight holds ")  # fmt: skip
+    assert f"holds {'NaN' if value != value else ('inf' if value > 0 else '-inf')} at [3, 5]" in err, err
+    assert "verification" not in err
+
+
+def test_a_non_finite_pickle_weight_is_reported(base_source, tmp_path, capsys):
+    src = tmp_path / "pickled"
+    src.mkdir()
+    shutil.copy(base_source / "config.json", src)
+    state = AutoModelForCausalLM.from_pretrained(base_source).state_dict()
+    state["model.norm.weight"][7] = float("nan")
+    torch.save(state, src / "pytorch_model.bin")
+    refuse(["convert", str(src), str(tmp_path / "out"), "--allow-pickle", "--no-verify"], capsys, tmp_path / "out", src,
+           "SRC tensor model.norm.weight holds NaN at [7]")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["extend", "export"])
+def test_a_non_finite_weight_of_a_gated_source_is_reported(tmp_path, capsys, command):
+    from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+
+    src = tmp_path / "gated"
+    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, qk_norm=True, max_position_embeddings=64)  # fmt: skip
+    model = GatedAttentionForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.attn_gate.weight[1, 2] = float("inf")
+    model.save_pretrained(src)
+    argv = [command, str(src), str(tmp_path / "out"), *(["--rope-theta", "2e4"] if command == "extend" else ["--format", "qwen3_5"])]
+    refuse(argv, capsys, tmp_path / "out", src, "SRC tensor model.layers.0.self_attn.attn_gate.weight holds inf at [1, 2]")
+
+
+FLOAT_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_the_finite_check_agrees_with_torch_isfinite_on_every_bit_pattern(dtype):
+    """Every value a 1- or 2-byte format has (all 256 / 65536 bit patterns), and a sample of the wider ones."""
+    from gated_attention.convert.sources import first_non_finite
+
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    if dtype.itemsize <= 2:
+        patterns = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int64).to(bits)
+    else:
+        finfo = torch.finfo(dtype)
+        patterns = torch.tensor([0.0, -0.0, 1.0, -2.5, finfo.max, -finfo.max, finfo.tiny, finfo.tiny / 4,
+                                 float("inf"), float("-inf"), float("nan")], dtype=dtype).view(bits)  # fmt: skip
+    values = patterns.view(dtype)
+    finite = torch.isfinite(values.float() if dtype.itemsize == 1 else values)  # the reference
+    for i in range(values.numel()):
+        one = values[i : i + 1].clone()
+        assert (first_non_finite(one) is None) == bool(finite[i]), (dtype, hex(int(patterns[i]) & 0xFFFFFFFF), one)
+    mixed = values.clone()
+    expected = int((~finite).nonzero()[0]) if (~finite).any() else None
+    assert first_non_finite(mixed) == expected

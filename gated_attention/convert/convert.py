@@ -220,6 +220,7 @@ def convert_checkpoint(
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     rename = src_config.target_name if family.kind == "hybrid" else source_to_target_name
     outputs = plan_weights(ckpt, _target_shapes(config), config, init=init, dtype=requested, rename=rename)
+    ckpt.check_finite(name for o in outputs for name in o.sources)
     dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
@@ -299,6 +300,7 @@ def extend_checkpoint(
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     outputs = plan_weights(ckpt, _target_shapes(config), config, init="copy", dtype=requested)
+    ckpt.check_finite(name for o in outputs for name in o.sources)
     dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
 
     log(f"extending {src} -> {dst}: {rope.describe()}")

@@ -332,6 +332,7 @@ def export_checkpoint(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(target)
     outputs = plan_export(ckpt, config, model)
+    ckpt.check_finite(ckpt.tensors)
 
     log(f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type qwen3_5_text)")
     result = Result(dst, [])
