@@ -45,7 +45,7 @@ def _shard_size(text: str) -> int:
 
 
 def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when available)")
+    p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when it is there, else downloaded)")
     p.add_argument(
         "dst",
         metavar="DST",
@@ -77,7 +77,7 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
         type=_shard_size,
         default=DEFAULT_SHARD_SIZE,
         metavar="SIZE",
-        help="largest output shard, e.g. 5GB or 500MB (default 5GB); a tensor larger than SIZE gets a shard of its own",
+        help="largest output shard, e.g. 5GB or 500MB (default: 5GB); a tensor larger than SIZE gets a shard of its own",
     )
     p.add_argument("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id (default: main)")
 
@@ -107,19 +107,22 @@ def register(subparsers) -> None:
         description="Convert a checkpoint into a gated-attention model: Llama (incl. llama3 RoPE), Mistral, "
         "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, or an fla Gated DeltaNet hybrid (fla's `attn` layer list). With the "
         "default --init exact the result's logits are bit-identical to SRC's (checked after writing unless "
-        "--no-verify). One tensor is in memory at a time; DST appears only when complete.",
+        "--no-verify; SRC's weights are checked for NaN and inf before anything is written). One tensor is in "
+        "memory at a time; DST appears only when complete.",
     )
     _add_common(p)
-    p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise", help="gate granularity (default elementwise)")
+    p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise",
+                   help="gate granularity: one score per channel or per head (default: elementwise)")
     p.add_argument("--init", choices=["exact", "bias"], default="exact", help=_INIT_HELP)
-    p.add_argument("--allow-pickle", action="store_true", help="read pytorch_model*.bin with torch.load(weights_only=True)")
+    p.add_argument("--allow-pickle", action="store_true", help="read SRC's pytorch_model*.bin (when it has no safetensors) with torch.load(weights_only=True)")
     _add_rope(p)
     p.set_defaults(func=run_convert)
 
     p = subparsers.add_parser(
         "extend",
         help="RoPE base change and/or YaRN on a gated checkpoint",
-        description="Write a copy of a gated checkpoint with new rope_parameters (weights unchanged).",
+        description="Write a copy of a gated checkpoint with new rope_parameters (weights unchanged): give --rope-theta "
+        "and/or --yarn-factor with --original-max-position-embeddings.",
     )
     _add_common(p)
     _add_rope(p)
