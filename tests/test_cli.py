@@ -182,6 +182,7 @@ REFUSED_BEFORE_IMPORTS = {
     "src-a-file": (["convert", "afile", "out"], "SRC afile is a file"),
     "revision-of-a-folder": (["convert", "src", "out", "--revision", "v1"], "--revision is for a Hub repo id"),
     "dst-exists": (["extend", "src", "existing", "--rope-theta", "1e6"], "DST existing already exists; pass --overwrite"),
+    "dst-dot": (["convert", "src", ".", "--overwrite"], "must name a folder to create"),
     "dst-inside-src": (["convert", "src", "src/out"], "must not be SRC, inside SRC or contain it"),
     "yarn-without-original": (["convert", "src", "out", "--yarn-factor", "4"], "--yarn-factor needs --original-max-position-embeddings"),
     "yarn-below-one": (["extend", "src", "out", "--yarn-factor", "0.5", "--original-max-position-embeddings", "64"], "--yarn-factor must be a number > 1"),

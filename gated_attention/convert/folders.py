@@ -55,6 +55,8 @@ def check_source(src: str, revision: str | None = None) -> None:
 def check_destination(dst: Path, overwrite: bool, src: Path | None = None) -> None:
     """Refuse a DST that exists (without `overwrite`), or that is SRC, inside it or around it."""
     dst = Path(dst)
+    if dst.name in ("", ".", ".."):  # the staging folder goes beside DST and is renamed to it
+        raise ConversionError(f"DST {dst} must name a folder to create, like ./out (not . or ..)")
     if src is not None:
         dst_abs, src_abs = dst.resolve(), Path(src).resolve()
         if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
