@@ -147,7 +147,8 @@ def _rope_change(args):
 
 def _user_errors(run):
     """Check SRC and DST as far as that needs no reading, then run; a ConversionError (bad input) is the
-    CLI's one-line error. Nothing here imports torch: a wrong command line is answered before it."""
+    CLI's one-line error. Nothing here imports torch, and the commands check their options before they
+    import what they run: a wrong command line is answered before torch is imported."""
 
     @functools.wraps(run)
     def wrapper(args) -> int:
@@ -158,7 +159,7 @@ def _user_errors(run):
         try:
             check_source(args.src, args.revision)
             check_destination(args.dst, args.overwrite, src=args.src if Path(args.src).expanduser().exists() else None)
-            return run(args, _rope_change(args) if hasattr(args, "rope_theta") else None)
+            return run(args)
         except ConversionError as e:
             raise CLIError(str(e)) from None
 
@@ -166,7 +167,8 @@ def _user_errors(run):
 
 
 @_user_errors
-def run_convert(args, rope) -> int:
+def run_convert(args) -> int:
+    rope = _rope_change(args)
     from .convert import convert_checkpoint
 
     convert_checkpoint(
@@ -186,7 +188,8 @@ def run_convert(args, rope) -> int:
 
 
 @_user_errors
-def run_extend(args, rope) -> int:
+def run_extend(args) -> int:
+    rope = _rope_change(args)
     rope.check_not_empty()
     from .convert import extend_checkpoint
 
@@ -204,7 +207,7 @@ def run_extend(args, rope) -> int:
 
 
 @_user_errors
-def run_export(args, rope) -> int:
+def run_export(args) -> int:
     from .export import export_checkpoint
 
     export_checkpoint(

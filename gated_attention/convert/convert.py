@@ -268,7 +268,6 @@ def load_gated_config(folder: Path):
         raise ConversionError(f"SRC config.json does not describe a valid {raw['model_type']} model: {e}") from None
 
 
-
 def extend_checkpoint(
     src: str,
     dst: str | Path,

@@ -167,7 +167,7 @@ def _torch_dtype(raw: dict) -> torch.dtype | None:
         return None
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
-        raise ConversionError(f"SRC config.json: {key} = {name!r} is not one, expected a torch dtype (float32, bfloat16, ...)")
+        raise ConversionError(f"SRC config.json: {key} = {name!r} names no torch dtype, expected a torch dtype such as bfloat16")
     return dtype
 
 

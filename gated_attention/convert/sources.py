@@ -195,7 +195,7 @@ _CHECK_CHUNK = 1 << 18  # elements per step: the shifted copy stays in the CPU's
 
 
 def first_non_finite(t: torch.Tensor) -> int | None:
-    """Flat index of the first inf or NaN in the contiguous tensor `t`; None if there is none (or `t` holds no floats)."""
+    """Flat index of the first inf or NaN in `t`; None if there is none (or `t` holds no floats)."""
     threshold = _NON_FINITE_FROM.get(t.dtype)
     if threshold is None:
         return None
