@@ -13,6 +13,7 @@ required, checked against the source, and `max_position_embeddings` becomes
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,7 @@ class RopeChange:
         if not (self.yarn_factor > 1 and math.isfinite(self.yarn_factor)):
             raise ConversionError(f"--yarn-factor must be a number > 1, got {self.yarn_factor}")
         original = self.original_max_position_embeddings
-        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+        if isinstance(original, bool) or not isinstance(original, numbers.Integral) or original <= 0:
             raise ConversionError(f"--original-max-position-embeddings must be a positive integer, got {original}")
         if self.yarn_factor * original != int(self.yarn_factor * original):
             raise ConversionError(
