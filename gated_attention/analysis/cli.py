@@ -17,7 +17,7 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
 INTERVENTIONS = ("deletion", "connection")
 # torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
-_DEVICE = re.compile(r"^(auto|cpu|mps|meta|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
+_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
 
 
