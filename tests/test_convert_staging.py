@@ -195,3 +195,12 @@ def test_overwrite_leaves_the_folder_of_a_running_conversion_alone(llama, tmp_pa
         sleeper.kill()
         sleeper.wait()
     shutil.rmtree(running)
+
+
+def test_leftovers_are_found_beside_a_dst_whose_name_has_glob_characters(tmp_path):
+    from gated_attention.convert import folders
+
+    dst = tmp_path / "run[1]"
+    left = _leftover(dst, "incomplete", _dead_pid())
+    _leftover(tmp_path / "run1", "incomplete", _dead_pid())  # what the unescaped pattern would also match
+    assert folders.staging_leftovers(dst) == ([left], [])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import glob
 import os
 import shutil
 import signal
@@ -58,7 +59,7 @@ def check_destination(dst: Path, overwrite: bool, src: Path | None = None) -> No
     if dst.name in ("", ".", ".."):  # the staging folder goes beside DST and is renamed to it
         raise ConversionError(f"DST {dst} must name a folder to create, like ./out (not . or ..)")
     if src is not None:
-        dst_abs, src_abs = dst.resolve(), Path(src).resolve()
+        dst_abs, src_abs = dst.resolve(), Path(src).expanduser().resolve()
         if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
             raise ConversionError(f"DST {dst} must not be SRC, inside SRC or contain it (SRC is never modified)")
     if os.path.lexists(dst) and not overwrite:
@@ -149,7 +150,7 @@ def staging_leftovers(dst: Path) -> tuple[list[Path], list[tuple[Path, int]]]:
     """Staging folders beside `dst`: those of dead processes, and (folder, pid) of running ones."""
     dead, running = [], []
     for kind in STAGING_KINDS:
-        for path in sorted(dst.parent.glob(f".{dst.name}.{kind}-*")):
+        for path in sorted(dst.parent.glob(f".{glob.escape(dst.name)}.{kind}-*")):
             pid = path.name.rsplit("-", 1)[1]
             if not pid.isdigit():
                 continue
