@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -314,10 +315,15 @@ def test_the_finite_check_agrees_with_torch_isfinite_on_every_bit_pattern(dtype)
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
     if dtype.itemsize <= 2:
         patterns = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int64).to(bits)
-    else:
+    else:  # the edges: largest finite, +-inf, NaNs of either sign with the smallest and largest payloads
         finfo = torch.finfo(dtype)
-        patterns = torch.tensor([0.0, -0.0, 1.0, -2.5, finfo.max, -finfo.max, finfo.tiny, finfo.tiny / 4,
-                                 float("inf"), float("-inf"), float("nan")], dtype=dtype).view(bits)  # fmt: skip
+        values = torch.tensor([0.0, -0.0, 1.0, -2.5, finfo.max, -finfo.max, finfo.tiny, finfo.tiny / 4,
+                               float("inf"), float("-inf"), float("nan")], dtype=dtype)  # fmt: skip
+        width, mantissa = 8 * dtype.itemsize, {4: 23, 8: 52}[dtype.itemsize]  # exponent: bits mantissa .. width-2
+        ones = ((1 << (width - 1 - mantissa)) - 1) << mantissa
+        edges = [ones | 1, ones | ((1 << mantissa) - 1), (1 << (width - 1)) | ones | 1, ones - 1]  # NaN, NaN, -NaN, max
+        unsigned = np.array(edges, dtype=np.uint32 if width == 32 else np.uint64)
+        patterns = torch.cat([values.view(bits), torch.from_numpy(unsigned.view(np.int32 if width == 32 else np.int64))])
     values = patterns.view(dtype)
     finite = torch.isfinite(values.float() if dtype.itemsize == 1 else values)  # the reference
     for i in range(values.numel()):
@@ -326,3 +332,14 @@ def test_the_finite_check_agrees_with_torch_isfinite_on_every_bit_pattern(dtype)
     mixed = values.clone()
     expected = int((~finite).nonzero()[0]) if (~finite).any() else None
     assert first_non_finite(mixed) == expected
+
+
+def test_the_finite_check_finds_a_value_past_its_first_chunk():
+    from gated_attention.convert import sources
+
+    t = torch.zeros(3 * sources._CHECK_CHUNK + 5, dtype=torch.bfloat16)
+    assert sources.first_non_finite(t) is None
+    for i in (sources._CHECK_CHUNK + 7, t.numel() - 1):
+        t[i] = float("-inf")
+        assert sources.first_non_finite(t) == i
+        t[i] = 0
