@@ -343,3 +343,20 @@ def test_the_finite_check_finds_a_value_past_its_first_chunk():
         t[i] = float("-inf")
         assert sources.first_non_finite(t) == i
         t[i] = 0
+
+
+@pytest.mark.parametrize(
+    "name, value, args, expected",
+    [
+        ("model.layers.0.mlp.up_proj.weight", 1e6, ["--dtype", "float16"], "float16 cannot hold it"),
+        ("model.layers.0.self_attn.o_proj.weight", 3e38, [], "doubling o_proj (--init exact) makes it inf"),
+    ],
+    ids=["to-float16", "doubled-o_proj"],
+)
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_weight_the_conversion_would_make_inf_is_refused(src, tmp_path, capsys, name, value, args, expected, verify):
+    # was: a DST with inf weights and exit 0 (the verification loads SRC in the same dtype, so it agrees)
+    _poison(src, name, (2, 1), value)
+    err = refuse(["convert", str(src), str(tmp_path / "out"), *args, *([] if verify else ["--no-verify"])], capsys,
+                 tmp_path / "out", src, f"SRC tensor {name} holds {value:g} at [2, 1]: ")  # fmt: skip
+    assert expected in err, err

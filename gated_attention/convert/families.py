@@ -21,10 +21,11 @@ import re
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from ..configuration.gated_attention import GatedAttentionConfig
-from .sources import ConversionError, SourceCheckpoint
+from .sources import ConversionError, SourceCheckpoint, first_non_finite
 from .writer import OutputTensor
 
 GATE_BIAS_INIT = 10.0  # --init bias: sigmoid(10) = 0.9999546
@@ -490,13 +491,22 @@ def source_to_target_name(name: str) -> str:
 
 
 def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    t = ckpt.read(name)
+    source = t = ckpt.read(name)
     if t.dtype != dtype:
         t = t.to(dtype)
     if scale != 1.0:
         # A power of two: exact in every float format. Out of place: writing into the file's private
         # mapping faults page by page (copy on write), 15x slower than a fresh product on this machine.
         t = t * scale
+    if t is not source and (i := first_non_finite(t)) is not None:  # SRC is finite (checked): this made the inf
+        value = source.reshape(-1)[i].item()
+        where = [int(k) for k in np.unravel_index(i, source.shape)]
+        cause = (
+            f"{str(dtype).removeprefix('torch.')} cannot hold it (--dtype)"
+            if not torch.isfinite(source.reshape(-1)[i : i + 1].to(dtype)).all()
+            else "doubling o_proj (--init exact) makes it inf; --init bias leaves o_proj as it is"
+        )
+        raise ConversionError(f"SRC tensor {name} holds {value:g} at {where}: {cause}")
     return t
 
 
