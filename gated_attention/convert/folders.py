@@ -76,8 +76,9 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
     a kernel or file system that does not know the flag; the caller then takes its portable path."""
     if not sys.platform.startswith("linux"):
         return False
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
         return False
     if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
         return True
@@ -102,7 +103,9 @@ def rename_noreplace(src: Path, dst: Path) -> None:
     except OSError as e:
         with contextlib.suppress(OSError):
             os.rmdir(dst)  # ours, if still empty
-        raise FileExistsError(errno.EEXIST, f"{dst} was written to while being claimed", str(dst)) from e
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(errno.EEXIST, "written to while claimed", str(dst)) from e
+        raise
 
 
 def _remove(path: Path) -> None:
@@ -171,7 +174,7 @@ def _handle_leftovers(dst: Path, overwrite: bool, log) -> None:
         log(f"removed {len(dead)} folder(s) left beside DST by an interrupted run: {', '.join(p.name for p in dead)}")
     elif dead:
         notes.append(
-            f"{len(dead)} folder(s) beside DST were left by an interrupted run and are incomplete: "
+            f"{len(dead)} folder(s) beside DST were left by an interrupted run: "
             f"{', '.join(p.name for p in dead)}; remove them (rm -r {' '.join(str(p) for p in dead)}) or pass --overwrite"
         )
     if running:
