@@ -360,3 +360,10 @@ def test_a_weight_the_conversion_would_make_inf_is_refused(src, tmp_path, capsys
     err = refuse(["convert", str(src), str(tmp_path / "out"), *args, *([] if verify else ["--no-verify"])], capsys,
                  tmp_path / "out", src, f"SRC tensor {name} holds {value:g} at [2, 1]: ")  # fmt: skip
     assert expected in err, err
+
+
+def test_a_failure_while_writing_leaves_no_folder_it_made(src, tmp_path, capsys):
+    _poison(src, "model.layers.0.mlp.up_proj.weight", (2, 1), 1e6)  # fails while writing: float16 cannot hold it
+    dst = tmp_path / "new" / "deeper" / "out"
+    refuse(["convert", str(src), str(dst), "--dtype", "float16"], capsys, dst, src, "float16 cannot hold it")
+    assert not (tmp_path / "new").exists()

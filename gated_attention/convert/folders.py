@@ -216,6 +216,7 @@ def staged_folder(dst: Path, overwrite: bool, log=print) -> Iterator[Path]:
     and what is at `dst` stays as it is).
     """
     dst = Path(dst)
+    made = [p for p in [dst.parent, *dst.parent.parents] if not p.exists()]  # removed again on failure
     dst.parent.mkdir(parents=True, exist_ok=True)
     _handle_leftovers(dst, overwrite, log)
     stage = dst.parent / f".{dst.name}.incomplete-{os.getpid()}"
@@ -236,4 +237,7 @@ def staged_folder(dst: Path, overwrite: bool, log=print) -> Iterator[Path]:
                 _replace(stage, dst)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        for folder in made:  # deepest first; one that something else wrote into stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
