@@ -96,3 +96,16 @@ def test_a_cached_hub_id_loads_from_the_cache_when_the_hub_cannot_be_reached(mod
     assert proc.returncode == 0, proc.stderr
     assert "Retrying" not in proc.stderr
     assert _n_tokens(tmp_path / "out") == [12] * 3
+
+
+def test_a_failed_analysis_leaves_no_empty_out_folder(tmp_path, capsys):
+    # A one-position model: every input is cut to one token, which has no next token and no later query.
+    folder = tmp_path / "model"
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 1, "max_position_embeddings": 1})
+    ga.GatedAttentionForCausalLM(config).save_pretrained(folder)
+    _tiny_tokenizer().save_pretrained(folder)
+    out = tmp_path / "new" / "out"
+    capsys.readouterr()
+    assert main(["analyze", str(folder), "--out", str(out), "--n-per-domain", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "gated-attention analyze: error: no input has at least two tokens"
+    assert not (tmp_path / "new").exists()

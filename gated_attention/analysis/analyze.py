@@ -343,7 +343,6 @@ def run_analysis(
     from .plots import plot_all
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     context = getattr(model.config, "max_position_embeddings", None)
     inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) else None)
@@ -356,6 +355,7 @@ def run_analysis(
     gate_table = gates.table()
     metric_rows = summary_rows(rows, fa, n_bootstrap, seed)
 
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails before this leaves no empty folder
     write_arrays(out_dir, layout, results, gates)
     input_columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act"]
     input_columns += [f"gate_{key}" for key in M.gate_statistics([])]
