@@ -140,19 +140,14 @@ def run_command(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess
 
 def test_version_names_the_package_and_its_libraries_without_importing_them(tmp_path):
     import huggingface_hub
+    import torch
     import transformers
 
     proc, modules = run_command(["--version"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (f"gated-attention {gated_attention.__version__} (transformers {transformers.__version__}, "
-                           f"torch {torch_version()}, huggingface_hub {huggingface_hub.__version__})\n")  # fmt: skip
+                           f"torch {torch.__version__}, huggingface_hub {huggingface_hub.__version__})\n")  # fmt: skip
     assert not sorted(m for m in modules if m.split(".")[0] in HEAVY)
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 @pytest.mark.parametrize(
