@@ -1,7 +1,8 @@
-"""The `gated-attention` command starts light: `--help` imports neither torch nor transformers.
+"""The `gated-attention` command starts light: `--help`, `--version` and a command line that is wrong on
+its face import neither torch nor transformers, and the help says what is true.
 
 Each case runs a fresh interpreter with `-X importtime`, which lists every module the process
-imported on stderr, so the check sees exactly what a user's `--help` loads. No timings are
+imported on stderr, so the check sees exactly what a user's command loads. No timings are
 asserted here; `benchmarks/startup.py` measures them.
 """
 
