@@ -158,7 +158,8 @@ def _user_errors(run):
 
         try:
             check_source(args.src, args.revision)
-            check_destination(args.dst, args.overwrite, src=args.src if Path(args.src).expanduser().exists() else None)
+            local = Path(args.src).expanduser()
+            check_destination(local if local.exists() else None, Path(args.dst), args.overwrite)
             return run(args)
         except ConversionError as e:
             raise CLIError(str(e)) from None

@@ -210,7 +210,7 @@ def convert_checkpoint(
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision, allow_pickle=allow_pickle)
     dst = Path(dst)
-    check_destination(dst, overwrite, src=folder)
+    check_destination(folder, dst, overwrite)
     family = detect_family(read_config_dict(folder))
     ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
     src_config = load_source_config(folder, family)
@@ -254,18 +254,25 @@ def _declared_types(config_class) -> dict:
     return types
 
 
+def check_config_types(folder: Path) -> None:
+    """Name a field of SRC's gated config.json whose value is not of the type its config class declares."""
+    from transformers import AutoConfig
+
+    raw = read_config_dict(folder)
+    if raw.get("model_type") in GATED_MODEL_TYPES:
+        register_auto_classes()
+        check_field_types(raw, _declared_types(type(AutoConfig.for_model(raw["model_type"]))))
+
+
 def load_gated_config(folder: Path):
     """SRC's gated config (`config.json` read by its class), with a field of the wrong type named."""
     from transformers import AutoConfig
 
-    register_auto_classes()
-    raw = read_config_dict(folder)
-    config_class = type(AutoConfig.for_model(raw["model_type"]))
-    check_field_types(raw, _declared_types(config_class))
+    check_config_types(folder)
     try:
         return AutoConfig.from_pretrained(folder)
     except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:
-        raise ConversionError(f"SRC config.json does not describe a valid {raw['model_type']} model: {e}") from None
+        raise ConversionError(f"SRC config.json does not describe a valid gated model: {e}") from None
 
 
 def extend_checkpoint(
@@ -285,7 +292,7 @@ def extend_checkpoint(
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision)
     dst = Path(dst)
-    check_destination(dst, overwrite, src=folder)
+    check_destination(folder, dst, overwrite)
     config_dict = read_config_dict(folder)
     if config_dict.get("model_type") not in GATED_MODEL_TYPES:
         detect_family(config_dict)  # names the architecture and the supported list

@@ -23,7 +23,7 @@ import torch
 
 from .. import __version__
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
-from .convert import VERIFY_ATTENTION, Result, compare_logits, load_gated_config
+from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logits
 from .families import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .folders import check_destination, staged_folder
@@ -309,23 +309,24 @@ def export_checkpoint(
     log=print,
 ) -> Result:
     """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from .. import register_auto_classes
 
-    register_auto_classes()  # AutoModelForCausalLM reads SRC's gated checkpoint below
+    register_auto_classes()  # AutoConfig and AutoModelForCausalLM read SRC's gated checkpoint below
 
     if format not in FORMATS:
         raise ConversionError(f"--format {format!r} is not supported; supported: {', '.join(FORMATS)}")
     folder = resolve_source(src, revision=revision)
+    check_config_types(folder)
     dst = Path(dst)
-    check_destination(dst, overwrite, src=folder)
+    check_destination(folder, dst, overwrite)
     model_type = read_config_dict(folder).get("model_type")
     if model_type not in EXPORTABLE:
         raise ConversionError(
             f"cannot export to qwen3_5 exactly: SRC model_type {model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})"
         )
-    config = load_gated_config(folder)
+    config = AutoConfig.from_pretrained(folder)
     check_exportable(config)
     ckpt = SourceCheckpoint(folder)
     target = qwen3_5_config(config)

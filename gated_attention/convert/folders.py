@@ -53,8 +53,8 @@ def check_source(src: str, revision: str | None = None) -> None:
         raise ConversionError(f"SRC {src}: no such folder")
 
 
-def check_destination(dst: Path, overwrite: bool, src: Path | None = None) -> None:
-    """Refuse a DST that exists (without `overwrite`), or that is SRC, inside it or around it."""
+def check_destination(src: Path | None, dst: Path, overwrite: bool) -> None:
+    """Refuse a DST that exists (without `overwrite`), or that is SRC (a folder; None: a Hub id), inside it or around it."""
     dst = Path(dst)
     if dst.name in ("", ".", ".."):  # the staging folder goes beside DST and is renamed to it
         raise ConversionError(f"DST {dst} must name a folder to create, like ./out (not . or ..)")
