@@ -8,7 +8,9 @@ in 4 shards, then measures in one run:
   and saves it again, the least any Python converter has to do;
 - `cp -r`, printed for scale only (a cached copy runs at memory speed, no fair target);
 - peak RSS (the kernel's high-water mark of each process, from wait4) above the
-  peak RSS of a process that only does the same imports, against the largest shard.
+  peak RSS of a process that only does the same imports, against the largest shard;
+- the part of `convert` that checks every SRC weight for inf and NaN before writing,
+  timed inside its own process.
 
 Each timed command runs `--repeats` times (default 2), alternating, and the
 fastest run counts, which damps noise from other load on the machine.
@@ -60,6 +62,17 @@ IMPORTS_CONVERT = (
     "import sys; sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'gated_attention']; "
     "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert"
 )
+
+# The inf/NaN check `convert` runs over SRC before writing, alone (seconds, printed by the child).
+FINITE_CHECK = """
+import sys, time
+from pathlib import Path
+from gated_attention.convert.sources import SourceCheckpoint
+ckpt = SourceCheckpoint(Path(sys.argv[1]))
+start = time.perf_counter()
+ckpt.check_finite(ckpt.tensors)
+print(time.perf_counter() - start)
+"""
 
 
 def build_checkpoint(folder: Path, shards: int = 4) -> list[Path]:
@@ -154,6 +167,10 @@ def main() -> None:
                 shutil.rmtree(dst)
         # fastest run for time (noise only slows down); highest high-water mark for memory (conservative)
         best = {name: (min(walls[name]), max(rsses[name])) for name in commands}
+        check_s = min(
+            float(subprocess.run([py, "-c", FINITE_CHECK, str(src)], cwd=REPO, check=True, capture_output=True, text=True).stdout)
+            for _ in range(args.repeats)
+        )
         plain_imports = [run([py, "-c", IMPORTS_PLAIN]) for _ in range(args.repeats)]
         convert_imports = [run([py, "-c", IMPORTS_CONVERT]) for _ in range(args.repeats)]
         import_plain, base_plain = min(w for w, _ in plain_imports), min(r for _, r in plain_imports)
@@ -171,6 +188,8 @@ def main() -> None:
         print(f"convert / plain, imports subtracted:         "
               f"{(convert_s - import_convert) / (plain_s - import_plain):.2f}x")
         print(f"convert / cp -r (for scale):                 {convert_s / best['cp -r'][0]:.2f}x")
+        print(f"SRC inf/NaN check inside convert: {check_s:.2f} s ({check_s / convert_s:.0%} of convert, "
+              f"{folder_bytes(src) / check_s / 1e9:.1f} GB/s)")
         print(f"peak RSS above import baseline / largest shard: convert {(convert_rss - base_convert) / largest:.2f}x "
               f"(target <= 1.25x), plain {(plain_rss - base_plain) / largest:.2f}x")
     finally:

@@ -33,6 +33,13 @@ class CLIError(Exception):
     """
 
 
+class GatedAttentionWarning(UserWarning):
+    """Something the user should know that does not stop the work (e.g. folders a killed run left behind).
+
+    The `gated-attention` command prints each one as one line: `gated-attention COMMAND: warning: ...`.
+    """
+
+
 # public name -> the module that defines it
 _EXPORTS = {
     "DEFAULT_GATE_SPEC": ".configuration.gate_spec",
@@ -49,7 +56,7 @@ _EXPORTS = {
     "GlobalLoadBalancer": ".modeling.load_balancing",
 }
 
-__all__ = sorted(_EXPORTS) + ["CLIError", "register_auto_classes"]
+__all__ = sorted(_EXPORTS) + ["CLIError", "GatedAttentionWarning", "register_auto_classes"]
 
 
 def __getattr__(name: str):

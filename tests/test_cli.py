@@ -1,13 +1,15 @@
-"""The `gated-attention` command starts light: `--help` imports neither torch nor transformers.
+"""The `gated-attention` command starts light: `--help`, `--version` and a command line that is wrong on
+its face import neither torch nor transformers, and the help says what is true.
 
 Each case runs a fresh interpreter with `-X importtime`, which lists every module the process
-imported on stderr, so the check sees exactly what a user's `--help` loads. No timings are
+imported on stderr, so the check sees exactly what a user's command loads. No timings are
 asserted here; `benchmarks/startup.py` measures them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +125,108 @@ def test_a_module_run_with_m_that_imports_the_package_gets_the_registration(tmp_
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "GatedAttentionConfig"
+
+
+# --- answers that come before any heavy import ------------------------------------------------------------
+
+LIGHT_FORBIDDEN = ("torch", "transformers", "numpy", "safetensors")
+
+
+def run_command(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, set[str]]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gated_attention", *argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout, "\n".join(lines)), imported_modules(proc.stderr)
+
+
+def test_version_names_the_package_and_its_libraries_without_importing_them(tmp_path):
+    import huggingface_hub
+    import torch
+    import transformers
+
+    proc, modules = run_command(["--version"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"gated-attention {gated_attention.__version__} (transformers {transformers.__version__}, "
+                           f"torch {torch.__version__}, huggingface_hub {huggingface_hub.__version__})\n")  # fmt: skip
+    assert not sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["convert"], "the following arguments are required: SRC, DST"),
+        (["convert", "src", "out", "--gate", "rowwise"], "argument --gate: invalid choice: 'rowwise'"),
+    ],
+    ids=["no-command", "convert-no-args", "bad-choice"],
+)
+def test_a_usage_error_is_one_line_that_points_to_help(tmp_path, argv, expected):
+    proc, _ = run_command(argv, tmp_path)
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert expected in proc.stderr and proc.stderr.endswith("--help)")
+
+
+# Each: a command line that is wrong on its face, and what the one line says. SRC `src` is a folder with a
+# config.json, `existing` a folder, `afile` a file (see `workdir`); nothing is read before the answer.
+REFUSED_BEFORE_IMPORTS = {
+    "extend-nothing-to-do": (["extend", "src", "out"], "nothing to do: give --rope-theta"),
+    "shard-size-not-a-size": (["convert", "src", "out", "--max-shard-size", "abc"], "argument --max-shard-size: expected a size such as 5GB"),
+    "shard-size-zero": (["convert", "src", "out", "--max-shard-size", "0GB"], "argument --max-shard-size: expected a size above zero"),
+    "src-missing": (["convert", "./nope", "out"], "SRC ./nope: no such folder"),
+    "src-no-repo-id": (["export", "a/b/c", "out", "--format", "qwen3_5"], "SRC a/b/c: no such folder"),
+    "src-a-file": (["convert", "afile", "out"], "SRC afile is a file"),
+    "revision-of-a-folder": (["convert", "src", "out", "--revision", "v1"], "--revision is for a Hub repo id"),
+    "dst-exists": (["extend", "src", "existing", "--rope-theta", "1e6"], "DST existing already exists; pass --overwrite"),
+    "dst-dot": (["convert", "src", ".", "--overwrite"], "must name a folder to create"),
+    "dst-inside-src": (["convert", "src", "src/out"], "must not be SRC, inside SRC or contain it"),
+    "yarn-without-original": (["convert", "src", "out", "--yarn-factor", "4"], "--yarn-factor needs --original-max-position-embeddings"),
+    "yarn-below-one": (["extend", "src", "out", "--yarn-factor", "0.5", "--original-max-position-embeddings", "64"], "--yarn-factor must be a number > 1"),
+    "yarn-fractional-positions": (["convert", "src", "out", "--yarn-factor", "1.3", "--original-max-position-embeddings", "7"], "is not a whole number of positions"),
+    "original-alone": (["convert", "src", "out", "--original-max-position-embeddings", "64"], "only used with --yarn-factor"),
+    "theta-negative": (["convert", "src", "out", "--rope-theta", "-1"], "--rope-theta must be a positive number"),
+    "theta-nan": (["extend", "src", "out", "--rope-theta", "nan"], "--rope-theta must be a positive number"),
+    "export-no-format": (["export", "src", "out"], "the following arguments are required: --format"),
+    "analyze-model-missing": (["analyze", "./nope", "--out", "o"], "model folder not found: ./nope"),
+    "analyze-tokenizer-missing": (["analyze", "src", "--out", "o", "--tokenizer", "./nope"], "--tokenizer folder not found"),
+    "analyze-out-a-file": (["analyze", "src", "--out", "afile"], "argument --out: afile exists and is not a folder"),
+    "analyze-max-length": (["analyze", "src", "--out", "o", "--max-length", "1"], "argument --max-length: expected an integer >= 2"),
+    "analyze-n-per-domain": (["analyze", "src", "--out", "o", "--n-per-domain", "0"], "argument --n-per-domain: expected an integer >= 1"),
+    "analyze-bootstrap": (["analyze", "src", "--out", "o", "--bootstrap", "0"], "argument --bootstrap: expected an integer >= 1"),
+    "analyze-text-file": (["analyze", "src", "--out", "o", "--text-file", "none.txt"], "argument --text-file: none.txt: no such file"),
+    "analyze-device": (["analyze", "src", "--out", "o", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "src").mkdir()
+    (folder / "src" / "config.json").write_text("{}")
+    (folder / "existing").mkdir()
+    (folder / "afile").write_text("x")
+    return folder
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_BEFORE_IMPORTS))
+def test_a_wrong_command_line_is_refused_before_torch_is_imported(workdir, case):
+    """On a busy machine importing torch and transformers takes tens of seconds: no reason to wait for them."""
+    argv, expected = REFUSED_BEFORE_IMPORTS[case]
+    proc, modules = run_command(argv, workdir)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"gated-attention {argv[0]}: error: ") and expected in proc.stderr, proc.stderr
+    heavy = sorted(m for m in modules if m.split(".")[0] in LIGHT_FORBIDDEN)
+    assert not heavy, f"imported {heavy[:5]} before refusing"
+    assert sorted(p.name for p in workdir.iterdir()) == ["afile", "existing", "src"]  # nothing written
+
+
+@pytest.mark.parametrize("command", ["", "convert", "extend", "export", "analyze"], ids=lambda c: c or "top-level")
+def test_help_states_each_default_once_and_no_default_that_is_not_there(command):
+    """`(default: None)` on a required option, or two defaults for one option, is help that is not true."""
+    proc = run_help(["-m", "gated_attention"], command)
+    options = re.split(r"\n  (?=-)", proc.stdout.split("options:", 1)[1])  # one block per option
+    for block in options:
+        text = " ".join(block.split())
+        assert "default: None" not in text and "(default: False)" not in text, text
+        assert text.count("default") <= 1, text

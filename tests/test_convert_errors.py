@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -194,3 +195,175 @@ def test_successful_conversion_of_the_same_source_still_works(src, tmp_path):
     result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         assert torch.equal(reference(PROMPT).logits, result(PROMPT).logits)
+
+
+# A field of the wrong type, as a hand-edited or badly exported config.json has it: one line naming the
+# field, the value and the type expected (the type the family's transformers class declares).
+WRONG_TYPES = [
+    ("hidden_size", "64", "int"),
+    ("num_attention_heads", "4", "int"),
+    ("num_key_value_heads", 2.0, "int"),
+    ("max_position_embeddings", "128", "int"),
+    ("rms_norm_eps", "1e-6", "float"),
+    ("attention_bias", "yes", "bool"),
+    ("hidden_act", 3, "str"),
+    ("eos_token_id", "2", "int"),
+    ("rope_parameters", "llama3", "dict"),
+    ("dtype", "float99", "a torch dtype"),
+]
+
+
+@pytest.mark.parametrize("field, value, expected", WRONG_TYPES, ids=[f for f, _, _ in WRONG_TYPES])
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_config_field_of_the_wrong_type_is_named(src, tmp_path, capsys, field, value, expected, verify):
+    config = json.loads((src / "config.json").read_text())
+    config[field] = value
+    (src / "config.json").write_text(json.dumps(config))
+    err = refuse(["convert", str(src), str(tmp_path / "out"), *([] if verify else ["--no-verify"])],
+                 capsys, tmp_path / "out", src, f"{field} = {value!r}")  # fmt: skip
+    assert f"expected {expected}" in err, err
+
+
+def test_an_fla_config_field_of_the_wrong_type_is_named(tmp_path, capsys):
+    from convert_helpers import make_fla_hybrid_source
+
+    src = make_fla_hybrid_source(tmp_path / "fla", reference=tmp_path / "reference")
+    config = json.loads((src / "config.json").read_text())
+    config["num_heads"] = "2"
+    (src / "config.json").write_text(json.dumps(config))
+    err = refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src, "num_heads = '2'")
+    assert "expected int" in err
+
+
+@pytest.mark.parametrize("command", ["extend", "export"])
+def test_a_gated_config_field_of_the_wrong_type_is_named(tmp_path, capsys, command):
+    from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+
+    src = tmp_path / "gated"
+    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, qk_norm=True, max_position_embeddings=64)  # fmt: skip
+    GatedAttentionForCausalLM(config).save_pretrained(src)
+    raw = json.loads((src / "config.json").read_text())
+    raw["num_attention_heads"] = "4"  # was: "not all arguments converted during string formatting"
+    (src / "config.json").write_text(json.dumps(raw))
+    argv = [command, str(src), str(tmp_path / "out"), *(["--rope-theta", "2e4"] if command == "extend" else ["--format", "qwen3_5"])]
+    err = refuse(argv, capsys, tmp_path / "out", src, "num_attention_heads = '4'")
+    assert "expected int" in err
+
+
+# --- a broken source weight -----------------------------------------------------------------------------
+
+
+def _poison(src: Path, name: str, index: tuple[int, ...], value: float) -> None:
+    """Set one element of tensor `name` in SRC's safetensors files to `value`."""
+    from safetensors.torch import load_file
+
+    for shard in shards(src):
+        state = load_file(shard)
+        if name in state:
+            state[name][index] = value
+            save_file(state, shard, metadata={"format": "pt"})
+            return
+    raise AssertionError(f"{name} not in {src}")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_non_finite_source_weight_is_reported_as_the_sources(src, tmp_path, capsys, value, verify):
+    # was: "exact conversion changed the logits (max abs diff nan)", and with --no-verify a DST and exit 0
+    _poison(src, "model.layers.1.mlp.down_proj.weight", (3, 5), value)
+    err = refuse(["convert", str(src), str(tmp_path / "out"), *([] if verify else ["--no-verify"])], capsys,
+                 tmp_path / "out", src, "SRC tensor model.layers.1.mlp.down_proj.weight holds ")  # fmt: skip
+    assert f"holds {'NaN' if value != value else ('inf' if value > 0 else '-inf')} at [3, 5]" in err, err
+    assert "verification" not in err
+
+
+def test_a_non_finite_pickle_weight_is_reported(base_source, tmp_path, capsys):
+    src = tmp_path / "pickled"
+    src.mkdir()
+    shutil.copy(base_source / "config.json", src)
+    state = AutoModelForCausalLM.from_pretrained(base_source).state_dict()
+    state["model.norm.weight"][7] = float("nan")
+    torch.save(state, src / "pytorch_model.bin")
+    refuse(["convert", str(src), str(tmp_path / "out"), "--allow-pickle", "--no-verify"], capsys, tmp_path / "out", src,
+           "SRC tensor model.norm.weight holds NaN at [7]")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["extend", "export"])
+def test_a_non_finite_weight_of_a_gated_source_is_reported(tmp_path, capsys, command):
+    from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+
+    src = tmp_path / "gated"
+    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, qk_norm=True, max_position_embeddings=64)  # fmt: skip
+    model = GatedAttentionForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.attn_gate.weight[1, 2] = float("inf")
+    model.save_pretrained(src)
+    argv = [command, str(src), str(tmp_path / "out"), *(["--rope-theta", "2e4"] if command == "extend" else ["--format", "qwen3_5"])]
+    refuse(argv, capsys, tmp_path / "out", src, "SRC tensor model.layers.0.self_attn.attn_gate.weight holds inf at [1, 2]")
+
+
+FLOAT_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_the_finite_check_agrees_with_torch_isfinite_on_every_bit_pattern(dtype):
+    """Every value a 1- or 2-byte format has (all 256 / 65536 bit patterns), and a sample of the wider ones."""
+    from gated_attention.convert.sources import first_non_finite
+
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    if dtype.itemsize <= 2:
+        patterns = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int64).to(bits)
+    else:  # the edges: largest finite, +-inf, NaNs of either sign with the smallest and largest payloads
+        finfo = torch.finfo(dtype)
+        values = torch.tensor([0.0, -0.0, 1.0, -2.5, finfo.max, -finfo.max, finfo.tiny, finfo.tiny / 4,
+                               float("inf"), float("-inf"), float("nan")], dtype=dtype)  # fmt: skip
+        width, mantissa = 8 * dtype.itemsize, {4: 23, 8: 52}[dtype.itemsize]  # exponent: bits mantissa .. width-2
+        ones = ((1 << (width - 1 - mantissa)) - 1) << mantissa
+        edges = [ones | 1, ones | ((1 << mantissa) - 1), (1 << (width - 1)) | ones | 1, ones - 1]  # NaN, NaN, -NaN, max
+        unsigned = np.array(edges, dtype=np.uint32 if width == 32 else np.uint64)
+        patterns = torch.cat([values.view(bits), torch.from_numpy(unsigned.view(np.int32 if width == 32 else np.int64))])
+    values = patterns.view(dtype)
+    finite = torch.isfinite(values.float() if dtype.itemsize == 1 else values)  # the reference
+    for i in range(values.numel()):
+        one = values[i : i + 1].clone()
+        assert (first_non_finite(one) is None) == bool(finite[i]), (dtype, hex(int(patterns[i]) & 0xFFFFFFFF), one)
+    mixed = values.clone()
+    expected = int((~finite).nonzero()[0]) if (~finite).any() else None
+    assert first_non_finite(mixed) == expected
+
+
+def test_the_finite_check_finds_a_value_past_its_first_chunk():
+    from gated_attention.convert import sources
+
+    t = torch.zeros(3 * sources._CHECK_CHUNK + 5, dtype=torch.bfloat16)
+    assert sources.first_non_finite(t) is None
+    for i in (sources._CHECK_CHUNK + 7, t.numel() - 1):
+        t[i] = float("-inf")
+        assert sources.first_non_finite(t) == i
+        t[i] = 0
+
+
+@pytest.mark.parametrize(
+    "name, value, args, expected",
+    [
+        ("model.layers.0.mlp.up_proj.weight", 1e6, ["--dtype", "float16"], "float16 cannot hold it"),
+        ("model.layers.0.self_attn.o_proj.weight", 3e38, [], "doubling o_proj (--init exact) makes it inf"),
+    ],
+    ids=["to-float16", "doubled-o_proj"],
+)
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_weight_the_conversion_would_make_inf_is_refused(src, tmp_path, capsys, name, value, args, expected, verify):
+    # was: a DST with inf weights and exit 0 (the verification loads SRC in the same dtype, so it agrees)
+    _poison(src, name, (2, 1), value)
+    err = refuse(["convert", str(src), str(tmp_path / "out"), *args, *([] if verify else ["--no-verify"])], capsys,
+                 tmp_path / "out", src, f"SRC tensor {name} holds {value:g} at [2, 1]: ")  # fmt: skip
+    assert expected in err, err
+
+
+def test_a_failure_while_writing_leaves_no_folder_it_made(src, tmp_path, capsys):
+    _poison(src, "model.layers.0.mlp.up_proj.weight", (2, 1), 1e6)  # fails while writing: float16 cannot hold it
+    dst = tmp_path / "new" / "deeper" / "out"
+    refuse(["convert", str(src), str(dst), "--dtype", "float16"], capsys, dst, src, "float16 cannot hold it")
+    assert not (tmp_path / "new").exists()

@@ -105,3 +105,45 @@ def test_a_config_that_describes_no_model_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 0}))
     with pytest.raises(ConversionError, match="could not be read as a Llama config"):
         load_source_config(tmp_path, detect_family({"model_type": "llama"}))
+
+
+def _members(annotation) -> set:
+    """The types a union (or a single type) admits; a TypedDict admits dicts."""
+    import types
+    import typing
+
+    members = set(typing.get_args(annotation)) if isinstance(annotation, types.UnionType) else {annotation}
+    return {dict if typing.is_typeddict(t) else t for t in members}
+
+
+@pytest.mark.parametrize("model_type", SOURCE_DEFAULTS)
+def test_source_types_are_the_types_transformers_declares(model_type):
+    """SOURCE_TYPES refuses what the family's class refuses, no more: for every field both know, the
+    class's type admits nothing SOURCE_TYPES does not, and SOURCE_TYPES admits only None besides."""
+    from gated_attention.convert.families import SOURCE_TYPES
+
+    annotations = {}
+    for klass in reversed(type(AutoConfig.for_model(model_type)).__mro__):
+        annotations.update(getattr(klass, "__annotations__", {}))
+    known = [name for name in SOURCE_TYPES if name in annotations]
+    assert set(SOURCE_DEFAULTS[model_type]) - {"head_dim"} <= set(known)  # Qwen2 and Qwen3-MoE derive head_dim
+    for name in known:
+        ours, theirs = _members(SOURCE_TYPES[name]), _members(annotations[name])
+        assert theirs <= ours and ours - theirs <= {type(None)}, (name, ours, theirs)
+
+
+def test_fla_types_are_the_annotations_of_flas_config():
+    import inspect
+    import typing
+
+    fla_config = pytest.importorskip("fla.models.gated_deltanet.configuration_gated_deltanet").GatedDeltaNetConfig
+    from gated_attention.convert.families import FLA_GDN_DEFAULTS, FLA_GDN_TYPES
+
+    parameters = inspect.signature(fla_config.__init__).parameters
+    assert set(FLA_GDN_TYPES) == set(FLA_GDN_DEFAULTS)
+    for name, ours in FLA_GDN_TYPES.items():
+        theirs = _members(parameters[name].annotation)
+        if name == "attn":  # one spec (fla's TypedDict) or, in newer fla, a list of them, which no converter reads
+            theirs = {dict if t is not type(None) else t for t in theirs if typing.get_origin(t) is not list}
+        assert theirs <= _members(ours), (name, ours, theirs)
+        assert parameters[name].default == FLA_GDN_DEFAULTS[name], name

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .. import GatedAttentionWarning
 from . import metrics as M
 from .capture import Capture, ModelLayout, Record
 from .interventions import intervene
@@ -93,13 +95,23 @@ def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.n
     return token_max, M.consensus_sink(maps), M.first_token_attention(maps)
 
 
-def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int) -> list[tuple[Sample, torch.Tensor]]:
-    out = []
+def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int, context: int | None = None) -> list[tuple[Sample, torch.Tensor]]:
+    """Token ids `[1, T]` of each sample, T <= max_length, and T <= `context` (the model's max_position_embeddings):
+    positions past the context the model was built for would be extrapolated, so inputs are cut there, with a warning."""
+    out, cut = [], 0
     for sample in samples:
         ids = tokenizer(sample.text, add_special_tokens=True, truncation=True, max_length=max_length, return_tensors="pt")
         ids = ids["input_ids"]
+        if context is not None and ids.shape[1] > context:
+            ids, cut = ids[:, :context], cut + 1
         if ids.shape[1] >= 2:  # a single token has no next token and no later query
             out.append((sample, ids))
+    if cut:
+        warnings.warn(
+            f"{cut} of {len(samples)} inputs are longer than the model's context (max_position_embeddings {context}) "
+            f"and were cut to {context} tokens, not max_length {max_length}",
+            GatedAttentionWarning,
+        )
     return out
 
 
@@ -331,9 +343,9 @@ def run_analysis(
     from .plots import plot_all
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    inputs = _tokenize(tokenizer, samples, max_length)
+    context = getattr(model.config, "max_position_embeddings", None)
+    inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) else None)
     if not inputs:
         raise ValueError("no input has at least two tokens")
 
@@ -343,6 +355,7 @@ def run_analysis(
     gate_table = gates.table()
     metric_rows = summary_rows(rows, fa, n_bootstrap, seed)
 
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails before this leaves no empty folder
     write_arrays(out_dir, layout, results, gates)
     input_columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act"]
     input_columns += [f"gate_{key}" for key in M.gate_statistics([])]

@@ -1,14 +1,57 @@
-"""`gated-attention analyze MODEL --out DIR`: sink, activation, gate and spike/plateau metrics."""
+"""`gated-attention analyze MODEL --out DIR`: sink, activation, gate and spike/plateau metrics.
+
+Option values, paths and MODEL's whereabouts are checked before torch is imported. A Hub id is looked
+up with one request first: huggingface_hub retries every file for about a minute when the Hub cannot
+be reached, so an id that is not cached fails at once instead, and a cached one loads from the cache
+(`_resolve`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
 INTERVENTIONS = ("deletion", "connection")
+# torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
+_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
+HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _device(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
+    return text
+
+
+def _text_file(text: str) -> str:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
+    return text
+
+
+def _out_dir(text: str) -> str:
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
+    return text
 
 
 def register(subparsers) -> None:
@@ -20,21 +63,27 @@ def register(subparsers) -> None:
             "built-in prose/code/math samples (or --text-file), and write arrays.npz, tidy CSV tables, "
             "PNG plots and summary.md to DIR. Metric definitions: README.md, 'analyze', and gated_attention/analysis/metrics.py."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("model", metavar="MODEL", help="local model folder or Hugging Face Hub id")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
-    p.add_argument("--text-file", metavar="PATH", help="UTF-8 text; one input per blank-line-separated paragraph")
-    p.add_argument("--n-per-domain", type=int, default=4, help="built-in samples per domain (prose, code, math)")
-    p.add_argument("--max-length", type=int, default=128, help="tokens per input (longer inputs are truncated)")
-    p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer to use (default: MODEL's)")
-    p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', ...")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype")
+    p.add_argument("--out", required=True, metavar="DIR", type=_out_dir, help="output folder (created if missing)")
+    p.add_argument("--text-file", metavar="PATH", type=_text_file,
+                   help="UTF-8 text, one input per blank-line-separated paragraph (default: the built-in samples)")
+    p.add_argument("--n-per-domain", type=_int_at_least(1), default=4, metavar="N",
+                   help="built-in samples per domain: prose, code, math (default: %(default)s)")
+    p.add_argument("--max-length", type=_int_at_least(2), default=128, metavar="T",
+                   help="tokens per input, at most: longer inputs are cut to T tokens, or to the model's "
+                   "max_position_embeddings where that is smaller, with a warning (default: %(default)s)")
+    p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
+    p.add_argument("--device", type=_device, default="auto",
+                   help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
-    p.add_argument("--k", type=int, choices=(1, 2, 4), default=1, help="coordinates per attention input for --intervene")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the confidence intervals")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--k", type=int, choices=(1, 2, 4), default=1,
+                   help="coordinates per attention input for --intervene (default: %(default)s)")
+    p.add_argument("--bootstrap", type=_int_at_least(1), default=1000, metavar="N",
+                   help="bootstrap resamples for the confidence intervals (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -43,35 +92,69 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _looks_like_path(name: str) -> bool:
-    """Hub ids are `name` or `org/name`; anything else that does not exist is a missing folder."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+def _check_names(args) -> None:
+    """MODEL and --tokenizer: an existing folder, or what can be a Hub id."""
+    from .. import CLIError
+    from ..hub.repo_ids import missing_folder
+
+    if missing_folder(args.model):
+        raise CLIError(f"model folder not found: {args.model}")
+    if args.tokenizer and missing_folder(args.tokenizer):
+        raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
 
 
-def _load(args):
+def _resolve(name: str) -> str:
+    """`name` to load: itself (a folder, or a Hub id the Hub answers for), or the folder of its snapshot in
+    the Hugging Face cache when the Hub cannot be reached (then nothing asks the Hub).
+
+    One request (`model_info`, which huggingface_hub does not retry) tells an id the Hub does not know
+    and a Hub that does not answer; a failed download would be retried for every file, for a minute.
+    """
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    from .. import CLIError
+
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    if constants.HF_HUB_OFFLINE:
+        return name  # offline mode: huggingface_hub reads the cache and never asks the Hub
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+        return name
+    except RepositoryNotFoundError as e:
+        raise CLIError(f"{name!r} is no local folder and no model on the Hub ({_first_line(e)})") from None
+    except HfHubHTTPError:
+        return name  # the Hub answered (a gated repo, a server error, ...): loading says what it means
+    except Exception as e:  # noqa: BLE001 - no answer at all: no network, DNS, proxy, timeout
+        unreachable = _first_line(e)
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        raise CLIError(
+            f"cannot load model {name!r}: it is no local folder, not in the Hugging Face cache, and the Hub "
+            f"cannot be reached ({unreachable})"
+        ) from None
+
+
+def _load(args, where: dict[str, str]):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import register_auto_classes
-    from .. import CLIError
+    from .. import CLIError, register_auto_classes
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
-    if not Path(args.model).expanduser().exists() and _looks_like_path(args.model):
-        raise CLIError(f"model folder not found: {args.model}")
+    tokenizer_name = args.tokenizer or args.model
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(Path(args.model).expanduser()) if Path(args.model).expanduser().exists() else args.model,
-            dtype=dtype,
-            trust_remote_code=args.trust_remote_code,
-        )
+        model = AutoModelForCausalLM.from_pretrained(where[args.model], dtype=dtype, trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
         raise CLIError(f"cannot load model {args.model!r}: {_first_line(e)}") from e
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot load a tokenizer from {args.tokenizer or args.model!r} (pass --tokenizer): {_first_line(e)}") from e
+        raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {_first_line(e)}") from e
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,14 +167,10 @@ def _load(args):
 
 def run(args) -> int:
     from .. import CLIError
-    from .analyze import run_analysis
-    from .samples import builtin_samples, read_text_file
+    from .samples import read_text_file
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out exists and is not a folder: {out}")
-    if args.n_per_domain < 1 or args.max_length < 2:
-        raise CLIError("--n-per-domain must be >= 1 and --max-length >= 2")
+    _check_names(args)
+    where = {name: _resolve(name) for name in dict.fromkeys([args.model, args.tokenizer or args.model])}
     if args.text_file:
         try:
             samples = read_text_file(args.text_file)
@@ -100,9 +179,14 @@ def run(args) -> int:
         if not samples:
             raise CLIError(f"--text-file {args.text_file} holds no text")
     else:
+        from .samples import builtin_samples
+
         samples = builtin_samples(args.n_per_domain)
 
-    model, tokenizer = _load(args)
+    from .analyze import run_analysis
+
+    model, tokenizer = _load(args, where)
+    out = Path(args.out)
     try:
         rows = run_analysis(
             model,

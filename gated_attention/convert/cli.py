@@ -1,10 +1,17 @@
-"""`gated-attention convert | extend | export`."""
+"""`gated-attention convert | extend | export`.
+
+Everything that can be checked without reading SRC (option values and their combinations, whether SRC and
+DST are where they should be) is checked before anything heavy is imported: a wrong command line is
+answered at once, also on a busy machine.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 
+DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
 _INIT_HELP = (
     "exact (default): gate weight 0 so every score is sigmoid(0) = 0.5, and o_proj doubled; the logits are "
     "bit-identical to SRC's. bias: gate bias +10 so every score is sigmoid(10) = 0.99995 and o_proj unchanged; "
@@ -22,9 +29,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _shard_size(text: str) -> int:
+    """A size as huggingface_hub's sharding reads it ("5GB", "500MB": KB, MB, GB, TB, powers of 10), in bytes."""
+    # The parser `split_state_dict_into_shards_factory` itself applies to a string; huggingface_hub does
+    # not re-export it.
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        size = parse_size_to_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB or 500MB (units KB, MB, GB, TB), got {text!r}") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
+    return size
+
+
 def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when available)")
-    p.add_argument("dst", metavar="DST", help="output folder; written beside itself and renamed when complete")
+    p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when it is there, else downloaded)")
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        help="output folder; written into .DST.incomplete-PID beside it and renamed to DST when complete, "
+        "only if nothing is at DST then (unless --overwrite)",
+    )
     if dtype:
         p.add_argument(
             "--dtype",
@@ -32,20 +59,43 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
             default="auto",
             help="dtype of the written floating-point weights (default: as stored in SRC)",
         )
-    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading both models to compare logits (for models too large to load twice)")
-    p.add_argument("--max-shard-size", default="5GB", help="largest output shard (default 5GB)")
-    p.add_argument("--revision", default=None, help="Hub revision when SRC is a repo id")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DST if it exists (also if it appears while writing), and remove the .DST.incomplete-PID / "
+        ".DST.replaced-PID folders a killed run left beside it (without it they are named, and left)",
+    )
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip loading both models to compare logits (for models too large to load twice); SRC's weights "
+        "are still checked for NaN and inf",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=_shard_size,
+        default=DEFAULT_SHARD_SIZE,
+        metavar="SIZE",
+        help="largest output shard, e.g. 5GB or 500MB (default: 5GB); a tensor larger than SIZE gets a shard of its own",
+    )
+    p.add_argument("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id (default: main)")
 
 
 def _add_rope(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("RoPE / YaRN")
-    g.add_argument("--rope-theta", type=float, default=None, help="new RoPE base (rope_theta)")
-    g.add_argument("--yarn-factor", type=float, default=None, help="YaRN context extension factor (> 1)")
+    g.add_argument("--rope-theta", type=float, metavar="THETA", help="new RoPE base (rope_theta), a positive number")
+    g.add_argument(
+        "--yarn-factor",
+        type=float,
+        metavar="FACTOR",
+        help="YaRN context extension factor (> 1); max_position_embeddings becomes FACTOR x "
+        "--original-max-position-embeddings",
+    )
     g.add_argument(
         "--original-max-position-embeddings",
         type=_positive_int,
-        default=None,
+        metavar="N",
         help="context length SRC was trained at; required with --yarn-factor (YaRN's ramp is computed from it)",
     )
 
@@ -57,19 +107,22 @@ def register(subparsers) -> None:
         description="Convert a checkpoint into a gated-attention model: Llama (incl. llama3 RoPE), Mistral, "
         "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, or an fla Gated DeltaNet hybrid (fla's `attn` layer list). With the "
         "default --init exact the result's logits are bit-identical to SRC's (checked after writing unless "
-        "--no-verify). One tensor is in memory at a time; DST appears only when complete.",
+        "--no-verify; SRC's weights are checked for NaN and inf before anything is written). One tensor is in "
+        "memory at a time; DST appears only when complete.",
     )
     _add_common(p)
-    p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise", help="gate granularity (default elementwise)")
+    p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise",
+                   help="gate granularity: one score per channel or per head (default: elementwise)")
     p.add_argument("--init", choices=["exact", "bias"], default="exact", help=_INIT_HELP)
-    p.add_argument("--allow-pickle", action="store_true", help="read pytorch_model*.bin with torch.load(weights_only=True)")
+    p.add_argument("--allow-pickle", action="store_true", help="read SRC's pytorch_model*.bin (when it has no safetensors) with torch.load(weights_only=True)")
     _add_rope(p)
     p.set_defaults(func=run_convert)
 
     p = subparsers.add_parser(
         "extend",
         help="RoPE base change and/or YaRN on a gated checkpoint",
-        description="Write a copy of a gated checkpoint with new rope_parameters (weights unchanged).",
+        description="Write a copy of a gated checkpoint with new rope_parameters (weights unchanged): give --rope-theta "
+        "and/or --yarn-factor with --original-max-position-embeddings.",
     )
     _add_common(p)
     _add_rope(p)
@@ -93,14 +146,20 @@ def _rope_change(args):
 
 
 def _user_errors(run):
-    """Report a ConversionError (bad input) as the CLI's one-line error."""
+    """Check SRC and DST as far as that needs no reading, then run; a ConversionError (bad input) is the
+    CLI's one-line error. Nothing here imports torch, and the commands check their options before they
+    import what they run: a wrong command line is answered before torch is imported."""
 
     @functools.wraps(run)
     def wrapper(args) -> int:
         from .. import CLIError
-        from .sources import ConversionError
+        from .errors import ConversionError
+        from .folders import check_destination, check_source
 
         try:
+            check_source(args.src, args.revision)
+            local = Path(args.src).expanduser()
+            check_destination(local if local.exists() else None, Path(args.dst), args.overwrite)
             return run(args)
         except ConversionError as e:
             raise CLIError(str(e)) from None
@@ -110,6 +169,7 @@ def _user_errors(run):
 
 @_user_errors
 def run_convert(args) -> int:
+    rope = _rope_change(args)
     from .convert import convert_checkpoint
 
     convert_checkpoint(
@@ -118,7 +178,7 @@ def run_convert(args) -> int:
         gate=args.gate,
         init=args.init,
         dtype=args.dtype,
-        rope=_rope_change(args),
+        rope=rope,
         overwrite=args.overwrite,
         allow_pickle=args.allow_pickle,
         verify=args.verify,
@@ -130,12 +190,14 @@ def run_convert(args) -> int:
 
 @_user_errors
 def run_extend(args) -> int:
+    rope = _rope_change(args)
+    rope.check_not_empty()
     from .convert import extend_checkpoint
 
     extend_checkpoint(
         args.src,
         args.dst,
-        rope=_rope_change(args),
+        rope=rope,
         dtype=args.dtype,
         overwrite=args.overwrite,
         verify=args.verify,

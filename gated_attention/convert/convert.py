@@ -23,6 +23,7 @@ from ..hub.remote_code import write_remote_code_for_config
 from .families import (
     GATE_BIAS_INIT,
     GATED_MODEL_TYPES,
+    check_field_types,
     dense_shapes,
     detect_family,
     expected_shapes,
@@ -33,7 +34,8 @@ from .families import (
 )
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
-from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
+from .folders import check_destination, staged_folder
+from .writer import OutputTensor, copy_side_files, write_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VERIFY_TOKENS = 32
@@ -218,11 +220,12 @@ def convert_checkpoint(
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     rename = src_config.target_name if family.kind == "hybrid" else source_to_target_name
     outputs = plan_weights(ckpt, _target_shapes(config), config, init=init, dtype=requested, rename=rename)
+    ckpt.check_finite(name for o in outputs for name in o.sources)
     dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite) as stage:
+    with staged_folder(dst, overwrite, log) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="converting")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
@@ -239,6 +242,39 @@ def convert_checkpoint(
 # --- extend ------------------------------------------------------------------------------------------
 
 
+def _declared_types(config_class) -> dict:
+    """Field -> type, as `config_class` and its bases up to transformers' PreTrainedConfig annotate them."""
+    import inspect
+
+    from transformers import PreTrainedConfig
+
+    types = {}
+    for klass in reversed(config_class.__mro__[: config_class.__mro__.index(PreTrainedConfig)]):
+        types.update(inspect.get_annotations(klass, eval_str=True))  # our modules annotate with strings
+    return types
+
+
+def check_config_types(folder: Path) -> None:
+    """Name a field of SRC's gated config.json whose value is not of the type its config class declares."""
+    from transformers import AutoConfig
+
+    raw = read_config_dict(folder)
+    if raw.get("model_type") in GATED_MODEL_TYPES:
+        register_auto_classes()
+        check_field_types(raw, _declared_types(type(AutoConfig.for_model(raw["model_type"]))))
+
+
+def load_gated_config(folder: Path):
+    """SRC's gated config (`config.json` read by its class), with a field of the wrong type named."""
+    from transformers import AutoConfig
+
+    check_config_types(folder)
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:
+        raise ConversionError(f"SRC config.json does not describe a valid gated model: {e}") from None
+
+
 def extend_checkpoint(
     src: str,
     dst: str | Path,
@@ -252,12 +288,7 @@ def extend_checkpoint(
     log=print,
 ) -> Result:
     """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
-    from .. import register_auto_classes
-
-    register_auto_classes()  # AutoConfig reads SRC's gated config below
-
-    if rope.empty:
-        raise ConversionError("nothing to do: give --rope-theta and/or --yarn-factor with --original-max-position-embeddings")
+    rope.check_not_empty()
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision)
     dst = Path(dst)
@@ -270,18 +301,17 @@ def extend_checkpoint(
             "with --rope-theta / --yarn-factor"
         )
     ckpt = SourceCheckpoint(folder)
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder)
+    config = load_gated_config(folder)
     config.auto_map = {}  # rewritten from the installed package below
     rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
     config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
     outputs = plan_weights(ckpt, _target_shapes(config), config, init="copy", dtype=requested)
+    ckpt.check_finite(name for o in outputs for name in o.sources)
     dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
 
     log(f"extending {src} -> {dst}: {rope.describe()}")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite) as stage:
+    with staged_folder(dst, overwrite, log) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="copying")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)

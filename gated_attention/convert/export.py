@@ -23,10 +23,11 @@ import torch
 
 from .. import __version__
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
-from .convert import VERIFY_ATTENTION, Result, compare_logits
+from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logits
 from .families import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
-from .writer import OutputTensor, check_destination, copy_side_files, staged_folder, write_sharded
+from .folders import check_destination, staged_folder
+from .writer import OutputTensor, copy_side_files, write_sharded
 
 FORMATS = ("qwen3_5",)
 EXPORTABLE = ("gated_attention", "gated_deltanet_hybrid")
@@ -333,6 +334,7 @@ def export_checkpoint(
     if format not in FORMATS:
         raise ConversionError(f"--format {format!r} is not supported; supported: {', '.join(FORMATS)}")
     folder = resolve_source(src, revision=revision)
+    check_config_types(folder)
     dst = Path(dst)
     check_destination(folder, dst, overwrite)
     model_type = read_config_dict(folder).get("model_type")
@@ -345,10 +347,11 @@ def export_checkpoint(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(target)
     outputs = plan_export(ckpt, config, model)
+    ckpt.check_finite(ckpt.tensors)
 
     log(f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type qwen3_5_text)")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite) as stage:
+    with staged_folder(dst, overwrite, log) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="exporting")
         target.architectures = ["Qwen3_5ForCausalLM"]
         target.save_pretrained(stage)

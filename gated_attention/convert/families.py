@@ -21,10 +21,11 @@ import re
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from ..configuration.gated_attention import GatedAttentionConfig
-from .sources import ConversionError, SourceCheckpoint
+from .sources import ConversionError, SourceCheckpoint, first_non_finite
 from .writer import OutputTensor
 
 GATE_BIAS_INIT = 10.0  # --init bias: sigmoid(10) = 0.9999546
@@ -128,6 +129,47 @@ SOURCE_DEFAULTS: dict[str, dict] = {
 SOURCE_ALIASES = {"qwen3_moe": {"num_local_experts": "num_experts"}, "mixtral": {"num_experts": "num_local_experts"}}
 SOURCE_DEFAULT_THETA = {"mixtral": 1e6}  # the class's `default_theta`; 10000 for the others
 _ROPE_KWARGS = ("rope_scaling", "rope_theta", "partial_rotary_factor")  # legacy keys, not fields of the classes
+# The types the families' transformers classes declare for the fields above. The classes are strict
+# dataclasses (huggingface_hub's `@strict`) and refuse a config.json with anything else, so checking the
+# same types with the same validator refuses nothing transformers loads; where families differ, the wider
+# type is here (None allowed). tests/test_convert_source_config.py checks them against the classes.
+SOURCE_TYPES = dict(
+    vocab_size=int, hidden_size=int, intermediate_size=int, num_hidden_layers=int, num_attention_heads=int,
+    num_key_value_heads=int | None, head_dim=int | None, hidden_act=str, max_position_embeddings=int,
+    initializer_range=float, rms_norm_eps=float, use_cache=bool, tie_word_embeddings=bool, attention_bias=bool,
+    attention_dropout=float | int | None, mlp_bias=bool, pad_token_id=int | None, bos_token_id=int | None,
+    eos_token_id=int | list[int] | None, sliding_window=int | None, use_sliding_window=bool, max_window_layers=int,
+    layer_types=list[str] | None, rope_parameters=dict | None, num_experts=int, num_local_experts=int,
+    num_experts_per_tok=int, moe_intermediate_size=int, norm_topk_prob=bool, decoder_sparse_step=int,
+    mlp_only_layers=list[int] | None, output_router_logits=bool, router_aux_loss_coef=float,
+)  # fmt: skip
+
+
+def check_field_types(raw: dict, types: dict, where: str = "SRC config.json") -> None:
+    """ConversionError naming the first field of `raw` whose value is not of its declared type."""
+    from huggingface_hub.dataclasses import type_validator  # the validator of transformers' strict configs
+
+    for name, expected in types.items():
+        if name not in raw:
+            continue
+        try:
+            type_validator(name, raw[name], expected)
+        except TypeError:
+            value = raw[name]
+            shown = getattr(expected, "__name__", None) or str(expected)
+            raise ConversionError(f"{where}: {name} = {value!r} is a {type(value).__name__}, expected {shown}") from None
+
+
+def _torch_dtype(raw: dict) -> torch.dtype | None:
+    """config.json's `dtype` (or legacy `torch_dtype`), as transformers' classes read it."""
+    key = "dtype" if raw.get("dtype") is not None else "torch_dtype"
+    name = raw.get(key)
+    if name is None:
+        return None
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ConversionError(f"SRC config.json: {key} = {name!r} names no torch dtype, expected a torch dtype such as bfloat16")
+    return dtype
 
 
 class SourceConfig:
@@ -137,6 +179,7 @@ class SourceConfig:
     standardised from legacy `rope_scaling` / `rope_theta` by transformers' RotaryEmbeddingConfigMixin."""
 
     def __init__(self, raw: dict):
+        check_field_types(raw, SOURCE_TYPES)
         raw = copy.deepcopy(raw)  # the RoPE mixin edits rope_parameters in place
         self.model_type = model_type = raw["model_type"]
         for alias, name in SOURCE_ALIASES.get(model_type, {}).items():
@@ -144,8 +187,7 @@ class SourceConfig:
                 raw.setdefault(name, raw.pop(alias))
         rope_kwargs = {k: raw.pop(k) for k in _ROPE_KWARGS if k in raw}
         self.__dict__.update({**SOURCE_DEFAULTS[model_type], **raw})
-        dtype = raw.get("dtype") or raw.get("torch_dtype")
-        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.dtype = _torch_dtype(raw)
 
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
@@ -188,6 +230,8 @@ def load_source_config(folder, family: Family):
         return FlaHybridSource.from_folder(folder)
     try:
         return SourceConfig(read_config_dict(folder))
+    except ConversionError:
+        raise
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
         raise ConversionError(f"SRC config.json could not be read as a {family} config: {e}") from None
 
@@ -294,16 +338,36 @@ FLA_GDN_DEFAULTS = dict(
 )  # fmt: skip
 
 
+# The types of fla's GatedDeltaNetConfig arguments (its signature's annotations; tests/test_convert_source_config.py
+# checks them where fla is installed). fla does not enforce them, so a float may also be written as an int.
+_NUMBER = float | int
+FLA_GDN_TYPES = dict(
+    hidden_size=int, expand_v=_NUMBER, use_gate=bool, use_short_conv=bool, allow_neg_eigval=bool, conv_size=int,
+    head_dim=int, num_heads=int, num_v_heads=int | None, max_position_embeddings=int, hidden_ratio=int | None,
+    intermediate_size=int | None, hidden_act=str, num_hidden_layers=int, norm_eps=_NUMBER, attn=dict | None,
+    use_cache=bool, pad_token_id=int | None, bos_token_id=int | None, eos_token_id=int | None,
+    tie_word_embeddings=bool, initializer_range=_NUMBER, vocab_size=int, attnres_block_size=int | None,
+    output_gate_activation=str,
+)  # fmt: skip
+# fla's `attn` dict, as its `get_attention` reads it
+FLA_ATTN_TYPES = dict(
+    layers=list[int], num_heads=int, num_kv_heads=int | None, qkv_bias=bool, qk_norm=bool, window_size=int | None,
+    rope_theta=_NUMBER | None,
+)  # fmt: skip
+
+
 class FlaHybridSource:
     """An fla `gated_deltanet` config.json with fla's defaults filled in, and its layer plan."""
 
     def __init__(self, config: dict):
+        check_field_types(config, FLA_GDN_TYPES)
         self.raw = {**FLA_GDN_DEFAULTS, **config}
         self.model_type = "gated_deltanet"
         self.dtype = self.raw.get("dtype") or self.raw.get("torch_dtype")
         attn = self.raw["attn"] or {"layers": []}
-        if not isinstance(attn, dict) or not isinstance(attn.get("layers"), list):
+        if not isinstance(attn.get("layers"), list):
             raise ConversionError("SRC's fla config: `attn` must be a dict with a `layers` list (or null)")
+        check_field_types(attn, FLA_ATTN_TYPES, "SRC config.json, attn")
         self.attn = attn
         self.attention_layers = set(attn["layers"])
 
@@ -427,13 +491,22 @@ def source_to_target_name(name: str) -> str:
 
 
 def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    t = ckpt.read(name)
+    source = t = ckpt.read(name)
     if t.dtype != dtype:
         t = t.to(dtype)
     if scale != 1.0:
         # A power of two: exact in every float format. Out of place: writing into the file's private
         # mapping faults page by page (copy on write), 15x slower than a fresh product on this machine.
         t = t * scale
+    if t is not source and (i := first_non_finite(t)) is not None:  # SRC is finite (checked): this made the inf
+        value = source.reshape(-1)[i].item()
+        where = [int(k) for k in np.unravel_index(i, source.shape)]
+        cause = (
+            f"{str(dtype).removeprefix('torch.')} cannot hold it (--dtype)"
+            if not torch.isfinite(source.reshape(-1)[i : i + 1].to(dtype)).all()
+            else "doubling o_proj (--init exact) makes it inf; --init bias leaves o_proj as it is"
+        )
+        raise ConversionError(f"SRC tensor {name} holds {value:g} at {where}: {cause}")
     return t
 
 

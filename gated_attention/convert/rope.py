@@ -13,25 +13,60 @@ required, checked against the source, and `max_position_embeddings` becomes
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from .errors import ConversionError
 
-from .sources import ConversionError
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
 class RopeChange:
-    """What `--rope-theta`, `--yarn-factor` and `--original-max-position-embeddings` ask for."""
+    """What `--rope-theta`, `--yarn-factor` and `--original-max-position-embeddings` ask for.
+
+    The options are checked against each other here, when the change is made (the command line makes it
+    while parsing, before anything heavy is imported); `apply_rope_change` checks them against SRC.
+    """
 
     rope_theta: float | None = None
     yarn_factor: float | None = None
     original_max_position_embeddings: int | None = None
 
+    def __post_init__(self):
+        if self.rope_theta is not None and not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ConversionError(f"--rope-theta must be a positive number, got {self.rope_theta}")
+        if self.original_max_position_embeddings is not None and self.yarn_factor is None:
+            raise ConversionError("--original-max-position-embeddings is only used with --yarn-factor")
+        if self.yarn_factor is None:
+            return
+        if self.original_max_position_embeddings is None:
+            raise ConversionError(
+                "--yarn-factor needs --original-max-position-embeddings (the context length the model was trained "
+                "at); transformers would silently use max_position_embeddings, which gives YaRN the wrong ramp"
+            )
+        if not (self.yarn_factor > 1 and math.isfinite(self.yarn_factor)):
+            raise ConversionError(f"--yarn-factor must be a number > 1, got {self.yarn_factor}")
+        original = self.original_max_position_embeddings
+        if isinstance(original, bool) or not isinstance(original, numbers.Integral) or original <= 0:
+            raise ConversionError(f"--original-max-position-embeddings must be a positive integer, got {original}")
+        if self.yarn_factor * original != int(self.yarn_factor * original):
+            raise ConversionError(
+                f"--yarn-factor {self.yarn_factor:g} x --original-max-position-embeddings {original} = "
+                f"{self.yarn_factor * original:g} is not a whole number of positions"
+            )
+
     @property
     def empty(self) -> bool:
         return self.rope_theta is None and self.yarn_factor is None and self.original_max_position_embeddings is None
+
+    def check_not_empty(self) -> None:
+        if self.empty:
+            raise ConversionError(
+                "nothing to do: give --rope-theta and/or --yarn-factor with --original-max-position-embeddings"
+            )
 
     def describe(self) -> str:
         parts = []
@@ -57,27 +92,12 @@ def apply_rope_change(
     if any(isinstance(v, dict) for v in params.values()):
         raise ConversionError("SRC has per-layer-type rope_parameters; RoPE options are not supported for it")
     rope_type = params.get("rope_type", "default")
-
-    if change.original_max_position_embeddings is not None and change.yarn_factor is None:
-        raise ConversionError("--original-max-position-embeddings is only used with --yarn-factor")
     if change.rope_theta is not None:
-        if not (change.rope_theta > 0 and math.isfinite(change.rope_theta)):
-            raise ConversionError(f"--rope-theta must be a positive number, got {change.rope_theta}")
         params["rope_theta"] = float(change.rope_theta)
-
     if change.yarn_factor is None:
         return params, max_position_embeddings
 
     factor, original = change.yarn_factor, change.original_max_position_embeddings
-    if original is None:
-        raise ConversionError(
-            "--yarn-factor needs --original-max-position-embeddings (the context length the model was trained at); "
-            "transformers would silently use max_position_embeddings, which gives YaRN the wrong ramp"
-        )
-    if not (factor > 1 and math.isfinite(factor)):
-        raise ConversionError(f"--yarn-factor must be a number > 1, got {factor}")
-    if original <= 0:
-        raise ConversionError(f"--original-max-position-embeddings must be a positive integer, got {original}")
     source_original = params.get("original_max_position_embeddings")
     if rope_type == "yarn" and source_original is not None and source_original != original:
         raise ConversionError(
@@ -93,12 +113,6 @@ def apply_rope_change(
             f"--original-max-position-embeddings {original} is larger than SRC's max_position_embeddings "
             f"{max_position_embeddings}; it must be the context length SRC was trained at"
         )
-    new_max = factor * original
-    if new_max != int(new_max):
-        raise ConversionError(
-            f"--yarn-factor {factor:g} x --original-max-position-embeddings {original} = {new_max:g} is not a whole "
-            "number of positions"
-        )
     params = {
         "rope_type": "yarn",
         "rope_theta": params.get("rope_theta", 10000.0),
@@ -106,11 +120,14 @@ def apply_rope_change(
         "original_max_position_embeddings": int(original),
         **{k: params[k] for k in ("beta_fast", "beta_slow", "partial_rotary_factor") if k in params},
     }
-    return params, int(new_max)
+    return params, int(factor * original)
 
 
 def rope_frequencies(config) -> tuple[torch.Tensor, float]:
     """`(inv_freq, attention_factor)` exactly as transformers computes them for `config`."""
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     rope_type = config.rope_parameters.get("rope_type", "default")
     if rope_type == "default":
         theta = config.rope_parameters["rope_theta"]

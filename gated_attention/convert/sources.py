@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 import math
 import mmap
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
+
+from .errors import ConversionError
+from .folders import check_source
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -48,11 +52,6 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 TORCH_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 _MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-class ConversionError(ValueError):
-    """Bad input for convert / extend / export; the message is one readable line."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +79,10 @@ def resolve_source(src: str, *, revision: str | None = None, allow_pickle: bool 
     A cached repo resolves without any network access (`local_files_only=True`
     first), so conversion works offline once the files are cached.
     """
+    check_source(src, revision)
     path = Path(src).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json)")
         return path.resolve()
-    if src.startswith((".", "/", "~")) or not _REPO_ID.match(src):  # a path, not `owner/name`
-        raise ConversionError(f"SRC {src}: no such folder")
 
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
@@ -181,6 +177,38 @@ def read_tensor(info: TensorInfo) -> torch.Tensor:
     return raw.view(info.dtype).view(info.shape)  # keeps `mapped` alive exactly as long as it is used
 
 
+# --- inf and NaN ---------------------------------------------------------------------------------
+
+# A float is inf or NaN exactly when its exponent bits are all ones. Shifted left by one bit (the sign
+# drops out), its bits read as an unsigned integer are then at least the all-ones exponent moved to the
+# top: one shift and one max per chunk. float8_e4m3fn has no inf, and NaN only as S.1111.111: 0xFE shifted.
+# In numpy: on a 2.2 GB bf16 checkpoint here, torch.isfinite(t).all() took 10.8 s, this 0.27 s to 0.84 s (by load).
+_NON_FINITE_FROM = {
+    torch.float64: np.uint64(0xFFE0_0000_0000_0000),
+    torch.float32: np.uint32(0xFF00_0000),
+    torch.float16: np.uint16(0xF800),
+    torch.bfloat16: np.uint16(0xFF00),
+    torch.float8_e5m2: np.uint8(0xF8),
+    torch.float8_e4m3fn: np.uint8(0xFE),
+}
+_CHECK_CHUNK = 1 << 18  # elements per step: the shifted copy stays in the CPU's cache for the max
+
+
+def first_non_finite(t: torch.Tensor) -> int | None:
+    """Flat index of the first inf or NaN in `t`; None if there is none (or `t` holds no floats)."""
+    threshold = _NON_FINITE_FROM.get(t.dtype)
+    if threshold is None:
+        return None
+    bits = t.reshape(-1).view(torch.uint8).numpy().view(threshold.dtype)
+    buffer = np.empty(min(_CHECK_CHUNK, bits.size), threshold.dtype)
+    for start in range(0, bits.size, _CHECK_CHUNK):
+        chunk = bits[start : start + _CHECK_CHUNK]
+        shifted = np.left_shift(chunk, 1, out=buffer[: chunk.size])
+        if shifted.max() >= threshold:
+            return start + int(np.flatnonzero(shifted >= threshold)[0])
+    return None
+
+
 # --- the checkpoint ------------------------------------------------------------------------------
 
 
@@ -252,6 +280,28 @@ class SourceCheckpoint:
         if self.format == "safetensors":
             return read_tensor(info)
         return self._load_pickle(info.file)[name].clone()
+
+    def check_finite(self, names) -> None:
+        """Refuse SRC if one of the tensors `names` holds an inf or NaN, naming the tensor and the element.
+
+        Run before anything is written: a broken SRC would otherwise surface in the verification only, as an
+        exact conversion that changed the logits, or, with `--no-verify`, not at all.
+        """
+        names = sorted(set(names), key=lambda n: (str(self.tensors[n].file), self.tensors[n].begin))  # read in file order
+        total = sum(self.tensors[n].nbytes for n in names)
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="checking SRC", disable=None) as bar:
+            for name in names:
+                info = self.tensors[name]
+                if info.dtype in _NON_FINITE_FROM:
+                    t = self.read(name)
+                    if (i := first_non_finite(t)) is not None:
+                        value = t.reshape(-1)[i].float().item()
+                        where = [int(k) for k in np.unravel_index(i, info.shape)] if info.shape else []
+                        raise ConversionError(
+                            f"SRC tensor {name} holds {'NaN' if value != value else f'{value:g}'} at {where} "
+                            f"({info.file.name}): the source checkpoint itself is broken; nothing was written"
+                        )
+                bar.update(info.nbytes)
 
     def files(self) -> list[Path]:
         return list(dict.fromkeys(info.file for info in self.tensors.values()))

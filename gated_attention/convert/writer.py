@@ -1,9 +1,4 @@
-"""Writing a converted checkpoint: staged folder, streamed safetensors shards, side files.
-
-Everything is written into a hidden folder beside DST (`.DST.incomplete-PID`)
-that is renamed to DST only when complete, so a DST that exists is always a
-whole checkpoint. Ctrl-C and SIGTERM remove the staging folder; after a
-SIGKILL it stays behind, marked incomplete by its name.
+"""Writing a converted checkpoint into its staging folder (`staging.py`): streamed safetensors shards, side files.
 
 Shards are planned with huggingface_hub's sharding helper from names, shapes
 and dtypes only, and then written one tensor at a time: the safetensors header
@@ -13,14 +8,12 @@ the next one is read.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,59 +65,6 @@ class OutputTensor:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
-
-
-# --- staging --------------------------------------------------------------------------------------
-
-
-def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    dst_abs, src_abs = dst.resolve(), src.resolve()
-    if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
-        raise ConversionError(f"DST {dst} must not be SRC, inside SRC or contain it (SRC is never modified)")
-    if dst.exists() and not overwrite:
-        raise ConversionError(f"DST {dst} already exists; pass --overwrite to replace it")
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """`kill PID` unwinds like Ctrl-C, so the staging folder is removed."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def staged_folder(dst: Path, overwrite: bool) -> Iterator[Path]:
-    """Yield a fresh staging folder beside `dst`; on success it becomes `dst`, on any failure it is removed."""
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    stage = dst.parent / f".{dst.name}.incomplete-{os.getpid()}"
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir()
-    try:
-        with _sigterm_as_interrupt():
-            yield stage
-            if dst.exists():  # --overwrite: move the old one aside first, so DST is never half old, half new
-                old = dst.parent / f".{dst.name}.replaced-{os.getpid()}"
-                os.replace(dst, old)
-                os.replace(stage, dst)
-                shutil.rmtree(old) if old.is_dir() else old.unlink()
-            else:
-                os.replace(stage, dst)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 # --- shards ---------------------------------------------------------------------------------------

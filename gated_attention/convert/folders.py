@@ -1,0 +1,243 @@
+"""SRC and DST of `convert`, `extend` and `export` on disk: the checks that need no file content, and the
+staging folder that DST appears from, whole or not at all. DST is never lost.
+
+Everything is written into a hidden folder beside DST (`.DST.incomplete-PID`),
+which is renamed to DST only when complete, so a DST that exists is always a
+whole checkpoint. Ctrl-C and SIGTERM remove the staging folder; after a
+SIGKILL it stays behind, marked incomplete by its name, and the next run names
+it (`--overwrite` removes it).
+
+The final rename never replaces what is at DST at that moment, unless asked
+to (`overwrite`): DST is checked when the command starts, but a folder may be
+made there while the weights are written (minutes), and plain rename(2)
+silently replaces an empty folder, which its owner may be about to fill. On
+Linux, renameat2(RENAME_NOREPLACE) makes the check and the rename one atomic
+step; elsewhere DST is claimed with mkdir first (see `rename_noreplace`).
+
+Standard library only: the command line checks SRC and DST before it imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import glob
+import os
+import shutil
+import signal
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from .. import GatedAttentionWarning
+from ..hub.repo_ids import missing_folder
+from .errors import ConversionError
+
+# renameat2(2) flags, from <linux/fs.h>
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+_AT_FDCWD = -100
+STAGING_KINDS = ("incomplete", "replaced")  # .DST.incomplete-PID: being written; .DST.replaced-PID: the old DST, on its way out
+
+
+def check_source(src: str, revision: str | None = None) -> None:
+    """What can be told about SRC without reading it (the command line checks this before importing torch)."""
+    path = Path(src).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json)")
+        if revision is not None:
+            raise ConversionError(f"--revision is for a Hub repo id, and SRC {src} is a local folder")
+    elif missing_folder(src):
+        raise ConversionError(f"SRC {src}: no such folder")
+
+
+def check_destination(src: Path | None, dst: Path, overwrite: bool) -> None:
+    """Refuse a DST that exists (without `overwrite`), or that is SRC (a folder; None: a Hub id), inside it or around it."""
+    dst = Path(dst)
+    if dst.name in ("", ".", ".."):  # the staging folder goes beside DST and is renamed to it
+        raise ConversionError(f"DST {dst} must name a folder to create, like ./out (not . or ..)")
+    if src is not None:
+        dst_abs, src_abs = dst.resolve(), Path(src).expanduser().resolve()
+        if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
+            raise ConversionError(f"DST {dst} must not be SRC, inside SRC or contain it (SRC is never modified)")
+    if os.path.lexists(dst) and not overwrite:
+        raise ConversionError(f"DST {dst} already exists; pass --overwrite to replace it")
+    if dst.parent.exists() and not dst.parent.is_dir():
+        raise ConversionError(f"DST {dst}: {dst.parent} is a file, not a folder")
+
+
+# --- renaming without replacing -------------------------------------------------------------------
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux renameat2(2). False where it is missing: another system, a libc without it (glibc < 2.28),
+    a kernel or file system that does not know the flag; the caller then takes its portable path."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dst))  # FileExistsError for EEXIST
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst`; FileExistsError if anything is at `dst`, an empty folder included."""
+    if _renameat2(src, dst, RENAME_NOREPLACE):
+        return
+    if os.name == "nt":
+        os.rename(src, dst)  # Windows' rename never replaces
+        return
+    # rename(2) replaces an empty folder, so DST is claimed first: mkdir fails if anything is there. If
+    # someone writes into the claimed folder meanwhile, renaming onto it fails (ENOTEMPTY) and their file stays.
+    os.mkdir(dst)
+    try:
+        os.rename(src, dst)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.rmdir(dst)  # ours, if still empty
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(errno.EEXIST, "written to while claimed", str(dst)) from e
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _replace(stage: Path, dst: Path) -> None:
+    """`--overwrite`: put `stage` at `dst` and remove what was there, so DST is never half old, half new."""
+    if _renameat2(stage, dst, RENAME_EXCHANGE):  # one atomic swap; `stage` now names the old DST
+        _remove(stage)
+        return
+    old = dst.parent / f".{dst.name}.replaced-{os.getpid()}"
+    os.replace(dst, old)
+    try:
+        rename_noreplace(stage, dst)
+    except FileExistsError:
+        raise ConversionError(
+            f"DST {dst} appeared again while replacing it (made by another process?); it was left as it is, "
+            f"and the previous DST is at {old}"
+        ) from None
+    _remove(old)
+
+
+# --- what a killed run leaves behind --------------------------------------------------------------
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # a folder named after this process is from an earlier process with the same id
+    if os.name == "nt":
+        return True  # no harmless liveness probe there (os.kill would terminate it): assume it runs
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def staging_leftovers(dst: Path) -> tuple[list[Path], list[tuple[Path, int]]]:
+    """Staging folders beside `dst`: those of dead processes, and (folder, pid) of running ones."""
+    dead, running = [], []
+    for kind in STAGING_KINDS:
+        for path in sorted(dst.parent.glob(f".{glob.escape(dst.name)}.{kind}-*")):
+            pid = path.name.rsplit("-", 1)[1]
+            if not pid.isdigit():
+                continue
+            if _running(int(pid)):
+                running.append((path, int(pid)))
+            else:
+                dead.append(path)
+    return dead, running
+
+
+def _handle_leftovers(dst: Path, overwrite: bool, log) -> None:
+    """Name what killed runs left beside DST (or, with `overwrite`, remove it); folders of running processes stay."""
+    dead, running = staging_leftovers(dst)
+    notes = []
+    if dead and overwrite:
+        for path in dead:
+            _remove(path)
+        log(f"removed {len(dead)} folder(s) left beside DST by an interrupted run: {', '.join(p.name for p in dead)}")
+    elif dead:
+        notes.append(
+            f"{len(dead)} folder(s) beside DST were left by an interrupted run: "
+            f"{', '.join(p.name for p in dead)}; remove them (rm -r {' '.join(str(p) for p in dead)}) or pass --overwrite"
+        )
+    if running:
+        notes.append(
+            "another conversion to the same DST may be under way: "
+            + ", ".join(f"{p.name} (process {pid} is running)" for p, pid in running)
+            + "; left alone"
+        )
+    if notes:
+        warnings.warn("; ".join(notes), GatedAttentionWarning)
+
+
+# --- the staging folder ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """`kill PID` unwinds like Ctrl-C, so the staging folder is removed."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def staged_folder(dst: Path, overwrite: bool, log=print) -> Iterator[Path]:
+    """Yield a fresh staging folder beside `dst`; on success it becomes `dst`, on any failure it is removed.
+
+    Without `overwrite`, it becomes `dst` only if nothing is there at that moment (ConversionError otherwise,
+    and what is at `dst` stays as it is).
+    """
+    dst = Path(dst)
+    made = [p for p in [dst.parent, *dst.parent.parents] if not p.exists()]  # removed again on failure
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    _handle_leftovers(dst, overwrite, log)
+    stage = dst.parent / f".{dst.name}.incomplete-{os.getpid()}"
+    if stage.exists():  # an earlier process with this id was killed (see `_running`)
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        with _sigterm_as_interrupt():
+            yield stage
+            try:
+                rename_noreplace(stage, dst)
+            except FileExistsError:
+                if not overwrite:
+                    raise ConversionError(
+                        f"DST {dst} appeared while writing (made by another process?); it was left as it is "
+                        "and nothing was written; pass --overwrite to replace it"
+                    ) from None
+                _replace(stage, dst)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for folder in made:  # deepest first; one that something else wrote into stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
