@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,48 @@ def test_train_runs_its_forwards_under_autocast_and_keeps_fp32_parameters(autoca
     seen.clear()
     evaluate_loss(model, torch.randint(0, 64, (2, 8)), batch_size=2)
     assert seen == [torch.float32]  # evaluation is never under autocast
+
+
+# ---------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def torch_threads():
+    """torch's thread count restored after the test (conftest runs the tests with one)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("load, expected", [(0.0, 2), (0.4, 2), (0.6, 1), (5.0, 1)], ids=lambda v: str(v))
+def test_default_threads_are_the_free_cores(monkeypatch, torch_threads, load, expected):
+    """2 usable cores: the default takes the ones the 1-minute load average leaves free, at least one
+    (2 threads on a busy 2-core machine trained at a tenth of one thread's speed: benchmarks/threads.py)."""
+    from gated_attention.training.threads import set_cpu_threads
+
+    torch.set_num_threads(2)  # torch's default on this machine: the cap of the rule
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    threads, reason = set_cpu_threads()
+    assert threads == expected == torch.get_num_threads()
+    assert f"load average {load:.1f}" in reason
+    assert set_cpu_threads(3) == (3, "--threads") and torch.get_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)  # what torch read from OMP_NUM_THREADS at start-up
+    assert set_cpu_threads() == (1, "OMP_NUM_THREADS")
+
+
+def test_quickstart_without_threads_uses_the_free_cores_on_the_cpu(monkeypatch, torch_threads, tmp_path, capsys):
+    import argparse
+
+    from gated_attention.recipes.common import Job
+
+    torch.set_num_threads(2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+    args = argparse.Namespace(out=str(tmp_path / "out"), cache=str(tmp_path), device="cpu", threads=None)
+    Job.start(args, {})
+    assert torch.get_num_threads() == 1
+    assert "1 torch thread(s) (free cores: 2 usable, load average 4.0)" in capsys.readouterr().out
