@@ -246,3 +246,61 @@ def test_quickstart_without_threads_uses_the_free_cores_on_the_cpu(monkeypatch, 
     Job.start(args, {})
     assert torch.get_num_threads() == 1
     assert "1 torch thread(s) (free cores: 2 usable, load average 4.0)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- flags
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--lr", "-1"], "--lr"), (["--lr", "0"], "--lr"), (["--gate-lr", "nan"], "--gate-lr"),
+    (["--continue-lr", "inf"], "--continue-lr"), (["--steps", "0"], "--steps"), (["--pretrain-steps", "-2"], "--pretrain-steps"),
+    (["--batch-size", "1.5"], "--batch-size"), (["--seq-len", "4"], "--seq-len"), (["--layers", "0"], "--layers"),
+    (["--heads", "0"], "--heads"), (["--hidden-size", "-8"], "--hidden-size"), (["--vocab-size", "100"], "--vocab-size"),
+    (["--long-factor", "1"], "--long-factor"), (["--eval-sequences", "0"], "--eval-sequences"), (["--seed", "-1"], "--seed"),
+    (["--threads", "0"], "--threads"), (["--preset", "sinks", "--lr", "-1"], "--lr"),
+    (["--preset", "sinks", "--weight-decay", "-0.1"], "--weight-decay"), (["--preset", "sinks", "--steps", "0"], "--steps"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_quickstart_refuses_a_value_out_of_range_when_parsing(argv, flag, capsys):
+    from gated_attention.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["quickstart", *argv])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"gated-attention quickstart: error: argument {flag}: expected "), last
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--weight-decay", "1"], "--weight-decay applies to --preset sinks only"),
+    (["--corpus", "packages", "--architecture", "hybrid"], "--architecture, --corpus apply to --preset sinks only"),
+    (["--preset", "sinks", "--long-factor", "3"], "--long-factor applies to quickstart's main job"),
+    (["--preset", "sinks", "--continue-lr", "1e-4"], "--continue-lr applies to quickstart's main job"),
+    (["--hidden-size", "100", "--heads", "3"], "the head size must be a whole, even number"),
+    (["--hidden-size", "12", "--heads", "4"], "the head size must be a whole, even number"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_quickstart_refuses_flags_that_do_not_go_together_before_importing_torch(argv, message, tmp_path):
+    """One line, exit 2, before torch is imported and before anything is written."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gated_attention", "quickstart", *argv,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [l for l in proc.stderr.splitlines() if not l.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith("gated-attention quickstart: error: ") and message in lines[0], lines
+    assert not any(l.rsplit("|", 1)[-1].strip().split(".")[0] == "torch" for l in proc.stderr.splitlines()
+                   if l.startswith("import time:"))
+    assert not out.exists()
+
+
+def test_quickstart_help_shows_the_defaults_of_both_presets(capsys):
+    from gated_attention.cli import build_parser
+    from gated_attention.recipes.settings import Settings, SinkSettings
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["quickstart", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    main, sinks = Settings(), SinkSettings()
+    for flag, field in (("--steps", "steps"), ("--batch-size", "batch_size"), ("--layers", "num_hidden_layers"),
+                        ("--lr", "lr")):
+        want = f"default {getattr(main, field):g}; --preset sinks: {getattr(sinks, field):g}"
+        assert want in text, (flag, want)
+    assert f"default {sinks.weight_decay:g}" in text and "--preset sinks: the --lr value" in text

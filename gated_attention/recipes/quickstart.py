@@ -44,13 +44,13 @@ from .. import CLIError
 from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
 from .common import Job, model_pair, model_shape
 from .report import draw_quickstart, format_columns, write_csv
-from .settings import Settings, settings_from_args
+from .settings import Settings
 
 _PRETRAIN_FORMAT = 1  # bump when the source-model recipe changes, so cached sources are not reused
 
 
-def run(args: argparse.Namespace) -> int:
-    s = settings_from_args(args)
+def run(args: argparse.Namespace, s: Settings) -> int:
+    """The recipe with settings `s` (`settings.settings_from_args(args)`); `args` give where and how it runs."""
     job = Job.start(args, asdict(s))
     d = prepare_data(s, job)
     runs = train_from_scratch(s, d, job)  # (a)

@@ -44,14 +44,14 @@ import torch
 from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train
 from .common import Job, model_pair
 from .report import draw_sinks, format_columns, write_csv
-from .settings import SinkSettings, sink_settings_from_args
+from .settings import SinkSettings
 
 SINK_THRESHOLD = 0.3  # issue 14: F-Attn of the most sink-like layer that counts as a sink
 MODELS = ("no gate", "G1 gate")
 
 
-def run(args: argparse.Namespace) -> int:
-    s = sink_settings_from_args(args)
+def run(args: argparse.Namespace, s: SinkSettings) -> int:
+    """The recipe with settings `s` (`settings.sink_settings_from_args(args)`); `args` give where and how it runs."""
     job = Job.start(args, asdict(s))
     d = prepare_data(s, job)
     models = build_models(s, d, job)
