@@ -144,11 +144,56 @@ def test_quickstart_smoke_end_to_end(cache, tmp_path):
     assert {r["model"] for r in training} == {"scratch, no gate", "scratch, G1 gate", "Llama source + continued",
                                               "converted + continued"}
     assert len(training) == 4 * 4
+    # each model's own step count: the continued runs go on after the source's 4 pretraining steps
+    assert [int(r["step"]) for r in training if r["model"] == "scratch, G1 gate"] == [1, 2, 3, 4]
+    assert [int(r["step"]) for r in training if r["model"] == "converted + continued"] == [5, 6, 7, 8]
     layers = _read(out / "layers.csv")
     assert len(layers) == 5 * 2  # five models, two layers each
     for name in ("loss.png", "gate_score.png", "first_token_attention.png", "max_activation.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert (out / "converted" / "config.json").exists()
+
+
+def test_quickstart_plots_keep_coincident_curves_visible_and_draw_uniform_attention(tmp_path, monkeypatch):
+    """`report.draw_quickstart` on hand-written files: two models with the same per-layer values (the ungated
+    scratch model and the Llama source are, by construction) are both visible and the legend says they are
+    equal; first-token attention has the uniform-attention line; the continued run is drawn at its steps."""
+    import json
+
+    from gated_attention.recipes import report
+
+    models = ["scratch, no gate", "Llama source (pretrained)", "converted + continued"]
+    report.write_csv(tmp_path / "training.csv",
+                     [{"model": "scratch, no gate", "step": i, "loss": 5 - 0.1 * i, "gate_score": ""} for i in (1, 2, 3)]
+                     + [{"model": "converted + continued", "step": i, "loss": 4.8 - 0.1 * i, "gate_score": 0.5}
+                        for i in (4, 5, 6)], ["model", "step", "loss", "gate_score"])
+    values = {"scratch, no gate": (0.3, 0.2), "Llama source (pretrained)": (0.3, 0.2), "converted + continued": (0.25, 0.1)}
+    report.write_csv(tmp_path / "layers.csv",
+                     [{"model": m, "layer": l, "first_token_attention": v[l - 1], "max_activation": 10 * v[l - 1]}
+                      for m, v in values.items() for l in (1, 2)], ["model", "layer", "first_token_attention", "max_activation"])
+    (tmp_path / "settings.json").write_text(json.dumps({"seq_len": 4, "pretrain_steps": 3}))
+    figures = {}
+
+    def keep(fig, path):  # instead of saving: the figures are inspected here
+        figures[path.name] = fig
+        return path
+
+    monkeypatch.setattr(report, "save_figure", keep)
+    report.draw_quickstart(tmp_path)
+
+    lines = {l.get_label(): l for l in figures["first_token_attention.png"].axes[0].get_lines()}
+    scratch, source = lines["scratch, no gate"], lines["Llama source (pretrained) (= scratch, no gate)"]
+    assert list(scratch.get_ydata()) == list(source.get_ydata())  # the same points ...
+    assert source.get_linewidth() < scratch.get_linewidth() and source.get_color() != scratch.get_color()  # ... nested
+    assert source.get_marker() != scratch.get_marker() and source.get_markersize() < scratch.get_markersize()
+    uniform = lines["uniform causal attention over 4 tokens (0.361)"]  # (1/2 + 1/3 + 1/4) / 3
+    assert list(uniform.get_ydata()) == [pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)] * 2
+
+    loss = {l.get_label(): l for l in figures["loss.png"].axes[0].get_lines()}
+    assert list(loss["converted + continued"].get_xdata()) == [4, 5, 6]
+    assert list(loss["conversion (after the source's 3 steps)"].get_xdata()) == [3, 3]
+    # one colour per model in every plot
+    assert loss["converted + continued"].get_color() == lines["converted + continued"].get_color()
 
 
 # ---------------------------------------------------------------- device

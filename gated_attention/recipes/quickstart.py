@@ -17,7 +17,9 @@ length, first-token attention share (F-Attn), max activation (M-Act), mean
 gate score and fraction of scores below 0.1 (via `gated_attention.analysis`),
 and perplexity at `--long-factor` times the training length, without and with
 YaRN (`convert.rope.apply_rope_change`). Output, in `--out`: `results.csv`
-(the printed table), `training.csv` (loss and gate score per step),
+(the printed table), `training.csv` (loss and gate score per step, counted
+over each model's whole training: the continued runs start after the source's
+last step),
 `layers.csv` (per-layer first-token attention and max activation), and
 `loss.png`, `gate_score.png`, `first_token_attention.png`, `max_activation.png`
 drawn from those files (`report.draw_quickstart`).
@@ -257,7 +259,8 @@ def measure(runs: dict[str, dict], s: Settings, d: Data, job: Job) -> tuple[list
         results.append(row)
         for l, (fa, ma) in enumerate(zip(metrics["layers_first_token_attention"], metrics["layers_max_activation"]), 1):
             layer_rows.append({"model": name, "layer": l, "first_token_attention": fa, "max_activation": ma})
-        training_rows += [{"model": name, **h} for h in r["history"]]
+        first = r["steps"] - len(r["history"])  # steps the model had before this run: the source's, if continued
+        training_rows += [{"model": name, **h, "step": first + h["step"]} for h in r["history"]]
     return results, layer_rows, training_rows
 
 
