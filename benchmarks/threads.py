@@ -12,12 +12,14 @@ over all steps but the first three. Three thread settings, interleaved:
 - `1`: `--threads 1`;
 - `torch`: torch's own default (one thread per core), the old behaviour.
 
-Two phases: as the machine is (`idle`: whatever else runs on it), then with
-`--load` busy-looping processes started by this script (default: one per
-usable core). The busy phase starts once the 1-minute load average has taken
-the load in (at most 90 s), as for a user who starts a run on a machine that
-has been busy, which is what the default rule reads. Prints a table and the
-ratios default / `--threads 1` and torch's default / `--threads 1` per phase.
+Two phases: the machine as found (idle, or whatever else runs on it: the load
+average is printed), then with `--load` busy-looping processes started by this
+script (default: one per usable core). The busy phase starts once the 1-minute
+load average has taken the load in (at most 90 s), as for a user who starts a
+run on a machine that has been busy, which is what the default rule reads.
+Prints a table: per phase and setting, the median steps/s over the repeats (and
+their range: load from other processes comes and goes) and its ratio to
+`--threads 1`.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = data.load_tokenizer(Settings().vocab_size)  # trained and tokenized once, cached for the children
     data.corpus_tokens(tokenizer, "train")
 
-    results = phase("idle", args.steps, args.repeats)
+    results = phase("as found", args.steps, args.repeats)
     load = start_load(n_load)
     try:
         target, t0 = load_average() + 0.6 * n_load, time.monotonic()
@@ -129,15 +131,18 @@ def main(argv: list[str] | None = None) -> int:
             p.kill()
             p.wait()
 
-    print(f"\n{'phase':<12} {'setting':<16} {'threads':>7} {'load avg':>8} {'steps/s':>8} {'/ --threads 1':>13}")
+    print(f"\n{'phase':<12} {'setting':<16} {'threads':>7} {'load avg':>8} {'steps/s':>8} {'(range)':>13} "
+          f"{'/ --threads 1':>13}")
     for name in dict.fromkeys(r["phase"] for r in results):
         rows = [r for r in results if r["phase"] == name]
-        speed = {m: statistics.median(r["steps_per_s"] for r in rows if r["mode"] == m) for m in MODES}
+        speeds = {m: [r["steps_per_s"] for r in rows if r["mode"] == m] for m in MODES}
+        median = {m: statistics.median(v) for m, v in speeds.items()}
         for m, label in (("default", "default (rule)"), ("1", "--threads 1"), ("torch", "torch's default")):
             picked = sorted({r["threads"] for r in rows if r["mode"] == m})
             loads = [r["load"] for r in rows if r["mode"] == m]
+            spread = f"{min(speeds[m]):.2f}-{max(speeds[m]):.2f}"
             print(f"{name:<12} {label:<16} {'/'.join(map(str, picked)):>7} {statistics.median(loads):>8.1f} "
-                  f"{speed[m]:>8.2f} {speed[m] / speed['1']:>12.2f}x")
+                  f"{median[m]:>8.2f} {spread:>13} {median[m] / median['1']:>12.2f}x")
     return 0
 
 

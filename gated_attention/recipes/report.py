@@ -99,7 +99,7 @@ class Styles:
         self.models = models
         self.drawn: list[tuple[str, list[float], list[float]]] = []
 
-    def plot(self, ax, model: str, x: list[float], y: list[float], *, markers: int = 0, **extra):
+    def plot(self, ax, model: str, x: list[float], y: list[float], *, markers: int = 0) -> None:
         """Draw `model`'s points; `markers`: about that many markers along a long curve (0: on every point)."""
         i = self.models.index(model)
         same = next((name for name, dx, dy in self.drawn if (dx, dy) == (x, y)), None)
@@ -109,7 +109,7 @@ class Styles:
         if markers:
             style["markevery"] = (i * max(1, len(x) // markers) // len(self.models), max(1, len(x) // markers))
         label = model if same is None else f"{model} (= {same})"
-        ax.plot(x, y, label=label, **{**style, **extra})
+        ax.plot(x, y, label=label, **style)
 
 
 def _legend(ax) -> None:
