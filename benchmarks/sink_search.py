@@ -13,9 +13,8 @@ import platform
 import sys
 import time
 
-import torch
-
-from gated_attention.recipes import cli, sinks
+from gated_attention.recipes import cli
+from gated_attention.recipes.settings import bounded
 
 
 def main(argv=None) -> int:
@@ -24,18 +23,15 @@ def main(argv=None) -> int:
     cli.register(sub)
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--ungated-only", action="store_true")
-    ours.add_argument("--probe-every", type=int)
-    ours.add_argument("--corpus-chars", type=int)
+    ours.add_argument("--probe-every", type=bounded(int, 0))
+    ours.add_argument("--corpus-chars", type=bounded(int, 1))
     extra, rest = ours.parse_known_args(argv)
     args = parser.parse_args(["quickstart", "--preset", "sinks", *rest])
     args.ungated_only = extra.ungated_only or None
     args.probe_every, args.corpus_chars = extra.probe_every, extra.corpus_chars
     t0 = time.perf_counter()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads; "
-          f"command: {' '.join(sys.argv)}", flush=True)
-    rc = sinks.run(args)
+    print(f"machine: {platform.processor() or platform.machine()}; command: {' '.join(sys.argv)}", flush=True)
+    rc = cli.run(args)  # the run logs its torch threads
     print(f"wall time {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     return rc
 

@@ -37,6 +37,14 @@ per process. Every line of OUTPUT/log.jsonl has the step's batch digest. Run
 with the same number of processes, batch size and accumulation to keep the order. The final model is
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
 gated models) together with the tokenizer.
+
+Inputs are checked before a model is loaded or OUTPUT is made (`check_inputs`):
+the data exist and hold text, `--model` is a causal LM, and `--seq-len` fits in
+its `max_position_embeddings` (longer needs a RoPE change first:
+`long_context.py`, `gated-attention extend`). A bad one is one line on stderr and
+exit status 2; a run that fails later removes the folders it made while they are
+still empty (`training.folders.output_folder`). On a CPU-only machine torch uses
+the cores the load average leaves free (`--threads` to choose).
 """
 
 from __future__ import annotations
@@ -50,18 +58,22 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from transformers import AutoModelForCausalLM
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.training.data import packed_rows, tokenizer_for
+from gated_attention.recipes.settings import bounded
+from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
 from gated_attention.training.streaming import (
     DataError,
     TokenShards,
+    check_has_text,
     check_text_field,
     is_token_shards,
     open_text_dataset,
     text_stream,
 )
+from gated_attention.training.folders import output_folder
+from gated_attention.training.threads import set_cpu_threads
 from gated_attention.training import (
     CheckpointError,
     TrainConfig,
@@ -79,9 +91,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argparse.ArgumentParser:
+    count, rate, non_negative = bounded(int, 1), bounded(float, 0, strict=True), bounded(float, 0)
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", required=True, help="causal LM folder or Hub id")
-    p.add_argument("--output-dir", required=True)
+    p.add_argument("--output-dir", required=True, help="created once the inputs have been checked")
     p.add_argument("--dataset", nargs="+", metavar="SPEC",
                    help="streamed corpus: jsonl/json/parquet/csv/txt files or a folder of them, a save_to_disk "
                         "folder, a Hub dataset id (from the local cache), or a token-shard folder")
@@ -89,30 +102,87 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
     p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id")
     p.add_argument("--valid-dataset", nargs="+", metavar="SPEC",
                    help="validation corpus like --dataset (its first --eval-sequences rows)")
-    p.add_argument("--text-files", nargs="*", help="training text files or folders (default: the embedded corpus)")
-    p.add_argument("--valid-files", nargs="*",
+    p.add_argument("--text-files", nargs="+", help="training text files or folders (default: the embedded corpus)")
+    p.add_argument("--valid-files", nargs="+",
                    help="validation text (default: the embedded corpus's validation split; none with --dataset)")
-    p.add_argument("--seq-len", type=int, default=512, help="tokens per packed row, BOS included")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per process and micro-step")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps in total")
-    p.add_argument("--lr", type=float, default=2e-5, help="learning rate of all non-gate parameters")
-    p.add_argument("--gate-lr", type=float, default=1e-3, help="learning rate of parameters named *attn_gate*")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of --steps")
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    p.add_argument("--seq-len", type=bounded(int, 2), default=512,
+                   help="tokens per packed row, BOS included (at most the model's max_position_embeddings)")
+    p.add_argument("--batch-size", type=count, default=8, help="rows per process and micro-step")
+    p.add_argument("--grad-accum", type=count, default=1, help="micro-steps per optimizer step")
+    p.add_argument("--steps", type=count, default=1000, help="optimizer steps in total")
+    p.add_argument("--lr", type=rate, default=2e-5, help="learning rate of all non-gate parameters")
+    p.add_argument("--gate-lr", type=rate, default=1e-3, help="learning rate of parameters named *attn_gate*")
+    p.add_argument("--weight-decay", type=non_negative, default=0.1)
+    p.add_argument("--warmup-steps", type=bounded(int, 0), default=None, help="default: 5%% of --steps")
+    p.add_argument("--max-grad-norm", type=non_negative, default=1.0, help="0: no clipping")
+    p.add_argument("--seed", type=bounded(int, 0), default=0)
+    p.add_argument("--save-every", type=bounded(int, 0), default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--resume", help="'latest' (in --output-dir) or a checkpoint folder")
-    p.add_argument("--eval-sequences", type=int, default=32, help="validation rows evaluated at the end (0: none)")
-    p.add_argument("--max-chars", type=int, help="use only a prefix of the embedded corpus (characters)")
+    p.add_argument("--eval-sequences", type=bounded(int, 0), default=32,
+                   help="validation rows evaluated at the end (0: none)")
+    p.add_argument("--max-chars", type=count, help="use only a prefix of the embedded corpus (characters)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="weights' dtype (mixed precision comes from the accelerate config)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--threads", type=count, help="torch CPU threads on a CPU-only machine (default: the cores the "
+                   "1-minute load average leaves free; OMP_NUM_THREADS if set, as accelerate launch sets it)")
+    p.add_argument("--log-every", type=count, default=10)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(**defaults)
     return p
+
+
+class InputError(ValueError):
+    """A `--model` or flag that this run cannot use; the message is one line meant for the user."""
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_model(args):
+    """The config of `--model`, read (not the weights) to check that it is a causal LM; `InputError` if not."""
+    name = args.model
+    if not Path(name).expanduser().exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise InputError(f"--model {name}: no such folder")
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--model {name}: {_first_line(e)}") from None
+    remote = args.trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not remote:
+        raise InputError(f"--model {name}: a {config.model_type!r} model ({type(config).__name__}) is not a causal LM "
+                         "(transformers' AutoModelForCausalLM has no class for it)")
+    return config
+
+
+def check_inputs(args, *, rope_change: bool = False):
+    """Check what can be checked before a model is loaded or a folder is made; returns the model's config.
+
+    `--model` must be a causal LM, `--seq-len` must fit in its positions unless the
+    run changes RoPE for a longer context (`rope_change`, as long_context.py does),
+    and the data must exist: files and folders, and for `--dataset` the text column
+    with some text in it (checked first: reading the data needs no model).
+    """
+    for flag, paths in (("--text-files", args.text_files), ("--valid-files", args.valid_files)):
+        if paths:
+            try:
+                text_file_paths(paths)
+            except FileNotFoundError as e:
+                raise DataError(f"{flag} {e}") from None
+    for spec in (args.dataset, args.valid_dataset):
+        if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
+            ds = open_text_dataset(spec[0] if len(spec) == 1 else spec, args.split)
+            check_text_field(ds, args.text_field, " ".join(spec))
+            check_has_text(ds, args.text_field, " ".join(spec))
+    config = check_model(args)
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and args.seq_len > positions and not rope_change:
+        raise InputError(f"--seq-len {args.seq_len} is longer than {args.model}'s max_position_embeddings ({positions}): "
+                         f"it was never trained at those positions. Use --seq-len {positions} or less, or extend the "
+                         "context first (examples/long_context.py, `gated-attention extend`)")
+    return config
 
 
 def make_accelerator() -> Accelerator:
@@ -124,10 +194,30 @@ def make_accelerator() -> Accelerator:
     return Accelerator(cpu=not torch.accelerator.is_available())
 
 
-def load_model(args):
-    return AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=DTYPES[args.dtype], trust_remote_code=args.trust_remote_code
-    )
+def set_threads(args, accelerator) -> None:
+    """On the CPU, torch's threads: `--threads`, else what `set_cpu_threads` finds free (a busy machine
+    slows several threads down far more than one)."""
+    if accelerator.device.type == "cpu":
+        threads, why = set_cpu_threads(args.threads)
+        accelerator.print(f"{threads} torch thread(s) per process ({why})")
+
+
+def load_tokenizer(args, config):
+    """The model's tokenizer, or the embedded one for a model folder without one (see `tokenizer_for`)."""
+    try:
+        return tokenizer_for(args.model, vocab_size=config.vocab_size, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--model {args.model}: no usable tokenizer ({_first_line(e)})") from None
+
+
+def load_model(args, **overrides):
+    """`--model`'s weights (`overrides`: config fields, e.g. other RoPE parameters)."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=DTYPES[args.dtype], trust_remote_code=args.trust_remote_code, **overrides
+        )
+    except (OSError, ValueError) as e:
+        raise InputError(f"--model {args.model}: {_first_line(e)}") from None
 
 
 def open_dataset(spec: list[str], args, tokenizer, accelerator, seq_len: int):
@@ -136,14 +226,6 @@ def open_dataset(spec: list[str], args, tokenizer, accelerator, seq_len: int):
         return TokenShards(spec[0], seq_len, tokenizer)
     return text_stream(spec if len(spec) > 1 else spec[0], tokenizer, seq_len, text_field=args.text_field,
                        split=args.split, rank=accelerator.process_index, world=accelerator.num_processes)
-
-
-def check_data(args) -> None:
-    """Open `--dataset` / `--valid-dataset` and check `--text-field` before any model is loaded."""
-    for spec in (args.dataset, args.valid_dataset):
-        if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
-            name = spec[0] if len(spec) == 1 else spec
-            check_text_field(open_text_dataset(name, args.split), args.text_field, " ".join(spec))
 
 
 def load_data(args, tokenizer, accelerator, seq_len: int | None = None):
@@ -166,6 +248,12 @@ def load_data(args, tokenizer, accelerator, seq_len: int | None = None):
         elif args.eval_sequences and (args.valid_files or not args.dataset):
             valid_rows = packed_rows(tokenizer, seq_len, text_files=args.valid_files, split="validation",
                                      max_chars=args.max_chars, max_rows=args.eval_sequences)
+    named = {"train": (("--dataset", args.dataset), ("--text-files", args.text_files)),
+             "validation": (("--valid-dataset", args.valid_dataset), ("--valid-files", args.valid_files))}
+    for split, rows in (("train", train_rows), ("validation", valid_rows)):
+        if rows is not None and not hasattr(rows, "next_rows") and len(rows) == 0:
+            source = next((f"{flag} {' '.join(v)}" for flag, v in named[split] if v), f"the embedded {split} split")
+            raise DataError(f"{source}: too little text for one row of {seq_len} tokens")
     return train_rows, valid_rows
 
 
@@ -181,14 +269,14 @@ def describe_data(train_rows, seq_len: int) -> str:
     return f"{len(train_rows):,} training rows of {seq_len} tokens"
 
 
-def exit_on_data_error(main):
-    """Run `main`; a corpus or a `--resume` checkpoint that cannot be read ends the process with one
-    line on stderr, exit status 2."""
+def exit_on_input_error(main):
+    """Run `main`; a model, corpus or `--resume` checkpoint that cannot be used ends the process with one
+    line on stderr and exit status 2, and so does a loss that stops being finite."""
 
     def run(argv: list[str] | None = None):
         try:
             return main(argv)
-        except (DataError, CheckpointError) as e:
+        except (InputError, DataError, CheckpointError, FloatingPointError) as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
 
@@ -245,29 +333,27 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
     return model
 
 
-@exit_on_data_error
+@exit_on_input_error
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
-    check_data(args)
+    config = check_inputs(args)
     accelerator = make_accelerator()
+    set_threads(args, accelerator)
     set_seed(args.seed)
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-
-    model = load_model(args)
-    tokenizer = tokenizer_for(args.model, vocab_size=model.config.vocab_size,
-                              trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(args, config)
     train_rows, valid_rows = load_data(args, tokenizer, accelerator)
+    model = load_model(args)
     accelerator.print(f"model {args.model}: {sum(p.numel() for p in model.parameters()):,} parameters, "
                       f"{gate_parameter_count(model):,} in gates; {describe_data(train_rows, args.seq_len)}; "
                       f"{accelerator.num_processes} process(es)")
 
-    model = run_training(args, model, train_rows, accelerator, desc="continued pretraining")
-
-    if valid_rows is not None:
-        loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
-        accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
-    save_final(accelerator, model, Path(args.output_dir) / "final", tokenizer)
-    accelerator.print(f"saved {Path(args.output_dir) / 'final'}")
+    with output_folder(args.output_dir) as out:
+        model = run_training(args, model, train_rows, accelerator, desc="continued pretraining")
+        if valid_rows is not None:
+            loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
+            accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
+        save_final(accelerator, model, out / "final", tokenizer)
+    accelerator.print(f"saved {out / 'final'}")
     accelerator.end_training()
     return model
 

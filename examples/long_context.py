@@ -25,19 +25,24 @@ import math
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from continued_pretraining import (
     DTYPES,
     build_parser,
-    check_data,
-    exit_on_data_error,
+    check_inputs,
+    exit_on_input_error,
     load_data,
+    load_model,
+    load_tokenizer,
     make_accelerator,
     run_training,
+    set_threads,
 )
 from gated_attention.convert.rope import RopeChange, apply_rope_change
-from gated_attention.training.data import packed_rows, tokenizer_for
+from gated_attention.recipes.settings import bounded
+from gated_attention.training.folders import output_folder
+from gated_attention.training.data import packed_rows
 from gated_attention.training import evaluate_loss, save_final, with_rope
 
 
@@ -53,43 +58,49 @@ def perplexities(model, tokenizer, args, accelerator, lengths: list[int], yarn_p
     return out
 
 
-@exit_on_data_error
+@exit_on_input_error
 def main(argv: list[str] | None = None):
     parser = build_parser(__doc__.split("\n")[0], seq_len=2048, steps=500)
-    parser.add_argument("--rope-theta", type=float, required=True, help="new RoPE base")
-    parser.add_argument("--eval-lengths", type=int, nargs="+", help="default: --seq-len x 1, 2, 4")
-    parser.add_argument("--yarn-factor", type=float, help="YaRN factor over --seq-len (default: longest eval length / --seq-len)")
+    parser.add_argument("--rope-theta", type=bounded(float, 0, strict=True), required=True, help="new RoPE base")
+    parser.add_argument("--eval-lengths", type=bounded(int, 2), nargs="+", help="default: --seq-len x 1, 2, 4")
+    parser.add_argument("--yarn-factor", type=bounded(float, 1, strict=True),
+                        help="YaRN factor over --seq-len (default: longest eval length / --seq-len)")
     args = parser.parse_args(argv)
-    check_data(args)
     if not args.eval_sequences:
         parser.error("--eval-sequences must be at least 1: the example reports perplexity by length")
     lengths = args.eval_lengths or [args.seq_len, 2 * args.seq_len, 4 * args.seq_len]
     yarn_factor = args.yarn_factor or max(lengths) / args.seq_len
+    if yarn_factor <= 1:
+        parser.error("no --eval-lengths is longer than --seq-len, so there is no YaRN factor above 1: give --yarn-factor")
+    # Training beyond the model's positions is the point here: the RoPE base change comes first.
+    config = check_inputs(args, rope_change=True)
     accelerator = make_accelerator()
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    original = AutoModelForCausalLM.from_pretrained(args.model, dtype=DTYPES[args.dtype],
-                                                    trust_remote_code=args.trust_remote_code)
-    tokenizer = tokenizer_for(args.model, vocab_size=config.vocab_size, trust_remote_code=args.trust_remote_code)
+    set_threads(args, accelerator)
+    tokenizer = load_tokenizer(args, config)
+    train_rows, _ = load_data(args, tokenizer, accelerator)
     device = accelerator.device
-    before = perplexities(original.to(device), tokenizer, args, accelerator, lengths)
-    del original
+    before = perplexities(load_model(args).to(device), tokenizer, args, accelerator, lengths)
 
     # 1. RoPE base change: new rotary tables, same weights.
     rope_parameters, _ = apply_rope_change(config.rope_parameters, config.max_position_embeddings,
                                            RopeChange(rope_theta=args.rope_theta))
     max_positions = max(config.max_position_embeddings, args.seq_len)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=DTYPES[args.dtype], trust_remote_code=args.trust_remote_code,
-        rope_parameters=rope_parameters, max_position_embeddings=max_positions,
-    )
+    model = load_model(args, rope_parameters=rope_parameters, max_position_embeddings=max_positions)
     accelerator.print(f"RoPE base {config.rope_parameters.get('rope_theta')} -> {args.rope_theta:g}; "
                       f"training at {args.seq_len} tokens (was {config.max_position_embeddings})")
 
+    with output_folder(args.output_dir) as out:
+        rows = train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out, lengths, yarn_factor, before)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return rows
+
+
+def train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out: Path, lengths: list[int],
+                       yarn_factor: float, before: dict[int, float]) -> list[dict]:
+    """Steps 2 and 3: train at the longer length, save, and measure perplexity by length without and with YaRN."""
+    device = accelerator.device
     # 2. Continued training at the longer length.
-    train_rows, _ = load_data(args, tokenizer, accelerator)
     model = run_training(args, model, train_rows, accelerator, desc=f"train @{args.seq_len}")
     save_final(accelerator, model, out / "final", tokenizer)
 
@@ -117,8 +128,6 @@ def main(argv: list[str] | None = None):
 
             change = RopeChange(yarn_factor=yarn_factor, original_max_position_embeddings=args.seq_len)
             extend_checkpoint(str(out / "final"), out / "final-yarn", rope=change, overwrite=True)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
     return rows
 
 

@@ -28,15 +28,18 @@ from transformers import AutoModelForCausalLM
 
 from continued_pretraining import (
     build_parser,
-    check_data,
-    exit_on_data_error,
+    check_inputs,
+    exit_on_input_error,
     gate_parameter_count,
     load_data,
     load_model,
+    load_tokenizer,
     make_accelerator,
     run_training,
+    set_threads,
 )
-from gated_attention.training.data import tokenizer_for
+from gated_attention.recipes.settings import bounded
+from gated_attention.training.folders import output_folder
 from gated_attention.training import evaluate_loss
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -63,44 +66,42 @@ def check_reload(model, folder: Path, input_ids: torch.Tensor, trust_remote_code
     return (a.float() - b.float()).abs().max().item()
 
 
-@exit_on_data_error
+@exit_on_input_error
 def main(argv: list[str] | None = None):
     parser = build_parser(__doc__.split("\n")[0], lr=2e-4, steps=500)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=float, default=32)
-    parser.add_argument("--lora-dropout", type=float, default=0.0)
+    parser.add_argument("--rank", type=bounded(int, 1), default=16)
+    parser.add_argument("--alpha", type=bounded(float, 0, strict=True), default=32)
+    parser.add_argument("--lora-dropout", type=bounded(float, 0, high=1), default=0.0)
     args = parser.parse_args(argv)
-    check_data(args)
+    config = check_inputs(args)
     accelerator = make_accelerator()
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    base = load_model(args)
-    tokenizer = tokenizer_for(args.model, vocab_size=base.config.vocab_size, trust_remote_code=args.trust_remote_code)
+    set_threads(args, accelerator)
+    tokenizer = load_tokenizer(args, config)
     train_rows, valid_rows = load_data(args, tokenizer, accelerator)
+    base = load_model(args)
     model = get_peft_model(base, lora_config(args, base))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     accelerator.print(f"LoRA rank {args.rank} on {', '.join(LORA_TARGETS)}; trainable {trainable:,} parameters, "
                       f"{gate_parameter_count(model):,} of them in gates (trained in full)")
 
-    model = run_training(args, model, train_rows, accelerator, desc="LoRA")
-
-    if valid_rows is not None:
-        loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
-        accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
-    accelerator.wait_for_everyone()
-    merged = accelerator.unwrap_model(model).merge_and_unload()
-    if accelerator.is_main_process:
-        merged.save_pretrained(out / "merged")
-        tokenizer.save_pretrained(out / "merged")
+    with output_folder(args.output_dir) as out:
+        model = run_training(args, model, train_rows, accelerator, desc="LoRA")
         if valid_rows is not None:
-            probe = valid_rows[:2]
-        else:  # a stream has no rows to slice: the next two will do
-            probe = train_rows.next_rows(2) if hasattr(train_rows, "next_rows") else train_rows[:2]
-        diff = check_reload(merged, out / "merged", probe.to(next(merged.parameters()).device))
-        print(f"saved {out / 'merged'}; reloaded with trust_remote_code: max |logits difference| {diff:g}")
-        if diff != 0:
-            raise RuntimeError(f"the reloaded merged model's logits differ from the merged model's (max {diff:g})")
+            loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
+            accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
+        accelerator.wait_for_everyone()
+        merged = accelerator.unwrap_model(model).merge_and_unload()
+        if accelerator.is_main_process:
+            merged.save_pretrained(out / "merged")
+            tokenizer.save_pretrained(out / "merged")
+            if valid_rows is not None:
+                probe = valid_rows[:2]
+            else:  # a stream has no rows to slice: the next two will do
+                probe = train_rows.next_rows(2) if hasattr(train_rows, "next_rows") else train_rows[:2]
+            diff = check_reload(merged, out / "merged", probe.to(next(merged.parameters()).device))
+            print(f"saved {out / 'merged'}; reloaded with trust_remote_code: max |logits difference| {diff:g}")
+            if diff != 0:
+                raise RuntimeError(f"the reloaded merged model's logits differ from the merged model's (max {diff:g})")
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return merged

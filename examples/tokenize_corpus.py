@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import NoReturn
 
+from gated_attention.recipes.settings import MIN_VOCAB, bounded
 from gated_attention.training.data import tokenizer_for
 from gated_attention.training.streaming import DataError, write_token_shards
 
@@ -29,24 +31,34 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--text-field", default="text")
     p.add_argument("--split", default="train")
     p.add_argument("--output", required=True, help="new folder for the shards")
-    p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file")
-    p.add_argument("--vocab-size", type=int,
+    p.add_argument("--shard-tokens", type=bounded(int, 1), default=1 << 28, help="tokens per shard file")
+    p.add_argument("--vocab-size", type=bounded(int, MIN_VOCAB),
                    help="for a model folder without a tokenizer: the embedded one of this size")
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
-    tokenizer = tokenizer_for(args.model, vocab_size=args.vocab_size, trust_remote_code=args.trust_remote_code)
+    try:
+        tokenizer = tokenizer_for(args.model, vocab_size=args.vocab_size, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        fail(f"--model {args.model}: no usable tokenizer ({first}); for a model folder without one, "
+             "--vocab-size picks the embedded tokenizer")
     spec = args.dataset if len(args.dataset) > 1 else args.dataset[0]
     t0 = time.perf_counter()
     try:
         index = write_token_shards(spec, tokenizer, args.output, text_field=args.text_field, split=args.split,
                                    shard_tokens=args.shard_tokens)
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(str(e))
     seconds = time.perf_counter() - t0
     print(f"wrote {args.output}: {index['tokens']:,} tokens ({index['dtype']}) in {len(index['shards'])} shard(s), "
           f"{seconds:.1f} s ({index['tokens'] / seconds:,.0f} tokens/s)")
     return index
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit status 2 (as the training examples do)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,8 @@ def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
 
 
 def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
-    """examples/long_context.py: RoPE base change, training at 48 tokens, perplexity by length with and without YaRN.
+    """examples/long_context.py: RoPE base change, training at 80 tokens (the model has 64 positions: with a
+    RoPE change that is allowed), perplexity by length with and without YaRN.
 
     The YaRN column is computed in memory (`with_rope`); OUTPUT/final-yarn is written separately by
     `extend_checkpoint`. Loaded from disk, that checkpoint must reproduce the column.
@@ -177,11 +178,11 @@ def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
     long_context = _import_example("long_context")
     out = tmp_path / "long"
     rows = long_context.main(["--model", str(tiny_model), "--output-dir", str(out), "--rope-theta", "50000",
-                              "--steps", "2", "--eval-lengths", "32", "96", "--yarn-factor", "2",
-                              *COMMON, "--seq-len", "48"])
+                              "--steps", "2", "--eval-lengths", "32", "160", "--yarn-factor", "2",
+                              *COMMON, "--seq-len", "80"])
     with open(out / "perplexity_by_length.csv", newline="", encoding="utf-8") as f:
         table = list(csv.DictReader(f))
-    assert [int(r["length"]) for r in table] == [32, 96]
+    assert [int(r["length"]) for r in table] == [32, 160]
     for r in table:
         values = [float(r[k]) for k in ("before", "rope_base_trained", "rope_base_trained_yarn")]
         assert all(math.isfinite(v) and v > 1 for v in values), r
@@ -191,12 +192,12 @@ def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
     yarn = json.loads((out / "final-yarn" / "config.json").read_text())
     assert final["rope_parameters"] == {"rope_theta": 50000.0, "rope_type": "default"}
     assert yarn["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 2.0,
-                                       "original_max_position_embeddings": 48}
-    assert yarn["max_position_embeddings"] == 96
+                                       "original_max_position_embeddings": 80}
+    assert final["max_position_embeddings"] == 80 and yarn["max_position_embeddings"] == 160
 
     model = AutoModelForCausalLM.from_pretrained(out / "final-yarn")
     tokenizer = data.tokenizer_for(str(tiny_model), vocab_size=model.config.vocab_size)
-    valid = data.packed_rows(tokenizer, 96, split="validation", max_chars=MAX_CHARS, max_rows=2)
+    valid = data.packed_rows(tokenizer, 160, split="validation", max_chars=MAX_CHARS, max_rows=2)
     assert math.exp(evaluate_loss(model, valid, 2)) == pytest.approx(rows[1]["rope_base_trained_yarn"], rel=1e-6)
 
 
@@ -288,10 +289,113 @@ def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
 
 
 def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model, tmp_path, capsys):
+    """The error comes after the output folder was made: the run removes the folders it made (still empty),
+    never one that was there before, nor what was in it."""
     cpt = _import_example("continued_pretraining")
+    args = ["--model", str(tiny_model), "--steps", "1", "--resume", str(tmp_path / "kept"), *COMMON]
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    for out in (tmp_path / "runs" / "e1", tmp_path / "kept"):
+        with pytest.raises(SystemExit) as exit_info:
+            cpt.main([*args, "--output-dir", str(out)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"error: {tmp_path / 'kept'} is not a complete checkpoint (no step.json)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # runs/ and runs/e1 are gone
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
+
+
+# ---------------------------------------------------------------- bad input: one line, nothing left behind
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(env, tmp_path_factory) -> Path:
+    """A folder of inputs the examples must refuse: an empty text file, an empty folder, a masked LM."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    folder = tmp_path_factory.mktemp("bad")
+    (folder / "empty.txt").write_text("")
+    (folder / "empty_folder").mkdir()
+    tokenizer = data.load_tokenizer(300, max_chars=MAX_CHARS)
+    config = DistilBertConfig(vocab_size=len(tokenizer), dim=32, hidden_dim=64, n_layers=1, n_heads=2)
+    torch.manual_seed(0)
+    DistilBertForMaskedLM(config).save_pretrained(folder / "distilbert")  # random weights, built here
+    tokenizer.save_pretrained(folder / "distilbert")
+    return folder
+
+
+BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad_inputs folder
+    "missing model": (["--model", "./nope"], "error: --model ./nope: no such folder"),
+    "masked LM": (["--model", "{bad}/distilbert"], "error: --model {bad}/distilbert: a 'distilbert' model "
+                  "(DistilBertConfig) is not a causal LM"),
+    "empty text file": (["--text-files", "{bad}/empty.txt"],
+                        "error: --text-files {bad}/empty.txt: too little text for one row of 32 tokens"),
+    "empty folder": (["--text-files", "{bad}/empty_folder"],
+                     "error: --text-files {bad}/empty_folder: no *.txt file in this folder"),
+    "missing text file": (["--text-files", "{bad}/missing.txt"],
+                          "error: --text-files {bad}/missing.txt: no such file or folder"),
+    "empty validation file": (["--valid-files", "{bad}/empty.txt"],
+                              "error: --valid-files {bad}/empty.txt: too little text for one row of 32 tokens"),
+    "empty dataset": (["--dataset", "{bad}/empty.txt"],
+                      "error: --dataset {bad}/empty.txt: no document has text in its 'text' column"),
+    "missing dataset": (["--dataset", "{bad}/missing.jsonl"], "error: --dataset {bad}/missing.jsonl: no such file"),
+}
+SCRIPTS = {"continued_pretraining": [], "lora_finetune": ["--rank", "2"],
+           "long_context": ["--rope-theta", "50000"]}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_bad_input_is_one_line_and_leaves_no_output_folder(env, tiny_model, bad_inputs, tmp_path, monkeypatch,
+                                                           capsys, script, case):
+    argv, expected = BAD_INPUTS[case]
+    argv = [a.format(bad=bad_inputs) for a in argv]
+    if "--model" not in argv:
+        argv = ["--model", str(tiny_model), *argv]
+    monkeypatch.chdir(tmp_path)  # ./nope is relative
     with pytest.raises(SystemExit) as exit_info:
-        cpt.main(["--model", str(tiny_model), "--steps", "1", "--output-dir", str(tmp_path / "out"),
-                  "--resume", str(tmp_path), *COMMON])
+        _import_example(script).main([*argv, "--output-dir", "runs/e1", "--steps", "2", *COMMON, *SCRIPTS[script]])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(expected.format(bad=bad_inputs)), err
+    assert not any(tmp_path.iterdir())  # no runs/e1, no runs/
+
+
+@pytest.mark.parametrize("script", ["continued_pretraining", "lora_finetune"])
+def test_seq_len_beyond_the_model_positions_is_refused_without_a_rope_change(env, tiny_model, tmp_path, capsys, script):
+    with pytest.raises(SystemExit) as exit_info:
+        _import_example(script).main(["--model", str(tiny_model), "--output-dir", str(tmp_path / "out"),
+                                      "--steps", "2", *COMMON, "--seq-len", "256"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: {tmp_path} is not a complete checkpoint (no step.json)"), err
+    assert err == [f"error: --seq-len 256 is longer than {tiny_model}'s max_position_embeddings (64): it was never "
+                   "trained at those positions. Use --seq-len 64 or less, or extend the context first "
+                   "(examples/long_context.py, `gated-attention extend`)"], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_missing_model_from_the_command_line_is_one_line(env, tmp_path, script):
+    """The issue's command, as a user runs it: exit 2, one line on stderr, no traceback, no runs/e1."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{script}.py"), "--model", "./nope", "--output-dir",
+                           "runs/e1", "--steps", "2", *SCRIPTS[script]], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == ["error: --model ./nope: no such folder"], proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_tokenize_corpus_bad_input_is_one_line_and_leaves_nothing(env, tiny_model, bad_inputs, tmp_path, capsys):
+    tokenize = _import_example("tokenize_corpus")
+    for argv, expected in (
+        (["--model", str(tiny_model), "--dataset", str(bad_inputs / "empty.txt")],
+         f"error: {bad_inputs / 'empty.txt'}: no text to tokenize"),
+        (["--model", str(tmp_path / "nope"), "--dataset", str(bad_inputs / "empty.txt")],
+         f"error: --model {tmp_path / 'nope'}: no usable tokenizer"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            tokenize.main([*argv, "--output", str(tmp_path / "tok3")])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(expected), err
+        assert not any(tmp_path.iterdir())  # neither tok3 nor a tok3.tmpPID folder

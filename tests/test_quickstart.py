@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,11 +144,56 @@ def test_quickstart_smoke_end_to_end(cache, tmp_path):
     assert {r["model"] for r in training} == {"scratch, no gate", "scratch, G1 gate", "Llama source + continued",
                                               "converted + continued"}
     assert len(training) == 4 * 4
+    # each model's own step count: the continued runs go on after the source's 4 pretraining steps
+    assert [int(r["step"]) for r in training if r["model"] == "scratch, G1 gate"] == [1, 2, 3, 4]
+    assert [int(r["step"]) for r in training if r["model"] == "converted + continued"] == [5, 6, 7, 8]
     layers = _read(out / "layers.csv")
     assert len(layers) == 5 * 2  # five models, two layers each
     for name in ("loss.png", "gate_score.png", "first_token_attention.png", "max_activation.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert (out / "converted" / "config.json").exists()
+
+
+def test_quickstart_plots_keep_coincident_curves_visible_and_draw_uniform_attention(tmp_path, monkeypatch):
+    """`report.draw_quickstart` on hand-written files: two models with the same per-layer values (the ungated
+    scratch model and the Llama source are, by construction) are both visible and the legend says they are
+    equal; first-token attention has the uniform-attention line; the continued run is drawn at its steps."""
+    import json
+
+    from gated_attention.recipes import report
+
+    models = ["scratch, no gate", "Llama source (pretrained)", "converted + continued"]
+    report.write_csv(tmp_path / "training.csv",
+                     [{"model": "scratch, no gate", "step": i, "loss": 5 - 0.1 * i, "gate_score": ""} for i in (1, 2, 3)]
+                     + [{"model": "converted + continued", "step": i, "loss": 4.8 - 0.1 * i, "gate_score": 0.5}
+                        for i in (4, 5, 6)], ["model", "step", "loss", "gate_score"])
+    values = {"scratch, no gate": (0.3, 0.2), "Llama source (pretrained)": (0.3, 0.2), "converted + continued": (0.25, 0.1)}
+    report.write_csv(tmp_path / "layers.csv",
+                     [{"model": m, "layer": l, "first_token_attention": v[l - 1], "max_activation": 10 * v[l - 1]}
+                      for m, v in values.items() for l in (1, 2)], ["model", "layer", "first_token_attention", "max_activation"])
+    (tmp_path / "settings.json").write_text(json.dumps({"seq_len": 4, "pretrain_steps": 3}))
+    figures = {}
+
+    def keep(fig, path):  # instead of saving: the figures are inspected here
+        figures[path.name] = fig
+        return path
+
+    monkeypatch.setattr(report, "save_figure", keep)
+    report.draw_quickstart(tmp_path)
+
+    lines = {l.get_label(): l for l in figures["first_token_attention.png"].axes[0].get_lines()}
+    scratch, source = lines["scratch, no gate"], lines["Llama source (pretrained) (= scratch, no gate)"]
+    assert list(scratch.get_ydata()) == list(source.get_ydata())  # the same points ...
+    assert source.get_linewidth() < scratch.get_linewidth() and source.get_color() != scratch.get_color()  # ... nested
+    assert source.get_marker() != scratch.get_marker() and source.get_markersize() < scratch.get_markersize()
+    uniform = lines["uniform causal attention over 4 tokens (0.361)"]  # (1/2 + 1/3 + 1/4) / 3
+    assert list(uniform.get_ydata()) == [pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)] * 2
+
+    loss = {l.get_label(): l for l in figures["loss.png"].axes[0].get_lines()}
+    assert list(loss["converted + continued"].get_xdata()) == [4, 5, 6]
+    assert list(loss["conversion (after the source's 3 steps)"].get_xdata()) == [3, 3]
+    # one colour per model in every plot
+    assert loss["converted + continued"].get_color() == lines["converted + continued"].get_color()
 
 
 # ---------------------------------------------------------------- device
@@ -200,3 +246,106 @@ def test_train_runs_its_forwards_under_autocast_and_keeps_fp32_parameters(autoca
     seen.clear()
     evaluate_loss(model, torch.randint(0, 64, (2, 8)), batch_size=2)
     assert seen == [torch.float32]  # evaluation is never under autocast
+
+
+# ---------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def torch_threads():
+    """torch's thread count restored after the test (conftest runs the tests with one)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("load, expected", [(0.0, 2), (0.4, 2), (0.6, 1), (5.0, 1)], ids=lambda v: str(v))
+def test_default_threads_are_the_free_cores(monkeypatch, torch_threads, load, expected):
+    """2 usable cores: the default takes the ones the 1-minute load average leaves free, at least one
+    (2 threads on a busy 2-core machine trained at a tenth of one thread's speed: benchmarks/threads.py)."""
+    from gated_attention.training.threads import set_cpu_threads
+
+    torch.set_num_threads(2)  # torch's default on this machine: the cap of the rule
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    threads, reason = set_cpu_threads()
+    assert threads == expected == torch.get_num_threads()
+    assert f"load average {load:.1f}" in reason
+    assert set_cpu_threads(3) == (3, "--threads") and torch.get_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)  # what torch read from OMP_NUM_THREADS at start-up
+    assert set_cpu_threads() == (1, "OMP_NUM_THREADS")
+
+
+def test_quickstart_without_threads_uses_the_free_cores_on_the_cpu(monkeypatch, torch_threads, tmp_path, capsys):
+    import argparse
+
+    from gated_attention.recipes.common import Job
+
+    torch.set_num_threads(2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+    args = argparse.Namespace(out=str(tmp_path / "out"), cache=str(tmp_path), device="cpu", threads=None)
+    Job.start(args, {})
+    assert torch.get_num_threads() == 1
+    assert "1 torch thread(s) (free cores: 2 usable, load average 4.0)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- flags
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--lr", "-1"], "--lr"), (["--lr", "0"], "--lr"), (["--gate-lr", "nan"], "--gate-lr"),
+    (["--continue-lr", "inf"], "--continue-lr"), (["--steps", "0"], "--steps"), (["--pretrain-steps", "-2"], "--pretrain-steps"),
+    (["--batch-size", "1.5"], "--batch-size"), (["--seq-len", "4"], "--seq-len"), (["--layers", "0"], "--layers"),
+    (["--heads", "0"], "--heads"), (["--hidden-size", "-8"], "--hidden-size"), (["--vocab-size", "100"], "--vocab-size"),
+    (["--long-factor", "1"], "--long-factor"), (["--eval-sequences", "0"], "--eval-sequences"), (["--seed", "-1"], "--seed"),
+    (["--threads", "0"], "--threads"), (["--preset", "sinks", "--lr", "-1"], "--lr"),
+    (["--preset", "sinks", "--weight-decay", "-0.1"], "--weight-decay"), (["--preset", "sinks", "--steps", "0"], "--steps"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_quickstart_refuses_a_value_out_of_range_when_parsing(argv, flag, capsys):
+    from gated_attention.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["quickstart", *argv])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"gated-attention quickstart: error: argument {flag}: expected "), last
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--weight-decay", "1"], "--weight-decay applies to --preset sinks only"),
+    (["--corpus", "packages", "--architecture", "hybrid"], "--architecture, --corpus apply to --preset sinks only"),
+    (["--preset", "sinks", "--long-factor", "3"], "--long-factor applies to quickstart's main job"),
+    (["--preset", "sinks", "--continue-lr", "1e-4"], "--continue-lr applies to quickstart's main job"),
+    (["--hidden-size", "100", "--heads", "3"], "the head size must be a whole, even number"),
+    (["--hidden-size", "12", "--heads", "4"], "the head size must be a whole, even number"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_quickstart_refuses_flags_that_do_not_go_together_before_importing_torch(argv, message, tmp_path):
+    """One line, exit 2, before torch is imported and before anything is written."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gated_attention", "quickstart", *argv,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [l for l in proc.stderr.splitlines() if not l.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith("gated-attention quickstart: error: ") and message in lines[0], lines
+    assert not any(l.rsplit("|", 1)[-1].strip().split(".")[0] == "torch" for l in proc.stderr.splitlines()
+                   if l.startswith("import time:"))
+    assert not out.exists()
+
+
+def test_quickstart_help_shows_the_defaults_of_both_presets(capsys):
+    from gated_attention.cli import build_parser
+    from gated_attention.recipes.settings import Settings, SinkSettings
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["quickstart", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    main, sinks = Settings(), SinkSettings()
+    for flag, field in (("--steps", "steps"), ("--batch-size", "batch_size"), ("--layers", "num_hidden_layers"),
+                        ("--lr", "lr")):
+        want = f"default {getattr(main, field):g}; --preset sinks: {getattr(sinks, field):g}"
+        assert want in text, (flag, want)
+    assert f"default {sinks.weight_decay:g}" in text and "--preset sinks: the --lr value" in text

@@ -65,8 +65,10 @@ def test_package_corpus_tokens_are_cached_with_their_size(tmp_path):
 
 
 def test_uniform_first_token_attention_by_hand():
+    from gated_attention.recipes.report import uniform_first_token_attention
+
     # T = 3: queries 1 and 2 put 1/2 and 1/3 on token 0
-    assert sinks.uniform_first_token_attention(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert uniform_first_token_attention(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
 
 
 def test_layer_metrics_split_the_max_between_first_and_other_tokens():

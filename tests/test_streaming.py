@@ -22,6 +22,7 @@ import torch
 from gated_attention.training import data
 from gated_attention.training.streaming import (
     DataError,
+    PackedStream,
     TokenShards,
     open_text_dataset,
     text_stream,
@@ -190,6 +191,36 @@ def test_token_shards_random_access(tokenizer, docs, tmp_path):
     with pytest.raises(DataError, match="exists"):
         write_token_shards(spec, tokenizer, tmp_path / "tokens")
     assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
+
+
+def test_token_shards_of_no_text_or_interrupted_leave_nothing_behind(tokenizer, docs, tmp_path, monkeypatch):
+    """An empty corpus is one error (it was an IndexError from the tokenizer, called on no texts), and an
+    interruption half-way removes the temporary folder and the folders made for it."""
+    (tmp_path / "empty.txt").write_text("")
+    write_jsonl(tmp_path / "blank.jsonl", ["", "", ""])
+    spec = write_corpus("jsonl", tmp_path, docs)
+    for empty in ("empty.txt", "blank.jsonl"):
+        with pytest.raises(DataError, match="no text to tokenize"):
+            write_token_shards(str(tmp_path / empty), tokenizer, tmp_path / "new" / "tokens")
+        assert not (tmp_path / "new").exists()
+
+    real, chunks = PackedStream._tokenize, []
+
+    def interrupted_at_the_third_chunk(self, texts):
+        chunks.append(len(texts))
+        if len(chunks) == 3:
+            raise KeyboardInterrupt
+        return real(self, texts)
+
+    monkeypatch.setattr(PackedStream, "_tokenize", interrupted_at_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        write_token_shards(spec, tokenizer, tmp_path / "new" / "tokens", shard_tokens=1000, chunk_docs=8)
+    assert len(chunks) == 3 and not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    chunks.clear()
+    with pytest.raises(KeyboardInterrupt):
+        write_token_shards(spec, tokenizer, tmp_path / "kept" / "tokens", shard_tokens=1000, chunk_docs=8)
+    assert (tmp_path / "kept").exists() and not any((tmp_path / "kept").iterdir())  # it was there before
 
 
 def test_bad_text_field_exits_with_one_line(tokenizer, docs, tmp_path):

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import argparse
 
-from .settings import ARCHITECTURES, CORPORA, DEVICES, Settings
+from .settings import (
+    ARCHITECTURES,
+    CORPORA,
+    DEVICES,
+    MIN_VOCAB,
+    Settings,
+    SinkSettings,
+    bounded,
+    settings_from_args,
+    sink_settings_from_args,
+)
 
 
 def register(subparsers) -> None:
@@ -21,46 +31,66 @@ def register(subparsers) -> None:
             "exactly, and both trained further. Prints one table, writes it as CSV and draws the curves as PNG."
         ),
     )
-    d = Settings()
+    d, k = Settings(), SinkSettings()
+
+    def default(field: str, fmt: str = "{}") -> str:
+        """The main job's default for `field`, and the sinks preset's where it differs."""
+        main, sinks = getattr(d, field), getattr(k, field)
+        return f"default {fmt.format(main)}" + ("" if sinks == main else f"; --preset sinks: {fmt.format(sinks)}")
+
+    count = bounded(int, 1)  # steps, sizes, counts: >= 1
+    rate = bounded(float, 0, strict=True)  # learning rates: > 0
     p.add_argument("--out", default="quickstart_out", help="output folder (default: %(default)s)")
     p.add_argument("--smoke", action="store_true", help="tiny models and a few steps, for tests (seconds)")
-    p.add_argument("--steps", type=int, help=f"training steps from scratch and after conversion (default {d.steps})")
-    p.add_argument("--pretrain-steps", type=int, help=f"steps of the Llama source (default {d.pretrain_steps})")
-    p.add_argument("--batch-size", type=int, help=f"sequences per step (default {d.batch_size})")
-    p.add_argument("--seq-len", type=int, help=f"training length in tokens, BOS included (default {d.seq_len})")
-    p.add_argument("--hidden-size", type=int, help=f"(default {d.hidden_size}; intermediate size is 3x)")
-    p.add_argument("--layers", type=int, dest="num_hidden_layers", help=f"(default {d.num_hidden_layers})")
-    p.add_argument("--heads", type=int, dest="num_attention_heads", help=f"(default {d.num_attention_heads})")
-    p.add_argument("--vocab-size", type=int, help=f"BPE vocabulary (default {d.vocab_size})")
-    p.add_argument("--lr", type=float, help=f"learning rate from scratch and for the source (default {d.lr:g})")
-    p.add_argument("--continue-lr", type=float, help=f"non-gate learning rate after conversion (default {d.continue_lr:g})")
-    p.add_argument("--gate-lr", type=float, help=f"learning rate of gate parameters (default {d.gate_lr:g})")
-    p.add_argument("--long-factor", type=int, help=f"evaluate at this multiple of --seq-len (default {d.long_factor})")
-    p.add_argument("--eval-sequences", type=int, help=f"validation sequences for perplexity (default {d.eval_sequences})")
-    p.add_argument("--seed", type=int, help=f"(default {d.seed})")
+    p.add_argument("--steps", type=count, help=f"training steps from scratch and after conversion ({default('steps')})")
+    p.add_argument("--pretrain-steps", type=count, help=f"steps of the Llama source (default {d.pretrain_steps})")
+    p.add_argument("--batch-size", type=count, help=f"sequences per step ({default('batch_size')})")
+    p.add_argument("--seq-len", type=bounded(int, 8),
+                   help=f"training length in tokens, BOS included, at least 8 ({default('seq_len')})")
+    p.add_argument("--hidden-size", type=count,
+                   help=f"({default('hidden_size')}; intermediate size is 3x; --heads must divide it into an even head size)")
+    p.add_argument("--layers", type=count, dest="num_hidden_layers", help=f"({default('num_hidden_layers')})")
+    p.add_argument("--heads", type=count, dest="num_attention_heads", help=f"({default('num_attention_heads')})")
+    p.add_argument("--vocab-size", type=bounded(int, MIN_VOCAB),
+                   help=f"BPE vocabulary, at least {MIN_VOCAB} (256 bytes + 3 special tokens) ({default('vocab_size')})")
+    p.add_argument("--lr", type=rate, help=f"learning rate from scratch and for the source ({default('lr', '{:g}')})")
+    p.add_argument("--continue-lr", type=rate,
+                   help=f"non-gate learning rate after conversion (default {d.continue_lr:g})")
+    p.add_argument("--gate-lr", type=rate, help=f"learning rate of gate parameters (default {d.gate_lr:g}; "
+                   "--preset sinks: the --lr value)")
+    p.add_argument("--long-factor", type=bounded(int, 2),
+                   help=f"evaluate at this multiple of --seq-len, at least 2 (default {d.long_factor})")
+    p.add_argument("--eval-sequences", type=count,
+                   help=f"validation sequences for perplexity ({default('eval_sequences')})")
+    p.add_argument("--seed", type=bounded(int, 0), help=f"({default('seed')})")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where to train and evaluate: auto (default) = cuda when torch sees a GPU, else cpu. On cuda, "
                    "training runs under bf16 autocast with fp32 parameters; evaluation runs in fp32")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=count, help="torch CPU threads (default on the CPU: the cores the 1-minute load "
+                   "average leaves free, at least 1; OMP_NUM_THREADS if set)")
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--preset", choices=["sinks"], help="sinks: an ungated and a G1-gated model from the same weights "
                    "on the package corpus, per-layer first-token attention and max activations "
-                   "(gated_attention/recipes/sinks.py)")
+                   "(gated_attention/recipes/sinks.py); --pretrain-steps, --continue-lr and --long-factor do not apply")
     p.add_argument("--architecture", choices=ARCHITECTURES, help="--preset sinks: dense (default) or a Gated "
                    "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
     p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "
                    "the Python sources of this project's dependencies, see training.data.package_corpus_documents)")
-    p.add_argument("--weight-decay", type=float, help="--preset sinks: AdamW weight decay of the weight matrices "
-                   "(default 0.1; 1.0 with --layers 12 gives the first token the largest activations, see README)")
+    p.add_argument("--weight-decay", type=bounded(float, 0), help="--preset sinks: AdamW weight decay of the weight "
+                   f"matrices (default {k.weight_decay:g}; 1.0 with --layers 12 gives the first token the largest "
+                   "activations, see README)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the recipe `args` ask for: the sinks preset, or quickstart's main job."""
+    """Run the recipe `args` ask for, the sinks preset or quickstart's main job, with its settings checked
+    first (before torch is imported, so that a bad combination of flags answers at once)."""
     if getattr(args, "preset", None) == "sinks":
+        settings = sink_settings_from_args(args)
         from .sinks import run as recipe
     else:
+        settings = settings_from_args(args)
         from .quickstart import run as recipe
-    return recipe(args)
+    return recipe(args, settings)

@@ -12,6 +12,7 @@ import torch
 
 from .. import CLIError
 from ..training import data
+from ..training.threads import set_cpu_threads
 
 # ---------------------------------------------------------------------------------------------
 # Device
@@ -70,14 +71,18 @@ class Job:
         """Read the run's flags (`--out`, `--cache`, `--device`, `--threads`, `--no-progress`), create the
         output folder and write `settings.json` (the recipe's settings and where it ran)."""
         placement = choose_device(getattr(args, "device", None) or "auto")
-        if getattr(args, "threads", None):
-            torch.set_num_threads(args.threads)
+        # On a GPU torch's CPU threads do little; there only an explicit --threads changes them.
+        threads = ""
+        if placement.device.type == "cpu" or getattr(args, "threads", None):
+            count, why = set_cpu_threads(getattr(args, "threads", None))
+            threads = f"; {count} torch thread(s) ({why})"
         cache = Path(args.cache).expanduser() if getattr(args, "cache", None) else data.cache_dir()
         job = cls(Path(args.out), cache, placement, progress=not getattr(args, "no_progress", False))
         job.out.mkdir(parents=True, exist_ok=True)
-        where = {"device": placement.device.type, "autocast": dtype_name(placement.autocast_dtype)}
+        where = {"device": placement.device.type, "autocast": dtype_name(placement.autocast_dtype),
+                 "threads": torch.get_num_threads()}
         (job.out / "settings.json").write_text(json.dumps({**settings, **where}, indent=1), encoding="utf-8")
-        job.log(f"device: {placement.describe()}")
+        job.log(f"device: {placement.describe()}{threads}")
         return job
 
     def log(self, message: str) -> None:

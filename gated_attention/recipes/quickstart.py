@@ -17,7 +17,9 @@ length, first-token attention share (F-Attn), max activation (M-Act), mean
 gate score and fraction of scores below 0.1 (via `gated_attention.analysis`),
 and perplexity at `--long-factor` times the training length, without and with
 YaRN (`convert.rope.apply_rope_change`). Output, in `--out`: `results.csv`
-(the printed table), `training.csv` (loss and gate score per step),
+(the printed table), `training.csv` (loss and gate score per step, counted
+over each model's whole training: the continued runs start after the source's
+last step),
 `layers.csv` (per-layer first-token attention and max activation), and
 `loss.png`, `gate_score.png`, `first_token_attention.png`, `max_activation.png`
 drawn from those files (`report.draw_quickstart`).
@@ -44,13 +46,13 @@ from .. import CLIError
 from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
 from .common import Job, model_pair, model_shape
 from .report import draw_quickstart, format_columns, write_csv
-from .settings import Settings, settings_from_args
+from .settings import Settings
 
 _PRETRAIN_FORMAT = 1  # bump when the source-model recipe changes, so cached sources are not reused
 
 
-def run(args: argparse.Namespace) -> int:
-    s = settings_from_args(args)
+def run(args: argparse.Namespace, s: Settings) -> int:
+    """The recipe with settings `s` (`settings.settings_from_args(args)`); `args` give where and how it runs."""
     job = Job.start(args, asdict(s))
     d = prepare_data(s, job)
     runs = train_from_scratch(s, d, job)  # (a)
@@ -257,7 +259,8 @@ def measure(runs: dict[str, dict], s: Settings, d: Data, job: Job) -> tuple[list
         results.append(row)
         for l, (fa, ma) in enumerate(zip(metrics["layers_first_token_attention"], metrics["layers_max_activation"]), 1):
             layer_rows.append({"model": name, "layer": l, "first_token_attention": fa, "max_activation": ma})
-        training_rows += [{"model": name, **h} for h in r["history"]]
+        first = r["steps"] - len(r["history"])  # steps the model had before this run: the source's, if continued
+        training_rows += [{"model": name, **h, "step": first + h["step"]} for h in r["history"]]
     return results, layer_rows, training_rows
 
 

@@ -7,6 +7,7 @@ Every plot is drawn from the CSV files the recipe wrote (`draw_quickstart`,
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -76,37 +77,86 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return np.convolve(values, np.ones(window) / window, mode="valid").tolist()
 
 
+def uniform_first_token_attention(seq_len: int) -> float:
+    """F-Attn of uniform causal attention: query q (q >= 1) puts 1/(q+1) on token 0."""
+    return float(np.mean([1.0 / (q + 1) for q in range(1, seq_len)]))
+
+
+def read_settings(out: Path) -> dict:
+    """The run's `settings.json` (what `common.Job.start` wrote)."""
+    return json.loads((out / "settings.json").read_text(encoding="utf-8"))
+
+
+class Styles:
+    """Line styles that keep coincident curves visible: every model its own colour and marker, and each
+    curve drawn narrower (line and marker) than the one before, so one that lies exactly on an earlier
+    curve shows as a thin line inside a wide one, in two colours. A curve whose points equal an earlier
+    model's exactly also says so in the legend."""
+
+    MARKERS = ("o", "s", "^", "D", "v", "P")
+
+    def __init__(self, models: list[str]):
+        self.models = models
+        self.drawn: list[tuple[str, list[float], list[float]]] = []
+
+    def plot(self, ax, model: str, x: list[float], y: list[float], *, markers: int = 0) -> None:
+        """Draw `model`'s points; `markers`: about that many markers along a long curve (0: on every point)."""
+        i = self.models.index(model)
+        same = next((name for name, dx, dy in self.drawn if (dx, dy) == (x, y)), None)
+        self.drawn.append((model, x, y))
+        style = dict(color=f"C{i}", lw=max(0.8, 3.2 - 0.6 * i), marker=self.MARKERS[i % len(self.MARKERS)],
+                     ms=max(3.0, 9.0 - 1.5 * i), ls="-" if model.startswith("scratch") else "--")
+        if markers:
+            style["markevery"] = (i * max(1, len(x) // markers) // len(self.models), max(1, len(x) // markers))
+        label = model if same is None else f"{model} (= {same})"
+        ax.plot(x, y, label=label, **style)
+
+
+def _legend(ax) -> None:
+    ax.legend(fontsize=8, title="drawn wide to narrow: coinciding curves nest", title_fontsize=7)
+
+
 def draw_quickstart(out: Path) -> list[Path]:
     """quickstart's `loss.png`, `gate_score.png` (from `training.csv`), `first_token_attention.png` and
-    `max_activation.png` (from `layers.csv`)."""
+    `max_activation.png` (from `layers.csv`); `settings.json` gives the sequence length and the step at which
+    the source was converted.
+
+    Steps are each model's own: the continued runs go on from the source's last step, so they are drawn after
+    it. Coincident curves stay visible (`Styles`)."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     training, layers = read_csv(out / "training.csv"), read_csv(out / "layers.csv")
-    runs = list(dict.fromkeys(r["model"] for r in training))
-    models = list(dict.fromkeys(r["model"] for r in layers))
+    settings = read_settings(out)
+    models = list(dict.fromkeys(r["model"] for r in layers))  # every model: one colour each in every plot
+    runs = [m for m in models if any(r["model"] == m for r in training)]  # the ones trained in this run
     written = []
 
-    def style(model):  # solid: from scratch; dashed: the conversion experiment
-        return {"ls": "-" if model.startswith("scratch") else "--"}
+    def conversion_line(ax):
+        ax.axvline(settings["pretrain_steps"], color="gray", lw=0.8, ls=":",
+                   label=f"conversion (after the source's {settings['pretrain_steps']} steps)")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = Styles(models)
     for model in runs:
         steps, loss = series(training, model, "step", "loss")
         w = max(1, len(loss) // 30)
-        ax.plot(steps[w - 1 :], _smooth(loss, w), label=model, **style(model))
+        styles.plot(ax, model, steps[w - 1 :], _smooth(loss, w), markers=10)
+    conversion_line(ax)
     ax.set(xlabel="step", ylabel="training loss (nats, moving mean)", title="Training loss")
-    ax.legend(fontsize=8)
+    _legend(ax)
     written.append(save_figure(fig, out / "loss.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = Styles(models)
     for model in runs:
         steps, gate = series(training, model, "step", "gate_score")
         if gate:
-            ax.plot(steps, gate, label=model, **style(model))
+            styles.plot(ax, model, steps, gate, markers=10)
     ax.axhline(0.5, color="gray", lw=0.8, ls=":")
+    conversion_line(ax)
     ax.set(xlabel="step", ylabel="mean gate score (training batches)", title="Gate score during training")
-    ax.legend(fontsize=8)
+    _legend(ax)
     written.append(save_figure(fig, out / "gate_score.png"))
 
     for column, name, ylabel in (
@@ -114,12 +164,16 @@ def draw_quickstart(out: Path) -> list[Path]:
         ("max_activation", "max_activation.png", "max |hidden| (layer output)"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        styles = Styles(models)
         for model in models:
-            layer, value = series(layers, model, "layer", column)
-            ax.plot(layer, value, marker="o", label=model, **style(model))
+            styles.plot(ax, model, *series(layers, model, "layer", column))
+        if column == "first_token_attention":
+            uniform = uniform_first_token_attention(settings["seq_len"])
+            ax.axhline(uniform, color="black", lw=1, ls=":",
+                       label=f"uniform causal attention over {settings['seq_len']} tokens ({uniform:.3f})")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="layer (1-based)", ylabel=ylabel, title=ylabel.split(" (")[0].capitalize() + " per layer")
-        ax.legend(fontsize=8)
+        _legend(ax)
         written.append(save_figure(fig, out / name))
     return written
 
@@ -139,6 +193,9 @@ def draw_sinks(out: Path, sink_threshold: float) -> list[Path]:
     for model in models:
         ax.plot(*series(layers, model, "layer", "f_attn"), marker="o", color=colors[model], label=model)
     ax.axhline(sink_threshold, color="gray", lw=0.8, ls=":", label=f"sink threshold {sink_threshold:g}")
+    seq_len = read_settings(out)["seq_len"]
+    uniform = uniform_first_token_attention(seq_len)
+    ax.axhline(uniform, color="black", lw=1, ls=":", label=f"uniform causal attention over {seq_len} tokens ({uniform:.3f})")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="layer (1-based)", ylabel="attention on the first token (mean over heads, queries)",
            title="First-token attention per layer", ylim=(0, None))

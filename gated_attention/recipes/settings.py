@@ -7,6 +7,7 @@ reads the defaults from here for its help without importing torch.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from .. import CLIError
@@ -14,7 +15,32 @@ from .. import CLIError
 # gated_attention.training.data.CORPORA, spelled out so that the parser imports no torch (tests/test_sinks.py checks)
 CORPORA = ("embedded", "packages")
 DEVICES = ("auto", "cpu", "cuda")
+MIN_VOCAB = 259  # byte-level BPE: 256 byte symbols and the 3 special tokens (training.data.train_tokenizer)
 ARCHITECTURES = ("dense", "hybrid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Flag values
+
+
+def bounded(kind: type = int, low: float = 1, *, strict: bool = False, high: float | None = None):
+    """An argparse `type`: a finite `kind` (int or float) >= `low` (> `low` when `strict`; < `high` if given).
+
+    A value out of range is a usage error naming the flag and the range, before anything runs.
+    """
+    word = "an integer" if kind is int else "a number"
+    wanted = f"{word} {'>' if strict else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low) or (high is not None and value >= high):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    return parse
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,11 +83,10 @@ _QUICKSTART_FLAGS = ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    """quickstart's settings from its parsed flags (each flag's range is checked by the parser)."""
+    _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
     s = Settings(**(SMOKE if getattr(args, "smoke", False) else {}))
     _apply_flags(s, args, _QUICKSTART_FLAGS)
-    if min(s.steps, s.pretrain_steps, s.batch_size, s.eval_sequences) < 1 or s.seq_len < 8 or s.long_factor < 2:
-        raise CLIError("--steps, --pretrain-steps, --batch-size, --eval-sequences must be >= 1, --seq-len >= 8, "
-                       "--long-factor >= 2")
     return s
 
 
@@ -112,6 +137,8 @@ _SINKS_FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_lay
 
 
 def sink_settings_from_args(args: argparse.Namespace) -> SinkSettings:
+    """The sinks preset's settings from quickstart's parsed flags (each flag's range is checked by the parser)."""
+    _refuse_flags(args, _MAIN_JOB_ONLY, "quickstart's main job (without --preset sinks)")
     smoke = getattr(args, "smoke", False)
     s = SinkSettings(**(SINKS_SMOKE if smoke else {}))
     _apply_flags(s, args, _SINKS_FLAGS)
@@ -124,21 +151,33 @@ def sink_settings_from_args(args: argparse.Namespace) -> SinkSettings:
     if s.architecture == "hybrid" and s.num_hidden_layers < s.hybrid_ratio:
         raise CLIError(f"a {s.hybrid_ratio}:1 hybrid needs --layers >= {s.hybrid_ratio} (one full-attention layer "
                        f"closes every {s.hybrid_ratio} layers)")
-    if min(s.steps, s.batch_size, s.eval_sequences) < 1 or s.seq_len < 8:
-        raise CLIError("--steps, --batch-size, --eval-sequences must be >= 1 and --seq-len >= 8")
     return s
 
 
 # ---------------------------------------------------------------------------------------------
 
 
+# flags that only one of the two jobs reads (dest names); given to the other, they would do nothing
+_MAIN_JOB_ONLY = ("pretrain_steps", "continue_lr", "long_factor")
+_SINKS_ONLY = ("architecture", "corpus", "weight_decay")
+
+
+def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], owner: str) -> None:
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is not None]
+    if given:
+        raise CLIError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to {owner} only")
+
+
 def _apply_flags(s, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Copy the flags that were given onto `s`; `--hidden-size` also sets the MLP width (3x); heads must divide it."""
+    """Copy the flags that were given onto `s`; `--hidden-size` also sets the MLP width (3x); heads must divide
+    it into an even head size (RoPE rotates pairs of channels)."""
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
             setattr(s, name, value)
     if getattr(args, "hidden_size", None) is not None:
         s.intermediate_size = 3 * s.hidden_size
-    if s.hidden_size % s.num_attention_heads:
-        raise CLIError(f"--hidden-size {s.hidden_size} is not a multiple of --heads {s.num_attention_heads}")
+    if s.hidden_size % s.num_attention_heads or (s.hidden_size // s.num_attention_heads) % 2:
+        raise CLIError(f"--hidden-size {s.hidden_size} / --heads {s.num_attention_heads} = "
+                       f"{s.hidden_size / s.num_attention_heads:g}: the head size must be a whole, even number "
+                       "(RoPE rotates pairs of channels)")

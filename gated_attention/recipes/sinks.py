@@ -43,15 +43,15 @@ import torch
 
 from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train
 from .common import Job, model_pair
-from .report import draw_sinks, format_columns, write_csv
-from .settings import SinkSettings, sink_settings_from_args
+from .report import draw_sinks, format_columns, uniform_first_token_attention, write_csv
+from .settings import SinkSettings
 
 SINK_THRESHOLD = 0.3  # issue 14: F-Attn of the most sink-like layer that counts as a sink
 MODELS = ("no gate", "G1 gate")
 
 
-def run(args: argparse.Namespace) -> int:
-    s = sink_settings_from_args(args)
+def run(args: argparse.Namespace, s: SinkSettings) -> int:
+    """The recipe with settings `s` (`settings.sink_settings_from_args(args)`); `args` give where and how it runs."""
     job = Job.start(args, asdict(s))
     d = prepare_data(s, job)
     models = build_models(s, d, job)
@@ -61,11 +61,6 @@ def run(args: argparse.Namespace) -> int:
     analyzed = analyze_models(models, d.tokenizer, s, job) if _analyzes(s) else []
     report(layer_rows, summary, trained, analyzed, s, job)
     return 0
-
-
-def uniform_first_token_attention(seq_len: int) -> float:
-    """F-Attn of uniform causal attention: query q (q >= 1) puts 1/(q+1) on token 0."""
-    return float(np.mean([1.0 / (q + 1) for q in range(1, seq_len)]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@
 - `data`: the embedded corpora (Python's own docs and sources; the package
   corpus), the byte-level BPE tokenizer trained on them, packing into BOS-led rows.
 - `streaming`: Hugging Face `datasets` streams packed on the fly, and token shards.
+- `folders`: output folders that a failed run removes again while they are empty.
+- `threads`: the default count of torch CPU threads (the cores the load average leaves free).
 
 It imports nothing else of this package: it works on any causal LM (ours,
 transformers', a PEFT wrapper), and the recipes and examples build on it.

@@ -211,16 +211,31 @@ def documents(corpus: str, split: str, max_chars: int | None = None) -> list[Doc
     return [d for d in docs if (_name_hash(d.name) % VALIDATION_EVERY == 0) == want_val]
 
 
-def load_text_files(paths: Iterable[str | os.PathLike]) -> list[Document]:
-    """Plain-text files as documents (a folder means every `*.txt` in it, sorted)."""
-    docs = []
+def text_file_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The files `load_text_files` reads: each path, a folder meaning every `*.txt` under it (sorted).
+
+    Raises `FileNotFoundError` (one line, naming the path) for a path that does not
+    exist or a folder without a `*.txt` file.
+    """
+    files = []
     for p in map(Path, paths):
-        files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
-        for f in files:
-            docs.append(Document(str(f), f.read_text(encoding="utf-8", errors="replace")))
-    if not docs:
-        raise FileNotFoundError(f"no text files found in {[str(p) for p in paths]}")
-    return docs
+        if p.is_dir():
+            found = sorted(p.rglob("*.txt"))
+            if not found:
+                raise FileNotFoundError(f"{p}: no *.txt file in this folder")
+            files += found
+        elif p.exists():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    if not files:
+        raise FileNotFoundError("no text files given")
+    return files
+
+
+def load_text_files(paths: Iterable[str | os.PathLike]) -> list[Document]:
+    """Plain-text files as documents (a folder means every `*.txt` in it, sorted; see `text_file_paths`)."""
+    return [Document(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in text_file_paths(paths)]
 
 
 def corpus_fingerprint(documents: Sequence[Document]) -> str:

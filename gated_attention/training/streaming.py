@@ -32,11 +32,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .folders import output_folder
 
 # file suffix -> `datasets` packaged builder
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -155,6 +158,14 @@ def check_text_field(ds, text_field: str, spec) -> None:
         raise DataError(f"--text-field {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
 
 
+def check_has_text(ds, text_field: str, spec) -> None:
+    """`DataError` unless some document of `ds` has text in `text_field` (reads up to the first that has)."""
+    for doc in ds.select_columns([text_field]):
+        if doc[text_field]:
+            return
+    raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
+
+
 # ---------------------------------------------------------------------------------------------
 # Packing a stream into rows, with a resumable position
 
@@ -223,7 +234,9 @@ class PackedStream:
 
     def _tokenize(self, texts: list) -> np.ndarray:
         texts = [t for t in texts if t]  # missing (None) or empty documents add nothing
-        if texts and not isinstance(texts[0], str):
+        if not texts:  # (a tokenizer called on no texts raises IndexError)
+            return np.zeros(0, dtype=np.int32)
+        if not isinstance(texts[0], str):
             raise DataError(f"--text-field {self.text_field!r}: {self.name}'s column holds "
                             f"{type(texts[0]).__name__}, not text")
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -303,6 +316,8 @@ def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", sp
     place at the end, so `out_dir` is either complete or absent.
     """
     out_dir = Path(out_dir)
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}")
     if out_dir.exists():
         raise DataError(f"{out_dir} exists; token shards are written to a new folder")
     vocab = len(tokenizer)
@@ -310,32 +325,45 @@ def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", sp
     stream = PackedStream(lambda: open_text_dataset(spec, split), tokenizer, 2, text_field=text_field,
                           chunk_docs=chunk_docs, name=spec if isinstance(spec, str) else " ".join(spec))
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True)
-    shards, current, written = [], None, 0
-    while stream._read_chunk():
-        tokens = stream._pending.pop()[1].astype(dtype)
-        while len(tokens):
-            if current is None or written == shard_tokens:
-                if current is not None:
-                    current.close()
-                    shards[-1]["tokens"] = written
-                shards.append({"file": f"tokens-{len(shards):05d}.bin", "tokens": 0})
-                current, written = open(tmp / shards[-1]["file"], "wb"), 0
-            k = min(len(tokens), shard_tokens - written)
-            current.write(tokens[:k].tobytes())
-            written, tokens = written + k, tokens[k:]
-    if current is None:
-        tmp.rmdir()
-        raise DataError(f"{stream.name}: no text to tokenize")
-    current.close()
-    shards[-1]["tokens"] = written
-    index = {"format": _SHARDS_FORMAT, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
-             "bos_token_id": stream.bos, "eos_token_id": stream.eos, "tokenizer": tokenizer.name_or_path,
-             "source": stream.name, "text_field": text_field, "split": split,
-             "tokens": sum(s["tokens"] for s in shards), "shards": shards}
-    (tmp / INDEX).write_text(json.dumps(index, indent=1), encoding="utf-8")
-    tmp.rename(out_dir)
+    with output_folder(out_dir.parent):
+        tmp.mkdir()
+        try:
+            shards = _write_shards(stream, tmp, dtype, shard_tokens)
+            index = {"format": _SHARDS_FORMAT, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
+                     "bos_token_id": stream.bos, "eos_token_id": stream.eos, "tokenizer": tokenizer.name_or_path,
+                     "source": stream.name, "text_field": text_field, "split": split,
+                     "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+            (tmp / INDEX).write_text(json.dumps(index, indent=1), encoding="utf-8")
+            tmp.rename(out_dir)
+        except BaseException:  # an error or Ctrl-C: no half-written folder stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return index
+
+
+def _write_shards(stream: PackedStream, folder: Path, dtype, shard_tokens: int) -> list[dict]:
+    """Read `stream`'s whole corpus once into token files of `shard_tokens` tokens; returns their index entries."""
+    shards, current, written = [], None, 0
+    try:
+        while stream._read_chunk():
+            tokens = stream._pending.pop()[1].astype(dtype)
+            while len(tokens):
+                if current is None or written == shard_tokens:
+                    if current is not None:
+                        current.close()
+                        shards[-1]["tokens"] = written
+                    shards.append({"file": f"tokens-{len(shards):05d}.bin", "tokens": 0})
+                    current, written = open(folder / shards[-1]["file"], "wb"), 0
+                k = min(len(tokens), shard_tokens - written)
+                current.write(tokens[:k].tobytes())
+                written, tokens = written + k, tokens[k:]
+    finally:
+        if current is not None:
+            current.close()
+    if not shards:
+        raise DataError(f"{stream.name}: no text to tokenize")
+    shards[-1]["tokens"] = written
+    return shards
 
 
 def is_token_shards(path) -> bool:
