@@ -78,6 +78,7 @@ from gated_attention.training import (
     CheckpointError,
     TrainConfig,
     evaluate_loss,
+    finish_training,
     latest_checkpoint,
     load_checkpoint,
     make_optimizer,
@@ -354,7 +355,8 @@ def main(argv: list[str] | None = None):
             accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
         save_final(accelerator, model, out / "final", tokenizer)
     accelerator.print(f"saved {out / 'final'}")
-    accelerator.end_training()
+    model = accelerator.unwrap_model(model)  # the DDP/FSDP wrapper goes before the process group (finish_training)
+    finish_training(accelerator)
     return model
 
 

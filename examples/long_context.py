@@ -43,7 +43,7 @@ from gated_attention.convert.rope import RopeChange, apply_rope_change
 from gated_attention.recipes.settings import bounded
 from gated_attention.training.folders import output_folder
 from gated_attention.training.data import packed_rows
-from gated_attention.training import evaluate_loss, save_final, with_rope
+from gated_attention.training import evaluate_loss, finish_training, save_final, with_rope
 
 
 def perplexities(model, tokenizer, args, accelerator, lengths: list[int], yarn_params=None) -> dict[int, float]:
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None):
 
     with output_folder(args.output_dir) as out:
         rows = train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out, lengths, yarn_factor, before)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    finish_training(accelerator)  # the training wrapper lives only in accelerate's own lists by now
     return rows
 
 

@@ -40,7 +40,7 @@ from continued_pretraining import (
 )
 from gated_attention.recipes.settings import bounded
 from gated_attention.training.folders import output_folder
-from gated_attention.training import evaluate_loss
+from gated_attention.training import evaluate_loss, finish_training
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None):
             print(f"saved {out / 'merged'}; reloaded with trust_remote_code: max |logits difference| {diff:g}")
             if diff != 0:
                 raise RuntimeError(f"the reloaded merged model's logits differ from the merged model's (max {diff:g})")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    del model  # the DDP/FSDP wrapper goes before the process group (finish_training)
+    finish_training(accelerator)
     return merged
 
 

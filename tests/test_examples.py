@@ -399,3 +399,51 @@ def test_tokenize_corpus_bad_input_is_one_line_and_leaves_nothing(env, tiny_mode
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(expected), err
         assert not any(tmp_path.iterdir())  # neither tok3 nor a tok3.tmpPID folder
+
+
+FINISH_WORKER = """
+import gc, json, sys
+import torch, torch.distributed as dist
+from accelerate import Accelerator
+from torch.nn.parallel import DistributedDataParallel
+from gated_attention.training import finish_training
+
+accelerator = Accelerator(cpu=True)
+model = torch.nn.Linear(8, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+assert isinstance(model, DistributedDataParallel)
+accelerator.backward(model(torch.randn(4, 8)).sum())
+optimizer.step()
+
+alive = []
+destroy = dist.destroy_process_group
+def checked_destroy(*args, **kwargs):
+    gc.collect()
+    alive.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+    return destroy(*args, **kwargs)
+dist.destroy_process_group = checked_destroy
+
+if sys.argv[2] == "finish":
+    model = accelerator.unwrap_model(model)
+    finish_training(accelerator)
+else:
+    accelerator.end_training()
+open(f"{sys.argv[1]}.{accelerator.process_index}", "w").write(json.dumps(alive))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["finish", "plain"])
+def test_finish_training_frees_the_ddp_wrapper_before_the_process_group(env, tmp_path, ending):
+    """A DDP wrapper outliving the process group can hang the process at exit (see `finish_training`)."""
+    script = tmp_path / "worker.py"
+    script.write_text(FINISH_WORKER)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+           str(tmp_path / "alive"), ending]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    alive = [json.loads((tmp_path / f"alive.{rank}").read_text()) for rank in (0, 1)]
+    # accelerate's end_training alone destroys the group while its own list still holds the wrapper
+    assert alive == ([[0], [0]] if ending == "finish" else [[1], [1]])

@@ -24,6 +24,7 @@ from .loop import (
     TrainConfig,
     checkpoint_dir,
     evaluate_loss,
+    finish_training,
     gate_modules,
     gate_parameters_snapshot,
     is_gate_parameter,
@@ -40,7 +41,7 @@ from .loop import (
 
 __all__ = [
     "GATE_KEY", "CheckpointError", "GateScoreMeter", "RowBatches", "StepBatches", "StreamBatches", "TrainConfig",
-    "checkpoint_dir", "evaluate_loss", "gate_modules", "gate_parameters_snapshot", "is_gate_parameter",
+    "checkpoint_dir", "evaluate_loss", "finish_training", "gate_modules", "gate_parameters_snapshot", "is_gate_parameter",
     "latest_checkpoint", "load_checkpoint", "make_optimizer", "make_scheduler", "optimizer_groups",
     "save_checkpoint", "save_final", "train", "with_rope",
 ]

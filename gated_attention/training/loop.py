@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import hashlib
 import json
 import math
@@ -406,6 +407,24 @@ def save_final(accelerator, model, folder, tokenizer=None) -> None:
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
     accelerator.wait_for_everyone()
+
+
+def finish_training(accelerator) -> None:
+    """`accelerator.end_training()` (which destroys the process group), after the DDP/FSDP wrappers are gone.
+
+    A DDP wrapper's Reducer holds the process group. Freed after the group is
+    destroyed, it is the group's last owner, and its destructor (which does not
+    release the GIL) joins gloo's worker threads while one of them may need the
+    GIL to free a finished collective's tensors: the process hangs at exit (1 in
+    25 two-process runs on a loaded 2-core machine; pytorch/pytorch#56297). So
+    accelerate's own references to the prepared objects are dropped first, while
+    the group lives. Callers drop theirs before calling: `model =
+    accelerator.unwrap_model(model)`.
+    """
+    accelerator.wait_for_everyone()
+    accelerator.free_memory()  # accelerate's references to prepared models, optimizers, schedulers
+    gc.collect()
+    accelerator.end_training()
 
 
 def with_rope(model, rope_parameters: dict, max_position_embeddings: int):
