@@ -74,6 +74,7 @@ from gated_attention.training.streaming import (
 )
 from gated_attention.training.folders import output_folder
 from gated_attention.training.threads import set_cpu_threads
+from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
     CheckpointError,
     TrainConfig,
@@ -145,7 +146,7 @@ def _first_line(e: Exception) -> str:
 def check_model(args):
     """The config of `--model`, read (not the weights) to check that it is a causal LM; `InputError` if not."""
     name = args.model
-    if not Path(name).expanduser().exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+    if missing_folder(name):  # no such path, and no Hub repo id either
         raise InputError(f"--model {name}: no such folder")
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code)
