@@ -61,6 +61,7 @@ from accelerate.utils import set_seed
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
+from gated_attention.cli import OneLineErrorParser
 from gated_attention.recipes.settings import bounded
 from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
 from gated_attention.training.streaming import (
@@ -94,7 +95,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argparse.ArgumentParser:
     count, rate, non_negative = bounded(int, 1), bounded(float, 0, strict=True), bounded(float, 0)
-    p = argparse.ArgumentParser(description=description)
+    p = OneLineErrorParser(description=description)
     p.add_argument("--model", required=True, help="causal LM folder or Hub id")
     p.add_argument("--output-dir", required=True, help="created once the inputs have been checked")
     p.add_argument("--dataset", nargs="+", metavar="SPEC",

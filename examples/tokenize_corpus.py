@@ -14,18 +14,18 @@ The folder appears complete or not at all. `--dataset` takes what
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import NoReturn
 
+from gated_attention.cli import OneLineErrorParser
 from gated_attention.recipes.settings import MIN_VOCAB, bounded
 from gated_attention.training.data import tokenizer_for
 from gated_attention.training.streaming import DataError, write_token_shards
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineErrorParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="model folder or Hub id whose tokenizer to use")
     p.add_argument("--dataset", required=True, nargs="+", metavar="SPEC")
     p.add_argument("--text-field", default="text")

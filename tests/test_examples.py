@@ -400,6 +400,28 @@ def test_tokenize_corpus_bad_input_is_one_line_and_leaves_nothing(env, tiny_mode
         assert len(err) == 1 and err[0].startswith(expected), err
         assert not any(tmp_path.iterdir())  # neither tok3 nor a tok3.tmpPID folder
 
+USAGE_ERRORS = [  # (script, arguments, what the one line must say)
+    *[(script, ["--model", "m"], "error: the following arguments are required: --output-dir") for script in SCRIPTS],
+    *[(script, ["--model", "m", "--output-dir", "o", "--steps", "0"], "error: argument --steps: ")
+      for script in SCRIPTS],
+    ("tokenize_corpus", ["--model", "m", "--dataset", "d.txt"], "error: the following arguments are required: --output"),
+    ("tokenize_corpus", ["--model", "m", "--dataset", "d.txt", "--output", "o", "--shard-tokens", "0"],
+     "error: argument --shard-tokens: "),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "expected"), USAGE_ERRORS)
+def test_a_usage_error_is_one_line_too(env, tmp_path, monkeypatch, capsys, script, argv, expected):
+    """argparse's own errors (a missing or out-of-range option) are one line as in `gated-attention`, not a usage block."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        _import_example(script).main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0] and err[0].endswith("--help)"), err
+    assert not any(tmp_path.iterdir())
+
+
 
 FINISH_WORKER = """
 import gc, json, sys
