@@ -10,6 +10,7 @@ test_hybrid.py.
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from transformers import DataCollatorWithFlattening, GenerationMixin
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, MoeModelOutputWithPast
+from transformers.utils import TransformersKwargs
 
 from gated_attention import (
     GatedAttentionConfig,
@@ -118,6 +120,27 @@ def test_forward_is_annotated_with_the_class_it_returns(model_cls):
         assert type(model(torch.randint(3, TINY["vocab_size"], (1, 4)))) is annotation
     if family != "dense":
         assert "router_logits" in annotation.__dataclass_fields__
+
+
+@pytest.mark.parametrize("model_cls", EXPECTED_OUTPUTS, ids=lambda c: c.__name__)
+def test_forward_declares_the_keyword_arguments_transformers_passes(model_cls):
+    """`**kwargs: Unpack[TransformersKwargs]`, as transformers' own models declare it: tools and transformers'
+    model tests read `output_attentions` (and the packing and loss keywords) from this annotation, and the
+    attention maps it asks for come back, one per softmax-attention layer, each row a distribution."""
+    (kwargs_type,) = inspect.signature(model_cls.forward).parameters["kwargs"].annotation.__args__
+    assert kwargs_type is TransformersKwargs
+    family = next(name for name, (_, base, lm, _) in FAMILIES.items() if model_cls in (base, lm))
+    config = tiny_config(family)
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        attentions = model(torch.randint(3, TINY["vocab_size"], (2, 5)), output_attentions=True).attentions
+    full = [t for t in getattr(config, "layer_types", ["full_attention"] * config.num_hidden_layers)
+            if t == "full_attention"]
+    assert len(attentions) == len(full) > 0
+    for maps in attentions:
+        assert maps.shape == (2, config.num_attention_heads, 5, 5)
+        torch.testing.assert_close(maps.sum(-1), torch.ones(2, config.num_attention_heads, 5))
 
 
 # --- packed rows --------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from transformers.generation import GenerationMixin
 from transformers.initialization import normal_
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder
 
@@ -76,7 +78,7 @@ class GatedAttentionMoeModel(GatedAttentionMoePreTrainedModel, GatedAttentionMod
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeModelOutputWithPast:
         # The dense model's forward; declared again for its annotation, from which tools read the output type.
         return super().forward(
@@ -123,7 +125,7 @@ class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationM
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         load_balancer: GlobalLoadBalancer | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> GatedAttentionMoeCausalLMOutput:
         r"""
         load_balancer (`GlobalLoadBalancer`, *optional*):

@@ -30,6 +30,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.output_capturing import OutputRecorder
 
 from ..compat import ATTENTION_FREE_CACHED_GENERATE, accepts_cache_kwarg
@@ -111,7 +113,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeModelOutputWithPast:
         recurrent = "linear_attention" in self.config.layer_types
         if recurrent and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
