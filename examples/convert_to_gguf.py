@@ -5,8 +5,8 @@
         --converter llama.cpp/convert_hf_to_gguf.py -- --no-mtp --outtype f32
 
 Everything after `--` goes to `convert_hf_to_gguf.py` unchanged (`--no-mtp`:
-our exports have no multi-token-prediction head). Run it with a Python that has
-torch, transformers and numpy (this project's environment does); llama.cpp's
+our exports have no multi-token-prediction head). Run it in this project's
+environment (the converter needs torch, transformers and numpy); llama.cpp's
 `gguf-py` is taken from the converter's own source tree.
 
 Why a wrapper: llama.cpp recognises a BPE tokenizer's pre-tokenizer by hashing
@@ -24,11 +24,12 @@ llama.cpp then tokenizes text exactly as transformers does.
 
 from __future__ import annotations
 
-import argparse
 import json
 import runpy
 import sys
 from pathlib import Path
+
+from gated_attention.cli import OneLineErrorParser
 
 GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "use_regex": True, "add_prefix_space": False}
 LLAMA_CPP_NAME = "gpt-2"  # llama.cpp's tokenizer.ggml.pre for GPT-2's byte-level regex
@@ -47,7 +48,7 @@ def declares_gpt2_pre_tokenization(model_dir: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, theirs = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineErrorParser(description=__doc__.split("\n")[0])
     p.add_argument("model", type=Path, help="an exported checkpoint folder (gated-attention export --format qwen3_5)")
     p.add_argument("outfile", type=Path, help="the GGUF file to write")
     p.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
