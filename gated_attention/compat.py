@@ -9,6 +9,10 @@ numbers, so a release that backports a feature just works:
   Model code here says `cache`; `CACHE_NAME` is what the installed release calls it.
 - 5.23 added `transformers.modeling_utils.slice_logits_to_keep` (looked up lazily: see `__getattr__`).
 - 5.23 added `Cache.get_recurrent_state` for linear-attention layers.
+- Expert parallelism became its own size (`DistributedConfig(ep_size=...)`, with
+  the "ep_dispatch_experts" style) after 5.17, where `enable_expert_parallel=True`
+  swaps the tensor-parallel plan for an expert plan with a router rule
+  ("ep_router"): `MOE_EXPERT_PARALLEL_PLAN` is the plan the installed release reads.
 - Before 5.24, `generate()` asks the cache for its length, which a cache of
   linear-attention layers alone cannot tell: a model without attention layers
   generates only with `use_cache=False` there (`ATTENTION_FREE_CACHED_GENERATE`).
@@ -46,6 +50,22 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
 ATTENTION_FREE_CACHED_GENERATE = Version(transformers.__version__) >= Version("5.24")
+EXPERT_PARALLEL_SIZE = "ep_size" in transformers.DistributedConfig.__dataclass_fields__
+# Qwen3-MoE's expert plan in each API (names relative to the base model).
+MOE_EXPERT_PARALLEL_PLAN = (
+    {
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "layers.*.mlp.experts": "ep_dispatch_experts",
+    }
+    if EXPERT_PARALLEL_SIZE
+    else {
+        "layers.*.mlp.gate": "ep_router",
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "layers.*.mlp.experts": "moe_tp_experts",
+    }
+)
 CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 

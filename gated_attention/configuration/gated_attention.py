@@ -22,6 +22,7 @@ from transformers.modeling_rope_utils import RopeParameters
 
 from .gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec, validate_attn_output_ablations
 from .presets import from_preset
+from .tensor_parallel import tensor_parallel_plan
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -45,15 +46,7 @@ class GatedAttentionConfig(PreTrainedConfig):
     keys_to_ignore_at_inference = [CACHE_NAME]
     # The layer types this family builds; families with other mixers (the GDN hybrid) extend it.
     allowed_layer_types = ATTENTION_LAYER_TYPES
-    base_model_tp_plan = {
-        "layers.*.self_attn.q_proj": "colwise",
-        "layers.*.self_attn.k_proj": "colwise",
-        "layers.*.self_attn.v_proj": "colwise",
-        "layers.*.self_attn.o_proj": "rowwise",
-        "layers.*.mlp.gate_proj": "colwise",
-        "layers.*.mlp.up_proj": "colwise",
-        "layers.*.mlp.down_proj": "rowwise",
-    }
+    # base_model_tp_plan: set per config in __post_init__, to match its gate and layers (see tensor_parallel.py)
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
@@ -114,8 +107,10 @@ class GatedAttentionConfig(PreTrainedConfig):
             self.layer_types = [kind] * self.num_hidden_layers
         self.attn_gate = normalize_gate_spec(self.attn_gate)
         validate_attn_output_ablations(self.attn_output_norm, self.attn_output_activation)
-        super().__post_init__(**kwargs)
         if any(t not in self.allowed_layer_types for t in self.layer_types):
             raise ValueError(f"layer_types entries must be one of {self.allowed_layer_types}, got {self.layer_types}")
+        # Before the base class's __post_init__, which adds the tied embedding's rule to it (transformers 5.17).
+        self.base_model_tp_plan = tensor_parallel_plan(self)
+        super().__post_init__(**kwargs)
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
             raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is None")

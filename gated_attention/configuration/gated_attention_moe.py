@@ -12,6 +12,7 @@ instead of being cast to the model dtype before the expert mix).
 
 from __future__ import annotations
 
+from ..compat import MOE_EXPERT_PARALLEL_PLAN
 from .gated_attention import GatedAttentionConfig
 
 
@@ -40,17 +41,7 @@ class GatedAttentionMoeConfig(GatedAttentionConfig):
 
     model_type = "gated_attention_moe"
     attribute_map = {"num_local_experts": "num_experts"}
-    base_model_tp_plan = {
-        **GatedAttentionConfig.base_model_tp_plan,
-        "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
-        "layers.*.mlp.experts.down_proj": "rowwise",
-        "layers.*.mlp.experts": "moe_tp_experts",
-    }
-    base_model_ep_plan = {
-        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
-        "layers.*.mlp.experts.down_proj": "grouped_gemm",
-        "layers.*.mlp.experts": "ep_dispatch_experts",
-    }
+    base_model_ep_plan = MOE_EXPERT_PARALLEL_PLAN  # Qwen3-MoE's, in the installed release's API
 
     num_experts: int = 128
     num_experts_per_tok: int = 8
@@ -63,6 +54,14 @@ class GatedAttentionMoeConfig(GatedAttentionConfig):
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
     router_scores_fp32: bool = False
+
+    def is_sparse_layer(self, layer_idx: int) -> bool:
+        """Qwen3-MoE's rule: sparse unless listed in `mlp_only_layers`, every `decoder_sparse_step`-th layer."""
+        return (
+            layer_idx not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
 
     def __post_init__(self, **kwargs):
         self.mlp_only_layers = [] if self.mlp_only_layers is None else list(self.mlp_only_layers)

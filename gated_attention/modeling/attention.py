@@ -58,9 +58,17 @@ def fusable_gate(config) -> bool:
 class AttentionGate(nn.Module):
     """Gate scores `act(X W + b)` (or `act(c)` for an input-independent gate).
 
-    `forward(x)` returns scores shaped to broadcast against the gated tensor:
-    `[B, T, H, D]` (elementwise), `[B, T, H, 1]` (headwise); H becomes 1 when
-    `head_shared`; G5 ("dense") returns `[B, T, hidden_size]`.
+    `forward(x)` returns the scores flat, `[B, T, out_features]`, heads first
+    then channels (`out_features` = H * D elementwise, H headwise, D or 1 when
+    `head_shared`, hidden_size for G5 "dense"); `to_heads` views them to
+    broadcast against the gated tensor: `[B, T, H, D]` (elementwise),
+    `[B, T, H, 1]` (headwise), H = 1 when `head_shared`, `[B, T, hidden_size]`
+    for G5.
+
+    The scores stay flat until `to_heads` because tensor parallelism shards
+    this module like `q_proj` (transformers' "colwise" style splits a module's
+    output on its last dimension): each rank then computes the scores of its
+    own heads, and `to_heads` counts them with -1 (see `tensor_parallel.py`).
     """
 
     def __init__(self, spec: dict, hidden_size: int, num_heads: int, head_dim: int):
@@ -69,6 +77,7 @@ class AttentionGate(nn.Module):
         self.mode = spec["mode"]
         self.activation = spec["activation"]
         self.act_fn = GATE_ACTIVATIONS[spec["activation"]]
+        self.head_shared = spec["head_shared"]
         if self.position == "dense":
             self.score_shape: tuple[int, ...] = (hidden_size,)
         else:
@@ -88,17 +97,23 @@ class AttentionGate(nn.Module):
             self.logits = nn.Parameter(torch.zeros(out_features))
 
     def gate_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-activation scores `[B, T, *score_shape]`."""
+        """Pre-activation scores `[B, T, out_features]` (this rank's share under tensor parallelism)."""
         if self.input_dependent:
-            logits = F.linear(x, self.weight, self.bias)
-        else:
-            logits = self.logits.to(x.dtype).expand(*x.shape[:-1], self.out_features)
-        return logits.view(*x.shape[:-1], *self.score_shape)
+            return F.linear(x, self.weight, self.bias)
+        return self.logits.to(x.dtype).expand(*x.shape[:-1], -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act_fn(self.gate_logits(x))
 
+    def to_heads(self, scores: torch.Tensor) -> torch.Tensor:
+        """`[B, T, out_features]` -> the shape that broadcasts against the gated tensor (see the class)."""
+        if self.position == "dense":
+            return scores
+        heads = 1 if self.head_shared else -1  # -1: the heads this rank holds
+        return scores.view(*scores.shape[:-1], heads, self.score_shape[-1])
+
     def combine(self, y: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = self.to_heads(scores)
         return y * scores if self.mode == "multiplicative" else y + scores
 
     def extra_repr(self) -> str:
@@ -184,8 +199,8 @@ class GatedAttention(nn.Module):
         )
         fused_gate = self.fusable_gate and self.config._attn_implementation == GATED_TRITON
         if fused_gate:  # hand the gate logits to the kernel, which applies act() in its epilogue
-            logits = self.attn_gate.gate_logits(x)  # [B, T, HQ or 1 (head_shared), D or 1 (headwise)]
-            logits = logits.expand(*input_shape, self.num_heads, logits.shape[-1])
+            logits = self.attn_gate.to_heads(self.attn_gate.gate_logits(x))  # [B, T, HQ or 1, D or 1]
+            logits = logits.expand(*input_shape, q.shape[1], logits.shape[-1])  # q: [B, HQ, T, D], this rank's HQ
             gate = logits[..., 0] if logits.shape[-1] == 1 else logits  # [B, T, HQ] or [B, T, HQ, D]
             kwargs = {**kwargs, "gate": gate, "gate_activation": self.attn_gate.activation}
         attn_output, attn_weights = attention_interface(
@@ -201,7 +216,8 @@ class GatedAttention(nn.Module):
         )
         # [B, T, HQ, D] from transformers' functions; a serving engine's own (vLLM's transformers backend)
         # returns its paged layout [tokens, HQ * D] for a batch of one. The gate and norm need heads.
-        attn_output = attn_output.reshape(*input_shape, self.num_heads, self.head_dim)  # [B, T, HQ, D]
+        # Under tensor parallelism a rank holds HQ / tp heads: count them with -1, never from the config.
+        attn_output = attn_output.reshape(*input_shape, -1, self.head_dim)  # [B, T, HQ, D]
 
         if self.config.attn_output_norm == "rmsnorm":
             attn_output = self.attn_output_norm(attn_output)

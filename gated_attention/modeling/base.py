@@ -8,6 +8,7 @@ from transformers import PreTrainedModel
 from transformers.initialization import normal_, zeros_
 
 from .attention import AttentionGate
+from .tensor_parallel import check_tensor_parallel_shapes  # importing registers the plan's own style
 
 try:
     from gated_attention.hub.remote_code import write_remote_code
@@ -39,6 +40,13 @@ class GatedPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+
+    def post_init(self):
+        # from_pretrained sets `distributed_config` on the config before it builds the model.
+        tp_size = getattr(getattr(self.config, "distributed_config", None), "tp_size", None) or 1
+        if tp_size > 1:
+            check_tensor_parallel_shapes(self.config, tp_size)
+        super().post_init()
 
     def _init_weights(self, module):
         super()._init_weights(module)

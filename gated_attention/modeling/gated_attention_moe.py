@@ -26,7 +26,7 @@ from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .attention import GatedAttention
 from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
 from .load_balancing import GlobalLoadBalancer, load_balancing_loss, router_z_loss
-from .moe import SparseMoeBlock, is_sparse_layer
+from .moe import SparseMoeBlock
 
 
 class GatedAttentionMoeDecoderLayer(GatedAttentionDecoderLayer):
@@ -34,7 +34,7 @@ class GatedAttentionMoeDecoderLayer(GatedAttentionDecoderLayer):
 
     def __init__(self, config: GatedAttentionMoeConfig, layer_idx: int):
         super().__init__(config, layer_idx)
-        if is_sparse_layer(config, layer_idx):
+        if config.is_sparse_layer(layer_idx):
             # Replaces the dense MLP the parent built (free under from_pretrained's meta-device init).
             self.mlp = SparseMoeBlock(config)
 

@@ -40,7 +40,7 @@ from .attention import GatedAttention
 from .gated_attention import GatedAttentionModel
 from .gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel, GatedAttentionMoePreTrainedModel
 from .gated_deltanet import GatedDeltaNet
-from .moe import SparseMoeBlock, is_sparse_layer
+from .moe import SparseMoeBlock
 
 
 class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
@@ -51,7 +51,7 @@ class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
             self.linear_attn = GatedDeltaNet(config, layer_idx)
         else:
             self.self_attn = GatedAttention(config, layer_idx)
-        self.mlp = SparseMoeBlock(config) if is_sparse_layer(config, layer_idx) else LlamaMLP(config)
+        self.mlp = SparseMoeBlock(config) if config.is_sparse_layer(layer_idx) else LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -30,15 +30,6 @@ from .load_balancing import (  # noqa: F401  (re-exported: the MoE API in one pl
 )
 
 
-def is_sparse_layer(config, layer_idx: int) -> bool:
-    """Qwen3-MoE's rule: sparse unless listed in `mlp_only_layers`, every `decoder_sparse_step`-th layer."""
-    return (
-        layer_idx not in config.mlp_only_layers
-        and config.num_experts > 0
-        and (layer_idx + 1) % config.decoder_sparse_step == 0
-    )
-
-
 class Fp32ScoresTopKRouter(Qwen3MoeTopKRouter):
     """Qwen3-MoE's router with Mixtral's numerics: top-k weights returned in fp32."""
 
