@@ -2,7 +2,7 @@
 
 - `Capture`: hooks recording residual states X[0..L] (pre final norm), eager
   attention maps and gate scores per forward; always removed on exit.
-- `metrics`: the definitions of DESIGN.md on plain arrays.
+- `metrics`: the definitions of docs/architecture.md ("Metric definitions") on plain arrays.
 - `intervene`: deletion / connection on the first token, with the identity check.
 - `run_analysis`: everything to `.npz`, `.csv`, `.png` and `summary.md`
   (`gated-attention analyze MODEL --out DIR`).

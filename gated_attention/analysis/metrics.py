@@ -1,6 +1,6 @@
 """Attention-sink, massive-activation, gate and spike/plateau metrics on plain arrays.
 
-Index conventions (DESIGN.md, "Seed-2 metric definitions"), written down once:
+Index conventions (docs/architecture.md, "Metric definitions"), written down once:
 
 - `m` is one token's residual trajectory, a 1-D array of length L+1:
   `m[l] = max_j |X[l][t, j]|`, where `X[0]` is the embedding output (the input
