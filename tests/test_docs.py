@@ -56,6 +56,16 @@ def test_no_file_cites_a_design_doc_the_repository_lacks():
         assert not citing, f"{MISSING_DOC} is not in the repository, but these files cite it: {citing}"
 
 
+def test_citations_of_the_architecture_doc_name_its_headings():
+    """`docs/architecture.md, "Heading"` in a comment or docstring names a heading the page has."""
+    headings = set(re.findall(r"^#+ (.*)$", ARCHITECTURE.read_text(encoding="utf-8"), flags=re.M))
+    cited = {(str(p.relative_to(ROOT)), h) for p in _text_files()
+             for h in re.findall(r'docs/architecture\.md,?\s*\(?"([^"\n]+)"', p.read_text(encoding="utf-8"))}
+    assert cited, "no citations found: the pattern no longer matches how the code cites the page"
+    unknown = sorted((path, h) for path, h in cited if h not in headings)
+    assert not unknown, f"citations of headings docs/architecture.md does not have: {unknown}"
+
+
 def test_architecture_doc_lists_the_layers_of_the_layout_test():
     """The layering lives in two places, the page people read and the test that enforces it: they agree."""
     from test_layout import LAYERS
