@@ -16,7 +16,7 @@ B * T = 16k tokens, HQ * D = 2048), on the same tensors:
 Each row prints one path's forward and forward+backward TFLOP/s (triton.testing.do_bench, median; causal
 FLOPs: 2 * 2 * B * HQ * T^2 * D / 2 forward, 2.5x that backward) and the ratio fused / that path, plus
 max|path - fused| of the forward output. A summary per (T, D) gives fused against the best peer, the
-figure issue 11's goals are stated in (forward >= 1.05x, forward+backward >= 1.0x, >= 55 % of dense bf16
+figure the kernel's speed goals were stated in (forward >= 1.05x, forward+backward >= 1.0x, >= 55 % of dense bf16
 peak in the forward at 16k / hd128). A second table times one decode step (T = 1, B = 1) against caches
 of 4k-64k, in microseconds. `--csv PATH` also writes every row as a table.
 

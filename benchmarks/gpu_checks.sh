@@ -11,7 +11,7 @@
 #
 # Run from the repository root: bash benchmarks/gpu_checks.sh
 # No install is needed: the repository goes on PYTHONPATH. Wheels found in $GPU_WHEELS (default .whl/) are
-# installed first into /tmp/site, which goes first on PYTHONPATH: the GPU image seen in issue 11 had
+# installed first into /tmp/site, which goes first on PYTHONPATH: the H200 image this was first run on had
 # transformers 5.17 (supported: it is the declared floor) and no fla. Fetch fla on a machine with network
 # access, from the repository root:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

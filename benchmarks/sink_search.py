@@ -1,4 +1,4 @@
-"""One setting of the sink search (issue 14): the sinks preset, optionally for the ungated model alone.
+"""One setting of the sink search (`benchmarks/sink_search.md`): the sinks preset, optionally for the ungated model alone.
 
     PYTHONPATH=. python benchmarks/sink_search.py --ungated-only --layers 8 --lr 6e-3 --out runs/sink_b
 

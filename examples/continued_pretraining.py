@@ -20,8 +20,8 @@ Data, packed into `--seq-len` rows that each start with BOS (documents joined by
 
 Gate parameters (names containing `attn_gate`) train at `--gate-lr`, the rest
 at `--lr`: a converted model's gates start at weight 0 (score exactly 0.5),
-and at a continued-pretraining learning rate they may barely move (official
-repo issue #10). The log shows the mean gate score, so you can see whether they do.
+and at a continued-pretraining learning rate they may barely move (issue #10
+of the Gated Attention paper's official repository). The log shows the mean gate score, so you can see whether they do.
 
 Several processes on a CPU-only machine (a try-out; `--cpu --num_processes 2`
 starts one process unless MPI is set up): `accelerate launch --multi_gpu

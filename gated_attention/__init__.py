@@ -1,5 +1,19 @@
 """gated-attention: gated softmax attention and hybrid Gated DeltaNet models for transformers.
 
+The files at this level:
+
+- `__init__` (this file): the public names, `CLIError`, `GatedAttentionWarning`
+  and `register_auto_classes`.
+- `compat`: every difference between the supported transformers releases.
+- `cli`: the `gated-attention` command, built from each part's `register`.
+- `__main__`: `python -m gated_attention`, the same command.
+
+The parts, lowest layer first (each imports only its own files and lower
+layers; docs/architecture.md has the rule, `tests/test_layout.py` checks it):
+`configuration`, `kernels` and `hub`; `modeling`; then this file; `training`,
+`analysis` and `convert`; `recipes`; `cli`. Each part's `__init__` maps its
+files.
+
 Importing the package registers its configs and models with AutoConfig,
 AutoModel and AutoModelForCausalLM (`register_auto_classes`).
 

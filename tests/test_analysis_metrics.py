@@ -1,6 +1,6 @@
 """Analysis metrics on hand-made arrays; every expected value is worked out in the comments.
 
-Conventions (DESIGN.md): m[l] for residual positions l = 0..L (0 = embeddings,
+Conventions (docs/architecture.md, "Metric definitions"): m[l] for residual positions l = 0..L (0 = embeddings,
 l = output of layer l); attention layers f are 1-based, their input is m[f-1].
 """
 

@@ -124,7 +124,7 @@ def test_renameat2_is_used_on_linux(tmp_path):
 
 
 def test_a_real_race_between_processes(tmp_path):
-    """The issue's report: `convert SRC DST & ...; mkdir DST; echo x > DST/keep.txt; wait` lost keep.txt."""
+    """The bug as reported: `convert SRC DST & ...; mkdir DST; echo x > DST/keep.txt; wait` lost keep.txt."""
     from test_convert_errors import _big_source
 
     src = _big_source(tmp_path / "big")

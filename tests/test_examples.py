@@ -376,7 +376,7 @@ def test_seq_len_beyond_the_model_positions_is_refused_without_a_rope_change(env
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
 def test_missing_model_from_the_command_line_is_one_line(env, tmp_path, script):
-    """The issue's command, as a user runs it: exit 2, one line on stderr, no traceback, no runs/e1."""
+    """The command from the bug report, as a user runs it: exit 2, one line on stderr, no traceback, no runs/e1."""
     proc = subprocess.run([sys.executable, str(EXAMPLES / f"{script}.py"), "--model", "./nope", "--output-dir",
                            "runs/e1", "--steps", "2", *SCRIPTS[script]], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)

@@ -121,7 +121,7 @@ def test_models_default_to_sdpa_even_on_cuda(family, monkeypatch, tmp_path):
     """No attn_implementation asked for: transformers' "sdpa" on every machine, CUDA included; "gated_triton"
     only when asked for, at build, at load or later.
 
-    The default follows measurement (issue 11: the fused kernel is slower than SDPA + gate on an H200). The
+    The default follows measurement (the H200 table in benchmarks/RESULTS.md: the fused kernel is slower than SDPA + gate there). The
     CUDA machine is simulated; the choice is made when the model is built and again when it is loaded.
     """
     pytest.importorskip("triton")

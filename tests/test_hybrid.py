@@ -392,7 +392,7 @@ STATED_SIZES = {"340m": 340e6, "1.3b": 1.3e9}
 @pytest.mark.parametrize("rho", [3, 6, 12, 24])
 @pytest.mark.parametrize("size", ["340m", "1.3b"])
 def test_preset_sizes(size, rho):
-    """Seed 002's names are nominal sizes. Counted without the embeddings and LM head (32k x hidden each,
+    """The massive-activations paper's names are nominal sizes. Counted without the embeddings and LM head (32k x hidden each,
     which fla's naming leaves out too), the presets land within 10% of them: +0.6% (340M 3:1) to +5%
     (340M 24:1), +5% (1.3B 3:1) to +9.8% (1.3B 24:1; GDN layers are larger than attention layers)."""
     config = GatedDeltaNetHybridConfig.from_preset(f"gdn-{size}-{rho}to1")

@@ -404,11 +404,11 @@ def test_moe_preset_has_the_papers_size():
             GatedAttentionMoeConfig.from_preset("moe-15b-a2.5b", attn_gate={"granularity": "headwise"})
         )
     total, active = parameter_counts(baseline)
-    # Seed 000: "15B total, 2.54B activated". The Qwen3 shapes give 15.6B (within 5%) and 2.0B active; 2.54B is
+    # The Gated Attention paper: "15B total, 2.54B activated". The Qwen3 shapes give 15.6B (within 5%) and 2.0B active; 2.54B is
     # out of reach for any Qwen3 shape with 15B total (see presets.py), so active is checked within 25%.
     assert total == pytest.approx(15e9, rel=0.05)
     assert active == pytest.approx(2.54e9, rel=0.25)
-    # Seed 000: headwise gating adds "fewer than 2M" parameters to this model; elementwise G1 adds q_proj's size.
+    # The Gated Attention paper: headwise gating adds "fewer than 2M" parameters to this model; elementwise G1 adds q_proj's size.
     assert 0 < parameter_counts(headwise)[0] - total < 2e6
     assert parameter_counts(gated)[0] - total == 24 * 2048 * 32 * 128
     assert sum(layer.mlp.experts.gate_up_proj.shape[0] == 128 for layer in gated.model.layers) == 24

@@ -1,4 +1,4 @@
-"""The package corpus and `gated-attention quickstart --preset sinks` (issue 14) at smoke size."""
+"""The package corpus and `gated-attention quickstart --preset sinks` (the sink search's recipe) at smoke size."""
 
 from __future__ import annotations
 

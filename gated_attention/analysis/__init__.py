@@ -1,14 +1,25 @@
 """Attention-sink, massive-activation, gate and spike/plateau analysis of causal LMs.
 
-- `Capture`: hooks recording residual states X[0..L] (pre final norm), eager
-  attention maps and gate scores per forward; always removed on exit.
-- `metrics`: the definitions of DESIGN.md on plain arrays.
-- `intervene`: deletion / connection on the first token, with the identity check.
-- `run_analysis`: everything to `.npz`, `.csv`, `.png` and `summary.md`
-  (`gated-attention analyze MODEL --out DIR`).
+- `capture`: `Capture`, hooks that record the residual states X[0..L] (before
+  the final norm), eager attention maps and gate scores per forward, always
+  removed on exit; `model_layout` finds the attention layers and gates of our
+  models and of transformers' own.
+- `metrics`: the definitions of docs/architecture.md ("Metric definitions") on
+  plain arrays.
+- `interventions`: `intervene`, deletion and connection on the first token,
+  with the identity check.
+- `samples`: the built-in inputs (prose, code and math-like text that ships
+  with Python) and `--text-file` reading.
+- `plots`: PNGs drawn from the written `arrays.npz`, never from live tensors.
+- `analyze`: `run_analysis`, everything to `.npz`, `.csv`, `.png` and
+  `summary.md`.
+- `cli`: the `gated-attention analyze MODEL --out DIR` parser (no torch) and
+  its run.
 
-The names are imported on first use, so that `gated_attention.analysis.cli`
-(the `analyze` parser) imports no torch.
+Imports: the package root and the layers below it (it uses the root and
+`hub`); never `training`, `convert` or `recipes`, its peers and the layer
+above (see docs/architecture.md). The names are imported on
+first use, so that `gated_attention.analysis.cli` imports no torch.
 """
 
 from __future__ import annotations

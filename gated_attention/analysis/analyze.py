@@ -9,8 +9,8 @@ Files written to `out_dir` (summary.md last, so a folder without it is an interr
 - `trajectory.png`, `first_token_attention.png`, `gate_hist.png` (drawn from the files above).
 - `summary.md`.
 
-Two anchors: `first_token` (token 0, seed 2's figures) and `consensus_sink`
-(the input's consensus sink, seed 2's quantitative metrics).
+Two anchors: `first_token` (token 0, the massive-activations paper's figures) and `consensus_sink`
+(the input's consensus sink, that paper's quantitative metrics).
 """
 
 from __future__ import annotations

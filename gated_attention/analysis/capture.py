@@ -1,6 +1,6 @@
 """Hooks that record a causal LM's residual stream, attention maps and gate scores.
 
-Index convention (DESIGN.md): residual position l = 0..L. `X[0]` is the input
+Index convention (docs/architecture.md, "Metric definitions"): residual position l = 0..L. `X[0]` is the input
 of decoder layer 1 (the embedding output), `X[l]` the output of decoder layer
 l (1-based; HF `layer_idx = l - 1`). `X[L]` is taken *before* the final norm,
 whereas transformers' `hidden_states[-1]` is after it. Full-attention layers

@@ -1,4 +1,4 @@
-"""Deletion and connection interventions on the first token's residual stream (DESIGN.md).
+"""Deletion and connection interventions on the first token's residual stream (docs/architecture.md, "Metric definitions").
 
 `z[l]` is the first token's residual state X[l][0, :] from a normal pass,
 `[L+1, D]`, l = 0..L (X[0] = embedding output, X[l] = output of decoder layer

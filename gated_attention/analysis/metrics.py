@@ -1,6 +1,6 @@
 """Attention-sink, massive-activation, gate and spike/plateau metrics on plain arrays.
 
-Index conventions (DESIGN.md, "Seed-2 metric definitions"), written down once:
+Index conventions (docs/architecture.md, "Metric definitions"), written down once:
 
 - `m` is one token's residual trajectory, a 1-D array of length L+1:
   `m[l] = max_j |X[l][t, j]|`, where `X[0]` is the embedding output (the input
@@ -45,7 +45,7 @@ def attention_blocks(full_attention_layers: Sequence[int]) -> dict[int, list[int
     return blocks
 
 
-# ---------------------------------------------------------------- seed 2: spikes and plateaus
+# ---------------------------------------------------------------- massive-activations paper: spikes and plateaus
 
 
 def consensus_sink(attentions: Iterable[np.ndarray]) -> int:
@@ -76,7 +76,7 @@ def sink_spike_alignment(m: np.ndarray, full_attention_layers: Sequence[int]) ->
     """Fraction of full-attention layers f whose block maximum sits at f - 1.
 
     A hit is `argmax_{l in B_f} m[l] == f - 1` (ties go to the earlier layer, so
-    a tie is not a hit). Averaging this over inputs gives the seed's rate,
+    a tie is not a hit). Averaging this over inputs gives the paper's rate,
     hits / (inputs x full-attention layers). NaN without attention layers or
     when m holds NaN.
     """
@@ -155,7 +155,7 @@ def inter_spike_activation(m: np.ndarray, full_attention_layers: Sequence[int]) 
     return float(np.mean([value for value, _ in terms]))
 
 
-# ---------------------------------------------------------------- seed 1: sinks, activations, gates
+# ---------------------------------------------------------------- Gated Attention paper: sinks, activations, gates
 
 
 def first_token_attention(attentions: Iterable[np.ndarray]) -> np.ndarray:

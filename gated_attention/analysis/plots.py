@@ -3,7 +3,7 @@
 - `trajectory.png`: first-token max |activation| over depth (x = residual
   position l, 0 = embeddings), one thin line per input, the mean in bold,
   attention layers f marked by dotted lines (their input, the pre-attention
-  position f-1, is where seed 2's spikes sit).
+  position f-1, is where the massive-activations paper's spikes sit).
 - `first_token_attention.png`: mean attention on token 0 per attention layer,
   per-head means as dots.
 - `gate_hist.png`: gate-score histogram pooled over the gated layers (only when

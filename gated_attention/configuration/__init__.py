@@ -1,1 +1,19 @@
-"""configuration"""
+"""The configs of the three families, the gate spec and the named presets.
+
+- `gate_spec`: `config.attn_gate`, a JSON-able dict; its keys and allowed
+  values, `normalize_gate_spec` (aliases resolved, every key filled in) and
+  the `ValueError` that names a wrong key.
+- `gated_attention`: `GatedAttentionConfig`, the dense config with
+  transformers' Llama/Qwen field names plus `qk_norm`, `sliding_window`,
+  `qkv_bias` and the gate.
+- `gated_attention_moe`: `GatedAttentionMoeConfig`, the dense config plus
+  Qwen3-MoE's fields, a shared expert and the router z-loss.
+- `gated_deltanet_hybrid`: `GatedDeltaNetHybridConfig`, the layer schedule
+  (`layer_types` or `hybrid_ratio`) and the Gated DeltaNet fields under
+  Qwen3-Next's names.
+- `presets`: named shapes from the two papers (`from_preset`), built without
+  downloading anything.
+
+Imports: `compat` only (see docs/architecture.md). The config modules are
+copied into saved checkpoints as remote code with the models.
+"""

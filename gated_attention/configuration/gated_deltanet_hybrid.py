@@ -1,4 +1,5 @@
-"""Configuration of the hybrid Gated DeltaNet + softmax attention causal LM (seed 002's models).
+"""Configuration of the hybrid Gated DeltaNet + softmax attention causal LM (the models of
+"Massive Activations in Hybrid Linear Attention Large Language Models: Pre-Attention Spikes and Inter-Spike Plateaus").
 
 Layers are `"linear_attention"` (a Gated DeltaNet mixer) or `"full_attention"`
 (the shared gated softmax attention, gated or not by `attn_gate`); `sliding_attention`
@@ -6,12 +7,12 @@ works as in the dense model. Every layer has an MLP: dense, or sparse MoE when
 `num_experts > 0` (the MoE config's fields and rule, inherited). The GDN
 fields use transformers' Qwen3-Next / Qwen3.5 names (`linear_*`).
 
-The schedule is `layer_types`, or `hybrid_ratio`, seed 002's rho : 1 with
+The schedule is `layer_types`, or `hybrid_ratio`, the paper's rho : 1 with
 rho = L / L_FA: one full-attention layer in every rho layers, placed last in
 each block of rho, i.e. layer i (0-based) is full attention when
 (i + 1) % rho == 0. So for 24 layers, "3:1" has 8 full-attention layers
 (GDN, GDN, FA, ...), "24:1" has one, the last. (Qwen3.5's "three GDN then one
-attention" pattern is rho = 4 in this definition, as the seed notes.)
+attention" pattern is rho = 4 in this definition, as the paper notes.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ HYBRID_LAYER_TYPES = ("linear_attention", *ATTENTION_LAYER_TYPES)
 
 
 def normalize_hybrid_ratio(ratio: int | str | None) -> int | None:
-    """`3`, `"3"`, `"3:1"` -> 3 (rho of seed 002's rho:1); None stays None."""
+    """`3`, `"3"`, `"3:1"` -> 3 (rho of the massive-activations paper's rho:1); None stays None."""
     if ratio is None or (isinstance(ratio, int) and not isinstance(ratio, bool) and ratio >= 1):
         return ratio
     if isinstance(ratio, str) and (match := re.fullmatch(r"\s*(\d+)\s*(?::\s*1\s*)?", ratio)) and int(match[1]) >= 1:
@@ -35,7 +36,7 @@ def normalize_hybrid_ratio(ratio: int | str | None) -> int | None:
 
 
 def hybrid_layer_types(num_layers: int, ratio: int) -> list[str]:
-    """Seed 002's rho:1 schedule: full attention closes every block of `ratio` layers."""
+    """The massive-activations paper's rho:1 schedule: full attention closes every block of `ratio` layers."""
     return ["full_attention" if (i + 1) % ratio == 0 else "linear_attention" for i in range(num_layers)]
 
 
@@ -49,10 +50,10 @@ class GatedDeltaNetHybridConfig(GatedAttentionMoeConfig):
     `linear_conv_kernel_dim` with SiLU on q, k and v, l2-normalised q/k, decay
     `g = -exp(A_log) * softplus(a + dt_bias)`, write strength `beta = sigmoid(b)`,
     per-head RMSNorm on the output, times `silu(g_proj(x))` when
-    `linear_output_gate` (False is seed 002's "GDN-NoOutGate" variant).
+    `linear_output_gate` (False is the massive-activations paper's "GDN-NoOutGate" variant).
 
     Full-attention layers read every attention field of `GatedAttentionConfig`,
-    `attn_gate` included (seed 002's "GDN-GatedFA" is `attn_gate={}` on a
+    `attn_gate` included (the massive-activations paper's "GDN-GatedFA" is `attn_gate={}` on a
     preset whose attention is ungated).
 
     ```python
@@ -79,7 +80,7 @@ class GatedDeltaNetHybridConfig(GatedAttentionMoeConfig):
     # Dense MLPs unless asked: the MoE fields are inherited with experts off.
     num_experts: int = 0
 
-    # Named shapes of seed 002 (see `presets.py`), e.g. `from_preset("gdn-1.3b-3to1")`.
+    # Named shapes of the massive-activations paper (see `presets.py`), e.g. `from_preset("gdn-1.3b-3to1")`.
     from_preset = classmethod(from_preset)
 
     def __post_init__(self, **kwargs):

@@ -9,7 +9,8 @@ config class exposes its own table as a classmethod,
 where keyword arguments override the preset. A family adds its table with
 `PRESETS["<model_type>"] = {...}` below (one table per model type).
 
-Seed 000 (the Gated Attention paper) states only some numbers: a 1.7B dense
+The Gated Attention paper ("Gated Attention for Large Language Models: Non-linearity, Sparsity, and Attention-Sink-Free")
+states only some numbers: a 1.7B dense
 model; a 15B-total / 2.54B-active MoE with 128 experts, top-8 softmax routing,
 GQA, global-batch load balancing and z-loss; RoPE base 10k in pretraining
 (raised to 1M for the 32k extension); gating adds "fewer than 2M" parameters to
@@ -25,8 +26,8 @@ import copy
 from typing import Any
 
 QWEN3_VOCAB_SIZE = 151936  # Qwen2.5/Qwen3 tokenizer (151,646 tokens padded)
-PRETRAINING_ROPE = {"rope_type": "default", "rope_theta": 10000.0}  # seed 000: base 10k before the 32k extension
-PRETRAINING_CONTEXT = 4096  # not stated in seed 000 (only that the models are later extended to 32k)
+PRETRAINING_ROPE = {"rope_type": "default", "rope_theta": 10000.0}  # Gated Attention paper: base 10k before the 32k extension
+PRETRAINING_CONTEXT = 4096  # not stated in the Gated Attention paper (only that the models are later extended to 32k)
 
 # Qwen3-1.7B: 28 layers, hidden 2048, FFN 6144, 16 query / 8 key-value heads of 128, QK-norm, tied embeddings.
 _QWEN3_1_7B = {
@@ -53,7 +54,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "dense-1.7b-baseline": {**_QWEN3_1_7B, "attn_gate": None},
     },
     "gated_attention_moe": {
-        # 128 experts, top-8 and the losses are seed 000's. The rest is Qwen3-MoE: 24 layers, hidden 2048,
+        # 128 experts, top-8 and the losses are the Gated Attention paper's. The rest is Qwen3-MoE: 24 layers, hidden 2048,
         # 32 query / 4 key-value heads, 768-wide experts (transformers' Qwen3MoeConfig defaults, which it calls
         # Qwen3-15B-A2B), heads of 128 and normalised top-k weights (Qwen3-30B-A3B). Headwise gating then adds
         # 24 x 32 x 2048 = 1.6M parameters, within the paper's "fewer than 2M". Sizes: 15.6B total and 2.0B active
@@ -85,7 +86,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-# Seed 002 (hybrid Gated DeltaNet). Its table of model shapes did not survive extraction; what it states: 24
+# "Massive Activations in Hybrid Linear Attention Large Language Models: Pre-Attention Spikes and Inter-Spike Plateaus".
+# Its table of model shapes is missing from the text this project worked from; what the text states: 24
 # sequence-mixing layers at both sizes (340M and 1.3B); rho:1 means one full-attention layer per rho layers
 # (rho = L / L_FA = 3, 6, 12, 24; see `gated_deltanet_hybrid.py` for the placement); models built with fla,
 # trained at sequence length 4096; full attention ungated in the base models; "GDN-GatedFA" adds an elementwise

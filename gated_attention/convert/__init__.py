@@ -1,1 +1,24 @@
-"""convert"""
+"""`gated-attention convert | extend | export`: checkpoints in, checkpoints out, DST whole or not at all.
+
+- `cli`: the three parsers (no torch), and the checks that need no file
+  content, before the work starts.
+- `errors`: `ConversionError`, bad input as one readable line.
+- `folders`: SRC and DST on disk; the staging folder that becomes DST only
+  when it is complete. Standard library only.
+- `sources`: reading a source checkpoint (folder or Hub id) one tensor at a
+  time, header checks, the inf/NaN scan.
+- `families`: the source families (`FAMILIES`), reading their configs as
+  transformers would, mapping them onto our configs, and the weight plan.
+- `rope`: the RoPE base change and YaRN, as `rope_parameters`.
+- `writer`: `OutputTensor` and the streamed, sharded safetensors writer;
+  copying tokenizer and other side files.
+- `convert`: `convert_checkpoint` and `extend_checkpoint`, and the logit
+  comparison that verifies them.
+- `export`: `export_checkpoint`, a gated model as transformers' native Qwen3.5
+  where every piece maps exactly.
+
+The steps these follow are in docs/architecture.md ("The conversion
+pipeline"). Imports: the package root, `configuration`, `hub` and `compat`;
+never `training`, `analysis` or `recipes`. Models are reached through the Auto
+classes, and only where a config alone is not enough.
+"""

@@ -275,8 +275,8 @@ def qwen3_5_torch_path():
     """Run transformers' Qwen3.5 Gated DeltaNet on its own torch functions while inside.
 
     transformers routes Qwen3.5's delta rule and convolutions to fla's Triton
-    kernels whenever fla imports, and those fail without a GPU (see DESIGN.md,
-    pitfalls); verification runs on the CPU, so it unwraps them for its forward.
+    kernels whenever fla imports, and those fail without a GPU (see docs/architecture.md,
+    "Pitfalls worth knowing"); verification runs on the CPU, so it unwraps them for its forward.
     """
     from transformers.models.qwen3_5 import modeling_qwen3_5 as q
 

@@ -5,7 +5,7 @@ it, defaults and legacy `rope_scaling` / `rope_theta` included: `SourceConfig`)
 onto one of our configs, and lists the output tensors: source tensors renamed where
 needed, `o_proj` doubled, and the new gate parameters.
 
-Exact init (DESIGN.md, "Function-preserving conversion"): gate weight 0 and no
+Exact init (docs/architecture.md, "The conversion pipeline"): gate weight 0 and no
 bias, so every score is sigmoid(0) = 0.5 exactly; `o_proj` is doubled, which
 is exact in every float format, so `o_proj(0.5 * y)` with `2 W` is `W y` to
 the bit. `--init bias` instead leaves `o_proj` alone and sets a large gate bias
@@ -534,7 +534,7 @@ def expected_shapes(model) -> dict[str, tuple[int, ...]]:
 def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
     """`expected_shapes` of a dense gated model, worked out from its config alone, in the model's order.
 
-    The dense layout is Llama's (DESIGN.md's contract) plus the gate, so it can be written down here;
+    The dense layout is Llama's (docs/architecture.md, "Public names") plus the gate, so it can be written down here;
     that lets a conversion that verifies nothing skip importing the modeling code (seconds of
     transformers' modeling stack). tests/test_convert_layout.py checks it against the model itself.
     """

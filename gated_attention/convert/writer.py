@@ -1,4 +1,4 @@
-"""Writing a converted checkpoint into its staging folder (`staging.py`): streamed safetensors shards, side files.
+"""Writing a converted checkpoint into its staging folder (`folders.staged_folder`): streamed safetensors shards, side files.
 
 Shards are planned with huggingface_hub's sharding helper from names, shapes
 and dtypes only, and then written one tensor at a time: the safetensors header

@@ -1,1 +1,27 @@
-"""modeling"""
+"""The models: gated softmax attention, the MoE block, the Gated DeltaNet mixer and the three families.
+
+- `attention`: `GatedAttention`, Llama's attention (Qwen3's with `qk_norm`) with
+  the gate at any position G1..G5 as its own module `attn_gate`
+  (`AttentionGate`), and the paper's two non-gate ablations.
+- `base`: `GatedPreTrainedModel`, the base every family shares: the gate's
+  init and the remote-code bundle written by `save_pretrained`.
+- `packing`: finding the sequences of packed rows (restarting `position_ids`,
+  flash-attention's `cu_seq_lens_q`), and refusing rows that cannot be split.
+- `gated_attention`: the dense family (`GatedAttentionModel`,
+  `GatedAttentionForCausalLM`), Llama's layout and parameter names.
+- `moe`: the sparse MoE block, transformers' Qwen3-MoE block with an optional
+  gated shared expert and Mixtral's fp32 routing weights.
+- `load_balancing`: the router losses (load balancing, z-loss) and
+  `GlobalLoadBalancer`, which counts experts over the global batch. Torch only.
+- `gated_attention_moe`: the MoE family, the dense model with sparse MLPs.
+- `gated_deltanet`: the Gated DeltaNet mixer with fla's parameter names and its
+  conv and recurrent cache states.
+- `gated_deltanet_hybrid`: the hybrid family, Gated DeltaNet layers
+  interleaved with the shared gated attention.
+
+Imports: `configuration`, `kernels`, `hub` and `compat`, nothing above them
+(see docs/architecture.md). These files are also copied flat into every saved
+checkpoint as remote code, so they import each other only as `from .x import y`
+or `from ..part.x import y`, and optional packages only inside `try:`.
+Nothing is re-exported here: the public classes come from `gated_attention`.
+"""

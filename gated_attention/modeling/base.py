@@ -21,11 +21,11 @@ class GatedPreTrainedModel(PreTrainedModel):
 
     With no `attn_implementation` asked for, every model gets transformers'
     default ("sdpa"), on CUDA too: the fused kernel ("gated_triton") is opt-in.
-    On an H200 (issue 11) torch's default SDPA dispatch plus a separate gate
+    On an H200 (`benchmarks/RESULTS.md`) torch's default SDPA dispatch plus a separate gate
     multiply beat the fused kernel at T >= 4096 (fwd+bwd 0.69-0.75x), so the
     fused path becomes a default only once `benchmarks/gpu_models.py` records
     a model-level training step at least as fast as "sdpa" on that device
-    (the figure goes in the README's "Fused gated attention" table).
+    (the figure goes in `benchmarks/RESULTS.md`, linked from the README's "Fused gated attention").
 
     Saved from the installed package, a checkpoint gets flat copies of the
     modeling files and an `auto_map`, so `from_pretrained(...,

@@ -1,4 +1,5 @@
-"""Hybrid causal LM: Gated DeltaNet layers interleaved with gated softmax attention (seed 002).
+"""Hybrid causal LM: Gated DeltaNet layers interleaved with gated softmax attention, as in
+"Massive Activations in Hybrid Linear Attention Large Language Models: Pre-Attention Spikes and Inter-Spike Plateaus".
 
 Each decoder layer is pre-norm, `h = x + mixer(norm(x)); out = h + mlp(norm(h))`,
 with `linear_attn` (a `GatedDeltaNet`) on "linear_attention" layers and
@@ -123,7 +124,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
             )
         attention_free = "full_attention" not in self.config.layer_types
         if position_ids is None and attention_free and kwargs.get("cu_seq_lens_q") is None:
-            # Pure Gated DeltaNet (seed 002's rho = infinity): nothing reads positions, and the cache has
+            # Pure Gated DeltaNet (the massive-activations paper's rho = infinity): nothing reads positions, and the cache has
             # no attention layer to count past tokens (its get_seq_length raises).
             length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
             position_ids = torch.arange(length, device=self.embed_tokens.weight.device)[None]

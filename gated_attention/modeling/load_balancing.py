@@ -14,7 +14,7 @@ LBL is pooled over layers exactly as transformers' Qwen3-MoE computes its
 
 Global-batch load balancing
 ---------------------------
-Seed 000 trains with the global-batch load-balancing loss (Qiu et al. 2025,
+The Gated Attention paper trains with the global-batch load-balancing loss (Qiu et al. 2025,
 "Demons in the detail"): f is counted over the global batch (every
 gradient-accumulation micro-batch on every data-parallel rank), not per
 micro-batch, which leaves experts free to specialise by domain. Since f has no
@@ -130,7 +130,7 @@ def load_balancing_loss(
 def router_z_loss(router_logits: tuple[torch.Tensor, ...], token_mask: torch.Tensor | None = None) -> torch.Tensor:
     """ST-MoE's z-loss: mean over sparse layers and real tokens of `logsumexp(z) ** 2`; 0 without sparse layers.
 
-    (Seed 000's rendering of the formula lost the square; ST-MoE, which it
+    (The copy of the Gated Attention paper this project worked from lost the square; ST-MoE, which it
     cites, squares the log-sum-exp.)
     """
     if not router_logits:

@@ -112,7 +112,7 @@ def model_pair(s, tokenizer, architecture: str = "dense", hybrid_ratio: int = 3)
     """An ungated model and the same model with the G1 gate: identical weights apart from the gates.
 
     Dense: `GatedAttentionForCausalLM`. Hybrid: `GatedDeltaNetHybridForCausalLM`
-    at seed 002's `hybrid_ratio`:1 (every `hybrid_ratio`-th layer full
+    at the massive-activations paper's `hybrid_ratio`:1 (every `hybrid_ratio`-th layer full
     attention), the GDN layers as wide as the attention (`num_attention_heads`
     heads of `head_dim` keys and `2 * head_dim` values); only the
     full-attention layers differ.

@@ -1,6 +1,7 @@
 """`gated-attention quickstart --preset sinks`: does an attention sink form, and does the G1 gate remove it?
 
-Seed 000 (Table 4) reports that the sigmoid output gate removes the attention
+The Gated Attention paper ("Gated Attention for Large Language Models: Non-linearity, Sparsity, and Attention-Sink-Free",
+Table 4) reports that the sigmoid output gate removes the attention
 sink (first-token attention 0.467 -> 0.048) and the massive activations. This
 job trains the pair that claim is about on the package corpus
 (`training.data.documents("packages", ...)`): an ungated
@@ -16,7 +17,7 @@ pure function of the seed), and reports per layer, for both models:
 
 Every `probe_every` steps both models' per-layer F-Attn and M-Act are probed
 on a few validation sequences, which shows the trend with training. A sink
-"forms" (issue 14) when the ungated model's most sink-like layer reaches
+"forms" (the criterion fixed before the sink search, `benchmarks/sink_search.md`) when the ungated model's most sink-like layer reaches
 F-Attn >= 0.3; the table prints the uniform-attention value beside it.
 
 Output, in `--out`: `layers.csv` (the printed table), `summary.csv` (one row per
@@ -46,7 +47,7 @@ from .common import Job, model_pair
 from .report import draw_sinks, format_columns, uniform_first_token_attention, write_csv
 from .settings import SinkSettings
 
-SINK_THRESHOLD = 0.3  # issue 14: F-Attn of the most sink-like layer that counts as a sink
+SINK_THRESHOLD = 0.3  # F-Attn of the most sink-like layer that counts as a sink (fixed before the search)
 MODELS = ("no gate", "G1 gate")
 
 

@@ -5,7 +5,8 @@ Three choices matter for gated models and are made here once:
 - **Gate parameters get their own learning rate** (`optimizer_groups`): any
   parameter whose name contains `attn_gate`. A converted model starts with its
   gates at weight 0 (score exactly 0.5); with the small learning rate usual for
-  continued pretraining those gates may barely move (official repo issue #10),
+  continued pretraining those gates may barely move (issue #10 of the Gated Attention paper's
+  official repository),
   so new gate parameters can train at a from-scratch rate while the rest of the
   model keeps a continued-pretraining rate.
 - **The mean gate score is logged** (`GateScoreMeter`), from the training
