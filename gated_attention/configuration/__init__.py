@@ -11,6 +11,9 @@
 - `gated_deltanet_hybrid`: `GatedDeltaNetHybridConfig`, the layer schedule
   (`layer_types` or `hybrid_ratio`) and the Gated DeltaNet fields under
   Qwen3-Next's names.
+- `tensor_parallel`: `tensor_parallel_plan(config)`, the `base_model_tp_plan`
+  each config sets for its own gate and layers (transformers' tensor
+  parallelism and vLLM's transformers backend read it).
 - `presets`: named shapes from the two papers (`from_preset`), built without
   downloading anything.
 

@@ -4,7 +4,11 @@
   the gate at any position G1..G5 as its own module `attn_gate`
   (`AttentionGate`), and the paper's two non-gate ablations.
 - `base`: `GatedPreTrainedModel`, the base every family shares: the gate's
-  init and the remote-code bundle written by `save_pretrained`.
+  init, the remote-code bundle written by `save_pretrained`, and the
+  tensor-parallel shape check at load.
+- `tensor_parallel`: the two tensor-parallel styles the config's plan names
+  for head-shared gates (registered with transformers on import) and the
+  check that the heads split over the ranks.
 - `packing`: finding the sequences of packed rows (restarting `position_ids`,
   flash-attention's `cu_seq_lens_q`), and refusing rows that cannot be split.
 - `gated_attention`: the dense family (`GatedAttentionModel`,
