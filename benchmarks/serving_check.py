@@ -87,6 +87,7 @@ class Route:
     dtype: str = "float32"
     model_impl: str = "auto"  # vLLM
     enforce_eager: bool = True  # vLLM: False compiles the forward (torch.compile), as vLLM does by default
+    tensor_parallel_size: int = 1  # vLLM: >1 shards the model over that many CPU processes (or GPUs)
     expect: str = ""  # a known outcome to print beside the result (e.g. an engine bug)
 
 
@@ -137,6 +138,7 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     wanted = lambda name: only is None or name in only  # noqa: E731
     backend = Route("vllm", "transformers backend", model_impl="transformers")
+    backend_tp2 = Route("vllm", "transformers backend, TP=2", model_impl="transformers", tensor_parallel_size=2)
     out: list[Checkpoint] = []
     quiet = lambda msg: None  # noqa: E731
 
@@ -147,7 +149,8 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32}),
     }
     for family, (config_cls, model_cls, extra) in sources.items():
-        if not (wanted(family) or (family == "qwen3" and wanted("qwen3-native"))):
+        headwise = f"{family}-headwise"
+        if not (wanted(family) or wanted(headwise) or (family == "qwen3" and wanted("qwen3-native"))):
             continue
         log(f"building {family}: a random {model_cls.__name__}, converted exactly, gates randomized")
         torch.manual_seed(0)
@@ -159,13 +162,20 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         if family == "llama":  # "auto" falls back to the backend for an architecture vLLM does not know
             routes += [Route("vllm", "transformers backend (auto)", model_impl="auto"),
                        Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False)]
+        if family in ("llama", "qwen3"):
+            routes.append(backend_tp2)
         if wanted(family):
             out.append(Checkpoint(family, folder, routes))
+        if family in ("llama", "qwen3") and wanted(headwise):
+            convert_checkpoint(str(source), work / headwise, gate="headwise", overwrite=True, log=quiet)
+            model = _randomize(ga.GatedAttentionForCausalLM.from_pretrained(work / headwise))
+            out.append(Checkpoint(headwise, _save(model, tokenizer, work / headwise), [backend, backend_tp2]))
         if family == "qwen3" and wanted("qwen3-native"):
             native = work / "qwen3-native"
             export_checkpoint(str(folder), native, overwrite=True, log=quiet)
             out.append(Checkpoint("qwen3-native", native, native=True, routes=[
                 Route("vllm", "native Qwen3.5"),
+                Route("vllm", "native Qwen3.5, TP=2", tensor_parallel_size=2),
                 Route("llama.cpp", "GGUF f32", expect="llama.cpp 0.3.36 aborts on an all-attention qwen35 model"),
             ]))
 
@@ -173,14 +183,15 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         if wanted(f"variant-{name}") or wanted("variants"):
             torch.manual_seed(0)
             model = _randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**SHAPE, **special, **fields)))
-            out.append(Checkpoint(f"variant-{name}", _save(model, tokenizer, work / f"variant-{name}"), [backend]))
+            out.append(Checkpoint(f"variant-{name}", _save(model, tokenizer, work / f"variant-{name}"),
+                                  [backend, backend_tp2]))
 
     if wanted("moe"):
         torch.manual_seed(0)
         config = ga.GatedAttentionMoeConfig(**SHAPE, **special, num_experts=4, num_experts_per_tok=2,
                                             moe_intermediate_size=64)
         out.append(Checkpoint("moe", _save(_randomize(ga.GatedAttentionMoeForCausalLM(config)), tokenizer,
-                                           work / "moe"), [backend]))
+                                           work / "moe"), [backend, backend_tp2]))
 
     if wanted("hybrid") or wanted("hybrid-native"):
         torch.manual_seed(0)
@@ -399,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--only", nargs="+", metavar="NAME", help="built-in checkpoints to check (default: all); "
                    "'variants' for every gate variant")
+    p.add_argument("--routes", metavar="TEXT", help="only the routes whose label contains TEXT (e.g. 'TP=2')")
     p.add_argument("--checkpoint", type=Path, help="check this checkpoint instead of the built-in ones")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -459,7 +471,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
         tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
         prompts, texts = prompts_and_texts(tokenizer, args.prompts)
         for route in ckpt.routes:
-            if route.engine not in engines:
+            if route.engine not in engines or (args.routes and args.routes not in route.label):
                 continue
             row = {"checkpoint": ckpt.name, "engine": route.engine, "route": route.label, "dtype": route.dtype}
             why = None if args.ignore_constraints else constraint(route, config)
@@ -480,7 +492,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
             key = f"{ckpt.name}/{route.engine}/{route.label}"
             jobs[route.engine].append({
                 "name": key, "path": str(path), "model_impl": route.model_impl, "dtype": route.dtype,
-                "enforce_eager": route.enforce_eager,
+                "enforce_eager": route.enforce_eager, "tensor_parallel_size": route.tensor_parallel_size,
                 "max_model_len": 256, "max_tokens": args.max_tokens, "prompts": prompts, "texts": texts,
             })
             expected = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]

@@ -6,7 +6,7 @@ Runs in the engine's own environment (vLLM and llama-cpp-python each pin their
 own torch / build), so it imports only the standard library and the engine,
 never this package: a checkpoint's remote code is all vLLM needs. JOBS.json
 holds `{"jobs": [{"name", "path", "prompts": [[token ids]], "max_tokens",
-"dtype", "model_impl", "texts"}]}`; RESULTS.json gets one record per job with
+"dtype", "model_impl", "tensor_parallel_size", "texts"}]}`; RESULTS.json gets one record per job with
 the greedy tokens, the log-probability of each chosen token, the engine's own
 tokenization of `texts`, load and generate seconds, or the first line of the
 error that stopped it. Every job runs in a fresh child process, so an engine
@@ -26,7 +26,25 @@ import time
 import traceback
 
 
+def cpu_thread_binding(ranks: int) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for `ranks` CPU workers: this process's cores split into one list per rank.
+
+    vLLM's CPU backend binds each worker to a NUMA node by default and refuses
+    tensor parallelism on a machine with fewer nodes than ranks ("Not enough
+    allowed NUMA nodes"); explicit core lists, `0|1` for two ranks on two
+    cores, work on any machine.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        return "nobind"
+    per_rank = len(cores) // ranks
+    return "|".join(",".join(map(str, cores[r * per_rank : (r + 1) * per_rank])) for r in range(ranks))
+
+
 def run_vllm(job: dict) -> dict:
+    tp = job.get("tensor_parallel_size", 1)
+    if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tp)  # read only by the CPU backend
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -34,6 +52,7 @@ def run_vllm(job: dict) -> dict:
     llm = LLM(
         model=job["path"], model_impl=job.get("model_impl", "auto"), trust_remote_code=True, dtype=job["dtype"],
         max_model_len=job["max_model_len"], seed=0, enforce_eager=job.get("enforce_eager", True),
+        tensor_parallel_size=tp,
         kv_cache_memory_bytes=256 << 20,  # tiny models: the CPU backend otherwise reserves most of RAM
     )
     t1 = time.perf_counter()

@@ -109,7 +109,7 @@ def reference_attention(attn, x: torch.Tensor, theta: float) -> torch.Tensor:
         if spec["position"] != position:
             return y
         g = attn.attn_gate
-        logits = x @ g.weight.T + (g.bias if g.bias is not None else 0) if g.input_dependent else g.logits.expand(B, T, -1)
+        logits = x @ g.weight.T + (g.bias if g.bias is not None else 0) if spec["input_dependent"] else g.logits.expand(B, T, -1)
         if position == "dense":
             scores = act(logits)
         else:
@@ -169,7 +169,7 @@ def test_variant_matches_reference_and_adds_the_papers_parameters(name):
     assert extra == extra_per_layer * TINY["num_hidden_layers"]
 
     attn = model.model.layers[0].self_attn
-    if "attn_gate" in dict(attn.named_children()) and not attn.attn_gate.input_dependent:
+    if "attn_gate" in dict(attn.named_children()) and not model.config.attn_gate["input_dependent"]:
         torch.nn.init.normal_(attn.attn_gate.logits)  # the zero init would hide a wrong broadcast
     x = torch.randn(2, 9, HID)
     positions = torch.arange(9)[None]

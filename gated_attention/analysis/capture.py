@@ -59,7 +59,7 @@ class GateSite:
     """Where a layer's attention gate scores come from.
 
     kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the
-    activated scores flat and whose `to_heads` gives them their heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5 output
+    gate's logits flat and whose `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5 output
     gate, the second half of each head's q_proj output, `sigmoid`-ed.
     """
 
@@ -323,7 +323,7 @@ class Capture:
     def _gate_hook(self, f: int, site: GateSite):
         def hook(module, args, output):
             if site.kind == "attn_gate":
-                scores = module.to_heads(output)  # [B, T, H, D or 1], or [B, T, hidden] for G5
+                scores = module.gate_scores.to_heads(module.gate_scores(output))  # [B, T, H, D or 1]; G5 [B, T, hidden]
             else:  # q_proj -> [B, T, H, 2 * head_dim]: query, then gate logits, per head
                 scores = torch.sigmoid(output.view(*output.shape[:-1], site.num_heads, 2 * site.head_dim)[..., site.head_dim :])
             self.records[-1].gates[f] = scores.detach()

@@ -55,24 +55,24 @@ def fusable_gate(config) -> bool:
     )
 
 
-class AttentionGate(nn.Module):
-    """Gate scores `act(X W + b)` (or `act(c)` for an input-independent gate).
+class GateScores:
+    """The arithmetic of a gate spec: activation, the scores' shape, and how they meet the gated tensor.
 
-    `forward(x)` returns the scores flat, `[B, T, out_features]`, heads first
-    then channels (`out_features` = H * D elementwise, H headwise, D or 1 when
-    `head_shared`, hidden_size for G5 "dense"); `to_heads` views them to
-    broadcast against the gated tensor: `[B, T, H, D]` (elementwise),
-    `[B, T, H, 1]` (headwise), H = 1 when `head_shared`, `[B, T, hidden_size]`
-    for G5.
+    Scores come flat, `[B, T, out_features]`, heads first then channels
+    (`out_features` = H * D elementwise, H headwise, D or 1 when `head_shared`,
+    hidden_size for G5 "dense"). `to_heads` views them to broadcast against the
+    gated tensor: `[B, T, H, D]` (elementwise), `[B, T, H, 1]` (headwise), H = 1
+    when `head_shared`, `[B, T, hidden_size]` for G5.
 
-    The scores stay flat until `to_heads` because tensor parallelism shards
-    this module like `q_proj` (transformers' "colwise" style splits a module's
-    output on its last dimension): each rank then computes the scores of its
-    own heads, and `to_heads` counts them with -1 (see `tensor_parallel.py`).
+    They stay flat until here because tensor parallelism shards the gate's
+    projection like `q_proj` (transformers' "colwise" and vLLM's column-parallel
+    linear split a layer's output on its last dimension): each rank scores its
+    own heads, and `to_heads` counts them with -1. This lives outside the
+    `attn_gate` module because vLLM replaces an `nn.Linear` child with its own
+    parallel linear, which computes the projection and nothing else.
     """
 
     def __init__(self, spec: dict, hidden_size: int, num_heads: int, head_dim: int):
-        super().__init__()
         self.position = spec["position"]
         self.mode = spec["mode"]
         self.activation = spec["activation"]
@@ -84,26 +84,12 @@ class AttentionGate(nn.Module):
             heads = 1 if spec["head_shared"] else num_heads
             width = head_dim if spec["granularity"] == "elementwise" else 1
             self.score_shape = (heads, width)
-        out_features = 1
+        self.out_features = 1
         for n in self.score_shape:
-            out_features *= n
-        self.in_features, self.out_features = hidden_size, out_features
-        self.input_dependent = spec["input_dependent"]
-        if self.input_dependent:
-            self.weight = nn.Parameter(torch.empty(out_features, hidden_size))
-            self.bias = nn.Parameter(torch.zeros(out_features)) if spec["bias"] else None
-        else:
-            # Zero logits: every score starts at act(0), as in the paper's ablation.
-            self.logits = nn.Parameter(torch.zeros(out_features))
+            self.out_features *= n
 
-    def gate_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-activation scores `[B, T, out_features]` (this rank's share under tensor parallelism)."""
-        if self.input_dependent:
-            return F.linear(x, self.weight, self.bias)
-        return self.logits.to(x.dtype).expand(*x.shape[:-1], -1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act_fn(self.gate_logits(x))
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.act_fn(logits)
 
     def to_heads(self, scores: torch.Tensor) -> torch.Tensor:
         """`[B, T, out_features]` -> the shape that broadcasts against the gated tensor (see the class)."""
@@ -113,12 +99,53 @@ class AttentionGate(nn.Module):
         return scores.view(*scores.shape[:-1], heads, self.score_shape[-1])
 
     def combine(self, y: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Gate `y` (`[B, T, H, D]`, or `[B, T, hidden]` for G5) with flat scores."""
         scores = self.to_heads(scores)
+        if self.position != "dense" and not self.head_shared and scores.shape[-2] != y.shape[-2]:
+            # A broadcast would hide it when this rank holds one head: say it instead.
+            raise ValueError(
+                f"attn_gate scores {scores.shape[-2]} heads but the attention holds {y.shape[-2]}: the gate was not "
+                f"sharded with the heads (vLLM shards only nn.Linear layers, so an input-independent gate runs "
+                f"there only at tensor_parallel_size=1)"
+            )
         return y * scores if self.mode == "multiplicative" else y + scores
 
+    def __repr__(self) -> str:
+        return f"GateScores(position={self.position}, scores={self.score_shape}, {self.mode}, {self.activation})"
+
+
+class AttentionGate(nn.Linear):
+    """The gate's projection: flat logits `X W + b`, `[B, T, out_features]` (see `GateScores`).
+
+    A plain `nn.Linear`, so that tensor parallelism in transformers and vLLM
+    shards it as it shards q_proj. `gate_scores` is the arithmetic that turns
+    its output into scores (hooks read it: analysis, the training meter).
+    """
+
+    def __init__(self, gate_scores: GateScores, hidden_size: int, bias: bool):
+        super().__init__(hidden_size, gate_scores.out_features, bias=bias)
+        self.gate_scores = gate_scores
+
     def extra_repr(self) -> str:
-        kind = "input-dependent" if self.input_dependent else "input-independent"
-        return f"position={self.position}, scores={self.score_shape}, {self.mode}, {self.activation}, {kind}"
+        return f"{super().extra_repr()}, {self.gate_scores!r}"
+
+
+class ConstantAttentionGate(nn.Module):
+    """An input-independent gate: learnable logits `c`, the same for every token, `[B, T, out_features]`."""
+
+    def __init__(self, gate_scores: GateScores, hidden_size: int):
+        super().__init__()
+        self.gate_scores = gate_scores
+        # transformers' colwise style shards a module with these (the logits split like a weight's rows).
+        self.in_features, self.out_features = hidden_size, gate_scores.out_features
+        # Zero logits: every score starts at act(0), as in the paper's ablation.
+        self.logits = nn.Parameter(torch.zeros(gate_scores.out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits.to(x.dtype).expand(*x.shape[:-1], -1)
+
+    def extra_repr(self) -> str:
+        return repr(self.gate_scores)
 
 
 class GatedAttention(nn.Module):
@@ -156,7 +183,11 @@ class GatedAttention(nn.Module):
         self.gate_position = spec["position"] if gate_enabled(spec) else None
         if self.gate_position is not None:
             heads = self.num_key_value_heads if self.gate_position in ("key", "value") else self.num_heads
-            self.attn_gate = AttentionGate(spec, hidden, heads, self.head_dim)
+            self.gate_scores = GateScores(spec, hidden, heads, self.head_dim)
+            if spec["input_dependent"]:
+                self.attn_gate = AttentionGate(self.gate_scores, hidden, bias=spec["bias"])
+            else:
+                self.attn_gate = ConstantAttentionGate(self.gate_scores, hidden)
         if config.attn_output_norm == "rmsnorm":
             self.attn_output_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.attn_output_act = F.silu if config.attn_output_activation == "silu" else None
@@ -165,7 +196,7 @@ class GatedAttention(nn.Module):
     def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.gate_position != position:
             return y
-        return self.attn_gate.combine(y, self.attn_gate(x))
+        return self.gate_scores.combine(y, self.gate_scores(self.attn_gate(x)))
 
     def forward(
         self,
@@ -199,10 +230,10 @@ class GatedAttention(nn.Module):
         )
         fused_gate = self.fusable_gate and self.config._attn_implementation == GATED_TRITON
         if fused_gate:  # hand the gate logits to the kernel, which applies act() in its epilogue
-            logits = self.attn_gate.to_heads(self.attn_gate.gate_logits(x))  # [B, T, HQ or 1, D or 1]
+            logits = self.gate_scores.to_heads(self.attn_gate(x))  # [B, T, HQ or 1, D or 1]
             logits = logits.expand(*input_shape, q.shape[1], logits.shape[-1])  # q: [B, HQ, T, D], this rank's HQ
             gate = logits[..., 0] if logits.shape[-1] == 1 else logits  # [B, T, HQ] or [B, T, HQ, D]
-            kwargs = {**kwargs, "gate": gate, "gate_activation": self.attn_gate.activation}
+            kwargs = {**kwargs, "gate": gate, "gate_activation": self.gate_scores.activation}
         attn_output, attn_weights = attention_interface(
             self,
             q,

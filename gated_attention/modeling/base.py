@@ -7,7 +7,7 @@ import os
 from transformers import PreTrainedModel
 from transformers.initialization import normal_, zeros_
 
-from .attention import AttentionGate
+from .attention import AttentionGate, ConstantAttentionGate
 from .tensor_parallel import check_tensor_parallel_shapes  # importing registers the plan's own style
 
 try:
@@ -51,12 +51,11 @@ class GatedPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, AttentionGate):
-            if module.input_dependent:
-                normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-                if module.bias is not None:
-                    zeros_(module.bias)
-            else:
-                zeros_(module.logits)
+            normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                zeros_(module.bias)
+        elif isinstance(module, ConstantAttentionGate):
+            zeros_(module.logits)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
         bundle = write_remote_code is not None and self._auto_class is None

@@ -82,7 +82,7 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int, min_ratio: fl
 
 def gate_modules(model: nn.Module) -> list[nn.Module]:
     """The gate modules of a model (ours or a remote-code copy of it; PEFT copies included)."""
-    return [m for m in model.modules() if type(m).__name__ == "AttentionGate"]
+    return [m for m in model.modules() if type(m).__name__ in ("AttentionGate", "ConstantAttentionGate")]
 
 
 def gate_parameters_snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -92,7 +92,7 @@ def gate_parameters_snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 class GateScoreMeter(contextlib.AbstractContextManager):
     """Averages the gate scores of every forward pass while active.
 
-    Hooks every `AttentionGate`; `pop()` returns the mean score since the last
+    Hooks every gate module (`AttentionGate`, `ConstantAttentionGate`); `pop()` returns the mean score since the last
     call (NaN when no gate ran: an ungated model). The hooks are removed on exit.
     """
 
@@ -103,7 +103,7 @@ class GateScoreMeter(contextlib.AbstractContextManager):
         self._count = 0
 
     def _hook(self, module, args, output):
-        self._sum += float(output.detach().float().mean())
+        self._sum += float(module.gate_scores(output.detach().float()).mean())  # the module returns logits
         self._count += 1
 
     def __enter__(self) -> GateScoreMeter:
