@@ -73,7 +73,8 @@ from gated_attention.training.streaming import (
     open_text_dataset,
     text_stream,
 )
-from gated_attention.training.folders import output_folder
+from gated_attention.training.folders import RUN_ENTRIES, output_folder
+from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
@@ -90,6 +91,7 @@ from gated_attention.training import (
     train,
 )
 
+RUN = "a run of these examples (log.jsonl, checkpoints/, final/)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -160,9 +162,21 @@ def check_model(args):
     return config
 
 
+def check_output_dir(args) -> None:
+    """`--output-dir` may hold nothing but an earlier run of these examples (`RUN_ENTRIES`), and may not be the
+    working folder, above it, or `--model`'s folder (see `gated_attention.hub.output_folders`)."""
+    model = Path(args.model).expanduser()
+    try:
+        check_output_folder(args.output_dir, flag="--output-dir", what=RUN, ours=holds_any(*RUN_ENTRIES),
+                            inputs={"--model": model if model.exists() else None})
+    except OutputFolderError as e:
+        raise InputError(str(e)) from None
+
+
 def check_inputs(args, *, rope_change: bool = False):
     """Check what can be checked before a model is loaded or a folder is made; returns the model's config.
 
+    `--output-dir` must be new, empty or an earlier run (`check_output_dir`),
     `--model` must be a causal LM, `--seq-len` must fit in its positions unless the
     run changes RoPE for a longer context (`rope_change`, as long_context.py does),
     and the data must exist: files and folders, and for `--dataset` the text column
@@ -179,6 +193,7 @@ def check_inputs(args, *, rope_change: bool = False):
             ds = open_text_dataset(spec[0] if len(spec) == 1 else spec, args.split)
             check_text_field(ds, args.text_field, " ".join(spec))
             check_has_text(ds, args.text_field, " ".join(spec))
+    check_output_dir(args)
     config = check_model(args)
     positions = getattr(config, "max_position_embeddings", None)
     if positions and args.seq_len > positions and not rope_change:

@@ -103,6 +103,23 @@ def _check_names(args) -> None:
         raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
 
 
+def _check_out(args) -> None:
+    """--out: not the working folder or above it, not MODEL's folder, and, if it holds anything, an earlier
+    analysis (its arrays.npz is written first), whose files this run replaces."""
+    from .. import CLIError
+    from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
+
+    inputs = {}
+    for flag, name in (("MODEL", args.model), ("--tokenizer", args.tokenizer)):
+        if name and Path(name).expanduser().exists():
+            inputs[flag] = Path(name).expanduser()
+    try:
+        check_output_folder(args.out, flag="--out", what="the output of an earlier analyze (arrays.npz, summary.md)",
+                            ours=holds_any("arrays.npz", "summary.md"), inputs=inputs)
+    except OutputFolderError as e:
+        raise CLIError(str(e)) from None
+
+
 def _resolve(name: str) -> str:
     """`name` to load: itself (a folder, or a Hub id the Hub answers for), or the folder of its snapshot in
     the Hugging Face cache when the Hub cannot be reached (then nothing asks the Hub).
@@ -170,6 +187,7 @@ def run(args) -> int:
     from .samples import read_text_file
 
     _check_names(args)
+    _check_out(args)
     where = {name: _resolve(name) for name in dict.fromkeys([args.model, args.tokenizer or args.model])}
     if args.text_file:
         try:

@@ -32,12 +32,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import GatedAttentionWarning
+from ..hub.output_folders import OutputFolderError, check_output_folder, is_checkpoint
 from ..hub.repo_ids import missing_folder
 from .errors import ConversionError
 
 # renameat2(2) flags, from <linux/fs.h>
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100
+CHECKPOINT = "a model checkpoint (no config.json with a model_type)"
 STAGING_KINDS = ("incomplete", "replaced")  # .DST.incomplete-PID: being written; .DST.replaced-PID: the old DST, on its way out
 
 
@@ -54,14 +56,15 @@ def check_source(src: str, revision: str | None = None) -> None:
 
 
 def check_destination(src: Path | None, dst: Path, overwrite: bool) -> None:
-    """Refuse a DST that exists (without `overwrite`), or that is SRC (a folder; None: a Hub id), inside it or around it."""
+    """Refuse a DST that exists (without `overwrite`), that is SRC (a folder; None: a Hub id), inside it or
+    around it, that is the working folder or above it, or that holds anything but a model checkpoint."""
     dst = Path(dst)
     if dst.name in ("", ".", ".."):  # the staging folder goes beside DST and is renamed to it
         raise ConversionError(f"DST {dst} must name a folder to create, like ./out (not . or ..)")
-    if src is not None:
-        dst_abs, src_abs = dst.resolve(), Path(src).expanduser().resolve()
-        if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
-            raise ConversionError(f"DST {dst} must not be SRC, inside SRC or contain it (SRC is never modified)")
+    try:  # not the working folder or above it, not SRC, and replaced only if it is a checkpoint
+        check_output_folder(dst, flag="DST", what=CHECKPOINT, ours=is_checkpoint, inputs={"SRC": src})
+    except OutputFolderError as e:
+        raise ConversionError(str(e)) from None
     if os.path.lexists(dst) and not overwrite:
         raise ConversionError(f"DST {dst} already exists; pass --overwrite to replace it")
     if dst.parent.exists() and not dst.parent.is_dir():

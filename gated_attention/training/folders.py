@@ -6,6 +6,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+# What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing
+# else in it is the run's to replace). `.final.incomplete-PID` and the like are `staged_folder`'s.
+RUN_ENTRIES = ("log.jsonl", "checkpoints", "final", "merged", "final-yarn", "perplexity_by_length.csv")
+
 
 @contextlib.contextmanager
 def output_folder(path) -> Iterator[Path]:
