@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -73,7 +74,7 @@ from gated_attention.training.streaming import (
     open_text_dataset,
     text_stream,
 )
-from gated_attention.training.folders import RUN_ENTRIES, output_folder
+from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.repo_ids import missing_folder
@@ -123,6 +124,9 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
     p.add_argument("--seed", type=bounded(int, 0), default=0)
     p.add_argument("--save-every", type=bounded(int, 0), default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--resume", help="'latest' (in --output-dir) or a checkpoint folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --output-dir (its log.jsonl, checkpoints/, final/, ...; other "
+                        "files there stay); without it, or --resume, an --output-dir that holds a run is refused")
     p.add_argument("--eval-sequences", type=bounded(int, 0), default=32,
                    help="validation rows evaluated at the end (0: none)")
     p.add_argument("--max-chars", type=count, help="use only a prefix of the embedded corpus (characters)")
@@ -164,13 +168,21 @@ def check_model(args):
 
 def check_output_dir(args) -> None:
     """`--output-dir` may hold nothing but an earlier run of these examples (`RUN_ENTRIES`), and may not be the
-    working folder, above it, or `--model`'s folder (see `gated_attention.hub.output_folders`)."""
+    working folder, above it, or `--model`'s folder (see `gated_attention.hub.output_folders`). One that
+    holds a run is continued (`--resume`) or replaced (`--overwrite`, in `run_training`), never trained
+    into again from step 1 by accident."""
     model = Path(args.model).expanduser()
     try:
         check_output_folder(args.output_dir, flag="--output-dir", what=RUN, ours=holds_any(*RUN_ENTRIES),
                             inputs={"--model": model if model.exists() else None})
     except OutputFolderError as e:
         raise InputError(str(e)) from None
+    if args.overwrite and args.resume:
+        raise InputError("--overwrite replaces the run in --output-dir and --resume continues it: give one of them")
+    held = [name for name in RUN_ENTRIES if os.path.lexists(Path(args.output_dir) / name)]
+    if held and not (args.resume or args.overwrite):
+        raise InputError(f"--output-dir {args.output_dir} already holds a run ({held[0]}); pass --resume latest to "
+                         "continue it, or --overwrite to replace it")
 
 
 def check_inputs(args, *, rope_change: bool = False):
@@ -324,6 +336,13 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
     accelerator.register_for_checkpointing(scheduler)
 
+    if args.overwrite:  # the earlier run goes only now that every input has been checked and loaded
+        if accelerator.is_main_process:
+            removed = remove_run(out)
+            if removed:
+                print(f"--overwrite: removed the earlier run's {', '.join(removed)} from {out}", flush=True)
+        accelerator.wait_for_everyone()
+
     start = 0
     if args.resume:
         folder = latest_checkpoint(out) if args.resume == "latest" else Path(args.resume)
@@ -344,7 +363,7 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
                 print(f"step {step}/{config.steps}  loss {record['loss']:.4f}{gate}  lr {record['lr']:.3g}  "
                       f"gate_lr {record['gate_lr']:.3g}  batch {record['batch']}", flush=True)
         if (args.save_every and step % args.save_every == 0) or step == config.steps:
-            save_checkpoint(accelerator, out, step, data=train_rows)
+            save_checkpoint(accelerator, out, step, data=train_rows, model=model)
 
     train(model, train_rows, config, optimizer, scheduler, accelerator=accelerator, start_step=start,
           on_step=on_step, desc=desc, progress=not args.no_progress)
@@ -370,7 +389,7 @@ def main(argv: list[str] | None = None):
         if valid_rows is not None:
             loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
             accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
-        save_final(accelerator, model, out / "final", tokenizer)
+        save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
     accelerator.print(f"saved {out / 'final'}")
     model = accelerator.unwrap_model(model)  # the DDP/FSDP wrapper goes before the process group (finish_training)
     finish_training(accelerator)
