@@ -75,6 +75,7 @@ from gated_attention.training.streaming import (
     text_stream,
 )
 from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
+from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.repo_ids import missing_folder
@@ -155,8 +156,12 @@ def check_model(args):
     name = args.model
     if missing_folder(name):  # no such path, and no Hub repo id either
         raise InputError(f"--model {name}: no such folder")
-    try:
+    try:  # the raw config.json first: transformers' own check of a bad value names no field
+        check_config_file(name, f"--model {name} config.json")
         config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        check_architecture(config, f"--model {name}")  # a Hub id's, now downloaded
+    except ConfigError as e:
+        raise InputError(str(e)) from None
     except (OSError, ValueError) as e:
         raise InputError(f"--model {name}: {_first_line(e)}") from None
     remote = args.trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})

@@ -120,6 +120,18 @@ def _check_out(args) -> None:
         raise CLIError(str(e)) from None
 
 
+def _check_config(name: str, resolved: str) -> None:
+    """MODEL's config.json, checked before the model is built: a million layers would allocate for minutes."""
+    from .. import CLIError
+    from ..configuration.validation import ConfigError, check_config_file
+
+    if Path(resolved).is_dir():  # a local folder or a cached snapshot; a Hub id loads its config when loading
+        try:
+            check_config_file(resolved, f"MODEL {name} config.json")
+        except ConfigError as e:
+            raise CLIError(str(e)) from None
+
+
 def _resolve(name: str) -> str:
     """`name` to load: itself (a folder, or a Hub id the Hub answers for), or the folder of its snapshot in
     the Hugging Face cache when the Hub cannot be reached (then nothing asks the Hub).
@@ -189,6 +201,7 @@ def run(args) -> int:
     _check_names(args)
     _check_out(args)
     where = {name: _resolve(name) for name in dict.fromkeys([args.model, args.tokenizer or args.model])}
+    _check_config(args.model, where[args.model])
     if args.text_file:
         try:
             samples = read_text_file(args.text_file)

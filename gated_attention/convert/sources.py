@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..configuration.validation import ConfigError, check_architecture
 from .errors import ConversionError
 from .folders import check_source
 
@@ -116,6 +117,10 @@ def read_config_dict(folder: Path) -> dict:
         raise ConversionError(f"SRC {folder}/config.json is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ConversionError(f"SRC {folder}/config.json does not hold a JSON object")
+    try:  # before any plan or model is built from it: a million layers would take minutes to be refused
+        check_architecture(config, "SRC config.json")
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
     return config
 
 
