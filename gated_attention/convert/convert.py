@@ -35,7 +35,7 @@ from .families import (
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .folders import check_destination, staged_folder
-from .writer import OutputTensor, copy_side_files, write_sharded
+from .writer import OutputTensor, copy_side_files, output_size, write_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VERIFY_TOKENS = 32
@@ -232,7 +232,7 @@ def convert_checkpoint(
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite, log) as stage:
+    with staged_folder(dst, overwrite, log, size=output_size(outputs, folder)) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="converting")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
@@ -318,7 +318,7 @@ def extend_checkpoint(
 
     log(f"extending {src} -> {dst}: {rope.describe()}")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite, log) as stage:
+    with staged_folder(dst, overwrite, log, size=output_size(outputs, folder)) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="copying")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
