@@ -97,6 +97,8 @@ def _check_names(args) -> None:
     from .. import CLIError
     from ..hub.repo_ids import missing_folder
 
+    if not args.model.strip():  # Path("") is the working folder
+        raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
     if missing_folder(args.model):
         raise CLIError(f"model folder not found: {args.model}")
     if args.tokenizer and missing_folder(args.tokenizer):

@@ -47,6 +47,8 @@ STAGING_KINDS = ("incomplete", "replaced")  # .DST.incomplete-PID: being written
 
 def check_source(src: str, revision: str | None = None) -> None:
     """What can be told about SRC without reading it (the command line checks this before importing torch)."""
+    if not src.strip():  # Path("") is ".", the working folder: the next message would be about DST
+        raise ConversionError("SRC is empty: give a checkpoint folder or a Hub repo id")
     path = Path(src).expanduser()
     if path.exists():
         if not path.is_dir():
