@@ -36,7 +36,14 @@ a stream's position (not its data) is saved in the checkpoint, one small JSON
 per process. Every line of OUTPUT/log.jsonl has the step's batch digest. Run
 with the same number of processes, batch size and accumulation to keep the order. The final model is
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
-gated models) together with the tokenizer.
+gated models) together with the tokenizer, written as OUTPUT/.final.incomplete-PID
+and renamed when whole; weights that are not finite (a run that diverged) are
+never saved, as a checkpoint or as final/: the run stops with one line naming the step.
+
+An OUTPUT that already holds a run (log.jsonl, checkpoints/, final/, ...) is
+continued with `--resume`, or replaced with `--overwrite` (which removes only
+the run's own entries); otherwise it is refused, as is an OUTPUT that holds
+other files, is the working folder or lies in `--model`'s folder.
 
 Inputs are checked before a model is loaded or OUTPUT is made (`check_inputs`):
 the data exist and hold text, `--model` is a causal LM, and `--seq-len` fits in
