@@ -36,7 +36,14 @@ a stream's position (not its data) is saved in the checkpoint, one small JSON
 per process. Every line of OUTPUT/log.jsonl has the step's batch digest. Run
 with the same number of processes, batch size and accumulation to keep the order. The final model is
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
-gated models) together with the tokenizer.
+gated models) together with the tokenizer, written as OUTPUT/.final.incomplete-PID
+and renamed when whole; weights that are not finite (a run that diverged) are
+never saved, as a checkpoint or as final/: the run stops with one line naming the step.
+
+An OUTPUT that already holds a run (log.jsonl, checkpoints/, final/, ...) is
+continued with `--resume`, or replaced with `--overwrite` (which removes only
+the run's own entries); otherwise it is refused, as is an OUTPUT that holds
+other files, is the working folder or lies in `--model`'s folder.
 
 Inputs are checked before a model is loaded or OUTPUT is made (`check_inputs`):
 the data exist and hold text, `--model` is a causal LM, and `--seq-len` fits in
@@ -52,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -73,7 +81,9 @@ from gated_attention.training.streaming import (
     open_text_dataset,
     text_stream,
 )
-from gated_attention.training.folders import output_folder
+from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
+from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
+from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
@@ -90,6 +100,7 @@ from gated_attention.training import (
     train,
 )
 
+RUN = "a run of these examples (log.jsonl, checkpoints/, final/)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -121,6 +132,9 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
     p.add_argument("--seed", type=bounded(int, 0), default=0)
     p.add_argument("--save-every", type=bounded(int, 0), default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--resume", help="'latest' (in --output-dir) or a checkpoint folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --output-dir (its log.jsonl, checkpoints/, final/, ...; other "
+                        "files there stay); without it, or --resume, an --output-dir that holds a run is refused")
     p.add_argument("--eval-sequences", type=bounded(int, 0), default=32,
                    help="validation rows evaluated at the end (0: none)")
     p.add_argument("--max-chars", type=count, help="use only a prefix of the embedded corpus (characters)")
@@ -149,8 +163,12 @@ def check_model(args):
     name = args.model
     if missing_folder(name):  # no such path, and no Hub repo id either
         raise InputError(f"--model {name}: no such folder")
-    try:
+    try:  # the raw config.json first: transformers' own check of a bad value names no field
+        check_config_file(name, f"--model {name} config.json")
         config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        check_architecture(config, f"--model {name}")  # a Hub id's, now downloaded
+    except ConfigError as e:
+        raise InputError(str(e)) from None
     except (OSError, ValueError) as e:
         raise InputError(f"--model {name}: {_first_line(e)}") from None
     remote = args.trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
@@ -160,9 +178,29 @@ def check_model(args):
     return config
 
 
+def check_output_dir(args) -> None:
+    """`--output-dir` may hold nothing but an earlier run of these examples (`RUN_ENTRIES`), and may not be the
+    working folder, above it, or `--model`'s folder (see `gated_attention.hub.output_folders`). One that
+    holds a run is continued (`--resume`) or replaced (`--overwrite`, in `run_training`), never trained
+    into again from step 1 by accident."""
+    model = Path(args.model).expanduser()
+    try:
+        check_output_folder(args.output_dir, flag="--output-dir", what=RUN, ours=holds_any(*RUN_ENTRIES),
+                            inputs={"--model": model if model.exists() else None})
+    except OutputFolderError as e:
+        raise InputError(str(e)) from None
+    if args.overwrite and args.resume:
+        raise InputError("--overwrite replaces the run in --output-dir and --resume continues it: give one of them")
+    held = [name for name in RUN_ENTRIES if os.path.lexists(Path(args.output_dir) / name)]
+    if held and not (args.resume or args.overwrite):
+        raise InputError(f"--output-dir {args.output_dir} already holds a run ({held[0]}); pass --resume latest to "
+                         "continue it, or --overwrite to replace it")
+
+
 def check_inputs(args, *, rope_change: bool = False):
     """Check what can be checked before a model is loaded or a folder is made; returns the model's config.
 
+    `--output-dir` must be new, empty or an earlier run (`check_output_dir`),
     `--model` must be a causal LM, `--seq-len` must fit in its positions unless the
     run changes RoPE for a longer context (`rope_change`, as long_context.py does),
     and the data must exist: files and folders, and for `--dataset` the text column
@@ -179,6 +217,7 @@ def check_inputs(args, *, rope_change: bool = False):
             ds = open_text_dataset(spec[0] if len(spec) == 1 else spec, args.split)
             check_text_field(ds, args.text_field, " ".join(spec))
             check_has_text(ds, args.text_field, " ".join(spec))
+    check_output_dir(args)
     config = check_model(args)
     positions = getattr(config, "max_position_embeddings", None)
     if positions and args.seq_len > positions and not rope_change:
@@ -309,6 +348,13 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
     accelerator.register_for_checkpointing(scheduler)
 
+    if args.overwrite:  # the earlier run goes only now that every input has been checked and loaded
+        if accelerator.is_main_process:
+            removed = remove_run(out)
+            if removed:
+                print(f"--overwrite: removed the earlier run's {', '.join(removed)} from {out}", flush=True)
+        accelerator.wait_for_everyone()
+
     start = 0
     if args.resume:
         folder = latest_checkpoint(out) if args.resume == "latest" else Path(args.resume)
@@ -329,7 +375,7 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
                 print(f"step {step}/{config.steps}  loss {record['loss']:.4f}{gate}  lr {record['lr']:.3g}  "
                       f"gate_lr {record['gate_lr']:.3g}  batch {record['batch']}", flush=True)
         if (args.save_every and step % args.save_every == 0) or step == config.steps:
-            save_checkpoint(accelerator, out, step, data=train_rows)
+            save_checkpoint(accelerator, out, step, data=train_rows, model=model)
 
     train(model, train_rows, config, optimizer, scheduler, accelerator=accelerator, start_step=start,
           on_step=on_step, desc=desc, progress=not args.no_progress)
@@ -355,7 +401,7 @@ def main(argv: list[str] | None = None):
         if valid_rows is not None:
             loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
             accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
-        save_final(accelerator, model, out / "final", tokenizer)
+        save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
     accelerator.print(f"saved {out / 'final'}")
     model = accelerator.unwrap_model(model)  # the DDP/FSDP wrapper goes before the process group (finish_training)
     finish_training(accelerator)

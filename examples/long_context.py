@@ -101,7 +101,7 @@ def train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out: Pat
     device = accelerator.device
     # 2. Continued training at the longer length.
     model = run_training(args, model, train_rows, accelerator, desc=f"train @{args.seq_len}")
-    save_final(accelerator, model, out / "final", tokenizer)
+    save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
 
     # 3. Evaluation by length, without and with YaRN over the new training length.
     trained = AutoModelForCausalLM.from_pretrained(out / "final", dtype=DTYPES[args.dtype],

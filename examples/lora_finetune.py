@@ -39,8 +39,8 @@ from continued_pretraining import (
     set_threads,
 )
 from gated_attention.recipes.settings import bounded
-from gated_attention.training.folders import output_folder
-from gated_attention.training import evaluate_loss, finish_training
+from gated_attention.training.folders import output_folder, staged_output
+from gated_attention.training import check_finite_weights, evaluate_loss, finish_training
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None):
             accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
         accelerator.wait_for_everyone()
         merged = accelerator.unwrap_model(model).merge_and_unload()
+        check_finite_weights(merged, accelerator, step=args.steps, saving="merged/")
         if accelerator.is_main_process:
-            merged.save_pretrained(out / "merged")
-            tokenizer.save_pretrained(out / "merged")
+            with staged_output(out / "merged") as stage:  # renamed to merged/ when whole
+                merged.save_pretrained(stage)
+                tokenizer.save_pretrained(stage)
             if valid_rows is not None:
                 probe = valid_rows[:2]
             else:  # a stream has no rows to slice: the next two will do

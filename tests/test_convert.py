@@ -170,7 +170,7 @@ def test_moe_source_in_the_fused_in_memory_layout(tmp_path):
 
 def test_unchanged_tensors_copied_by_the_kernel_equal_the_read_path(tmp_path, monkeypatch):
     """Tensors that pass through unchanged go file to file (os.copy_file_range); where the OS refuses,
-    plain reads take over; the zero gate weights are holes in the file. All give the same files as
+    plain reads take over; the zero gate weights are written from a buffer, never made. All give the same files as
     making and writing every tensor in Python."""
     from gated_attention.convert import families, writer
 

@@ -46,7 +46,7 @@ def refuse(argv, capsys, dst: Path, src: Path | None, expected: str) -> str:
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"gated-attention {argv[0]}: error: ")
     assert expected in err, err
-    assert not dst.exists() or dst.name == "existing"
+    assert not dst.exists() or dst.name in ("existing", "empty")
     assert staging_leftovers(dst) == []
     if before is not None:
         assert file_hashes(src) == before
@@ -109,11 +109,21 @@ def test_existing_dst_needs_overwrite(src, tmp_path, capsys):
     dst = tmp_path / "existing"
     dst.mkdir()
     (dst / "keep.txt").write_text("old")
-    refuse(["convert", str(src), str(dst)], capsys, dst, src, "already exists; pass --overwrite")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refuse(["convert", str(src), str(empty)], capsys, empty, src, "already exists; pass --overwrite")
+    # not --overwrite's to replace either: said at once rather than after the user adds --overwrite
+    refuse(["convert", str(src), str(dst)], capsys, dst, src, "holds 'keep.txt' and is not a model checkpoint")
     assert (dst / "keep.txt").read_text() == "old"
 
+    # --overwrite replaces a checkpoint only: a folder of the user's files is refused, naming one (issue 27)
+    refuse(["convert", str(src), str(dst), "--overwrite"], capsys, dst, src, "holds 'keep.txt' and is not a model checkpoint")
+    assert (dst / "keep.txt").read_text() == "old"
+
+    (dst / "keep.txt").unlink()
+    (dst / "config.json").write_text('{"model_type": "llama"}')
     assert main(["convert", str(src), str(dst), "--overwrite", "--no-verify"]) == 0
-    assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
+    assert json.loads((dst / "config.json").read_text())["model_type"] == "gated_attention"
     assert staging_leftovers(dst) == []
 
 

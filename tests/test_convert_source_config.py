@@ -103,7 +103,7 @@ def test_a_config_that_describes_no_model_is_one_line(tmp_path):
     from gated_attention.convert.families import load_source_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 0}))
-    with pytest.raises(ConversionError, match="could not be read as a Llama config"):
+    with pytest.raises(ConversionError, match="num_attention_heads = 0: expected at least 1"):  # the field named
         load_source_config(tmp_path, detect_family({"model_type": "llama"}))
 
 

@@ -7,6 +7,7 @@ written (between the check at the start and the final rename), plus one real rac
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -85,10 +86,12 @@ def test_a_dst_made_while_writing_is_kept(llama, gated, tmp_path, capsys, monkey
 def test_overwrite_replaces_dst_and_leaves_nothing_beside_it(llama, gated, tmp_path, command):
     dst = tmp_path / "out"
     dst.mkdir()
-    (dst / "old.txt").write_text("old")
+    (dst / "config.json").write_text('{"model_type": "old"}')  # an earlier result: --overwrite replaces only those
+    (dst / "old.safetensors").write_text("old")
     argv, _ = _commands(llama, gated, dst)[command]
     assert main([*argv, "--overwrite"]) == 0
-    assert (dst / "config.json").is_file() and not (dst / "old.txt").exists()
+    assert json.loads((dst / "config.json").read_text())["model_type"] != "old"
+    assert not (dst / "old.safetensors").exists()
     assert staging_leftovers(dst) == []
 
 

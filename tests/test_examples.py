@@ -295,12 +295,17 @@ def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model,
     args = ["--model", str(tiny_model), "--steps", "1", "--resume", str(tmp_path / "kept"), *COMMON]
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")
-    for out in (tmp_path / "runs" / "e1", tmp_path / "kept"):
+    expected = {
+        tmp_path / "runs" / "e1": f"error: {tmp_path / 'kept'} is not a complete checkpoint (no step.json)",
+        # a folder of the user's files is no run's output folder: refused before anything (issue 27)
+        tmp_path / "kept": f"error: --output-dir {tmp_path / 'kept'} holds 'notes.txt' and is not a run",
+    }
+    for out, line in expected.items():
         with pytest.raises(SystemExit) as exit_info:
             cpt.main([*args, "--output-dir", str(out)])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith(f"error: {tmp_path / 'kept'} is not a complete checkpoint (no step.json)"), err
+        assert err[-1].startswith(line), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # runs/ and runs/e1 are gone
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
 

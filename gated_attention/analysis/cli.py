@@ -97,10 +97,41 @@ def _check_names(args) -> None:
     from .. import CLIError
     from ..hub.repo_ids import missing_folder
 
+    if not args.model.strip():  # Path("") is the working folder
+        raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
     if missing_folder(args.model):
         raise CLIError(f"model folder not found: {args.model}")
     if args.tokenizer and missing_folder(args.tokenizer):
         raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
+
+
+def _check_out(args) -> None:
+    """--out: not the working folder or above it, not MODEL's folder, and, if it holds anything, an earlier
+    analysis (its arrays.npz is written first), whose files this run replaces."""
+    from .. import CLIError
+    from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
+
+    inputs = {}
+    for flag, name in (("MODEL", args.model), ("--tokenizer", args.tokenizer)):
+        if name and Path(name).expanduser().exists():
+            inputs[flag] = Path(name).expanduser()
+    try:
+        check_output_folder(args.out, flag="--out", what="the output of an earlier analyze (arrays.npz, summary.md)",
+                            ours=holds_any("arrays.npz", "summary.md"), inputs=inputs)
+    except OutputFolderError as e:
+        raise CLIError(str(e)) from None
+
+
+def _check_config(name: str, resolved: str) -> None:
+    """MODEL's config.json, checked before the model is built: a million layers would allocate for minutes."""
+    from .. import CLIError
+    from ..configuration.validation import ConfigError, check_config_file
+
+    if Path(resolved).is_dir():  # a local folder or a cached snapshot; a Hub id loads its config when loading
+        try:
+            check_config_file(resolved, f"MODEL {name} config.json")
+        except ConfigError as e:
+            raise CLIError(str(e)) from None
 
 
 def _resolve(name: str) -> str:
@@ -170,7 +201,9 @@ def run(args) -> int:
     from .samples import read_text_file
 
     _check_names(args)
+    _check_out(args)
     where = {name: _resolve(name) for name in dict.fromkeys([args.model, args.tokenizer or args.model])}
+    _check_config(args.model, where[args.model])
     if args.text_file:
         try:
             samples = read_text_file(args.text_file)

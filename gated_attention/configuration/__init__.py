@@ -14,6 +14,10 @@
 - `tensor_parallel`: `tensor_parallel_plan(config)`, the `base_model_tp_plan`
   each config sets for its own gate and layers (transformers' tensor
   parallelism and vLLM's transformers backend read it).
+- `validation`: `check_architecture`, the architecture fields of any
+  `config.json` (ours, transformers' Llama/Qwen/MoE, fla's) checked before
+  anything is allocated, one line naming the field and value. Standard
+  library only.
 - `presets`: named shapes from the two papers (`from_preset`), built without
   downloading anything.
 

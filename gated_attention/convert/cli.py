@@ -153,6 +153,7 @@ def _user_errors(run):
     @functools.wraps(run)
     def wrapper(args) -> int:
         from .. import CLIError
+        from ..configuration.validation import ConfigError, check_config_file
         from .errors import ConversionError
         from .folders import check_destination, check_source
 
@@ -160,8 +161,10 @@ def _user_errors(run):
             check_source(args.src, args.revision)
             local = Path(args.src).expanduser()
             check_destination(local if local.exists() else None, Path(args.dst), args.overwrite)
+            if local.is_dir():  # a Hub SRC's config is checked once downloaded (`sources.read_config_dict`)
+                check_config_file(local, "SRC config.json")
             return run(args)
-        except ConversionError as e:
+        except (ConversionError, ConfigError) as e:
             raise CLIError(str(e)) from None
 
     return wrapper

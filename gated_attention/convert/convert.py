@@ -35,7 +35,7 @@ from .families import (
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .folders import check_destination, staged_folder
-from .writer import OutputTensor, copy_side_files, write_sharded
+from .writer import OutputTensor, copy_side_files, output_size, write_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VERIFY_TOKENS = 32
@@ -137,18 +137,25 @@ def _load(folder: Path, dtype: torch.dtype | None, **config_overrides):
 
 
 def _verify(src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log) -> float:
-    log("verifying: loading SRC and the result, comparing logits on a fixed prompt")
+    # With a RoPE change the reference is SRC's weights run with DST's rotary tables: the change itself moves
+    # the logits (that is its point), so only the weights' part can be compared, and the line says so.
+    reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
+    log(f"verifying: loading {reference_name} and the result, comparing logits on a fixed prompt")
     reference = _load(src_folder, dtype, **overrides)
     result = _load(stage, dtype)
     cmp = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
     diff, equal = cmp.max_abs_diff, cmp.bit_identical
     del reference, result
+    compared = f"max |logits({reference_name}) - logits(DST)| = {diff:g}"
     if exact:
-        log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else ""))
+        note = " (bit-identical)" if equal else ""
+        if overrides:  # what a reader of "0" would otherwise take for "the RoPE change did nothing"
+            note += "; DST's logits differ from SRC's own, as the RoPE change makes them"
+        log(f"verify: {compared}{note}")
         if not equal:
             raise ConversionError(f"verification failed: exact conversion changed the logits (max abs diff {diff:g})")
     else:
-        log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g} (--init bias is near-identity, not exact)")
+        log(f"verify: {compared} (--init bias is near-identity, not exact)")
     return diff
 
 
@@ -225,7 +232,7 @@ def convert_checkpoint(
 
     log(f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite, log) as stage:
+    with staged_folder(dst, overwrite, log, size=output_size(outputs, folder)) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="converting")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)
@@ -311,7 +318,7 @@ def extend_checkpoint(
 
     log(f"extending {src} -> {dst}: {rope.describe()}")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite, log) as stage:
+    with staged_folder(dst, overwrite, log, size=output_size(outputs, folder)) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="copying")
         _write_config_and_code(stage, config, dtype_name)
         copy_side_files(folder, stage)

@@ -27,7 +27,7 @@ from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logit
 from .families import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .folders import check_destination, staged_folder
-from .writer import OutputTensor, copy_side_files, write_sharded
+from .writer import OutputTensor, copy_side_files, output_size, write_sharded
 
 FORMATS = ("qwen3_5",)
 EXPORTABLE = ("gated_attention", "gated_deltanet_hybrid")
@@ -351,7 +351,7 @@ def export_checkpoint(
 
     log(f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type qwen3_5_text)")
     result = Result(dst, [])
-    with staged_folder(dst, overwrite, log) as stage:
+    with staged_folder(dst, overwrite, log, size=output_size(outputs, folder)) as stage:
         result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="exporting")
         target.architectures = ["Qwen3_5ForCausalLM"]
         target.save_pretrained(stage)

@@ -1,7 +1,8 @@
 """SRC and DST of `convert`, `extend` and `export` on disk: the checks that need no file content, and the
 staging folder that DST appears from, whole or not at all. DST is never lost.
 
-Everything is written into a hidden folder beside DST (`.DST.incomplete-PID`),
+Everything is written into a hidden folder beside DST (`.DST.incomplete-PID`; for a DST name too long to
+take the additions, a head of it and its hash: `staging_prefix`),
 which is renamed to DST only when complete, so a DST that exists is always a
 whole checkpoint. Ctrl-C and SIGTERM remove the staging folder; after a
 SIGKILL it stays behind, marked incomplete by its name, and the next run names
@@ -23,6 +24,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import hashlib
 import os
 import shutil
 import signal
@@ -32,17 +34,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import GatedAttentionWarning
+from ..hub.output_folders import OutputFolderError, check_output_folder, is_checkpoint
 from ..hub.repo_ids import missing_folder
 from .errors import ConversionError
 
 # renameat2(2) flags, from <linux/fs.h>
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100
+CHECKPOINT = "a model checkpoint (no config.json with a model_type)"
 STAGING_KINDS = ("incomplete", "replaced")  # .DST.incomplete-PID: being written; .DST.replaced-PID: the old DST, on its way out
 
 
 def check_source(src: str, revision: str | None = None) -> None:
     """What can be told about SRC without reading it (the command line checks this before importing torch)."""
+    if not src.strip():  # Path("") is ".", the working folder: the next message would be about DST
+        raise ConversionError("SRC is empty: give a checkpoint folder or a Hub repo id")
     path = Path(src).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -54,18 +60,61 @@ def check_source(src: str, revision: str | None = None) -> None:
 
 
 def check_destination(src: Path | None, dst: Path, overwrite: bool) -> None:
-    """Refuse a DST that exists (without `overwrite`), or that is SRC (a folder; None: a Hub id), inside it or around it."""
+    """Refuse a DST that exists (without `overwrite`), that is SRC (a folder; None: a Hub id), inside it or
+    around it, that is the working folder or above it, or that holds anything but a model checkpoint."""
     dst = Path(dst)
     if dst.name in ("", ".", ".."):  # the staging folder goes beside DST and is renamed to it
         raise ConversionError(f"DST {dst} must name a folder to create, like ./out (not . or ..)")
-    if src is not None:
-        dst_abs, src_abs = dst.resolve(), Path(src).expanduser().resolve()
-        if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
-            raise ConversionError(f"DST {dst} must not be SRC, inside SRC or contain it (SRC is never modified)")
+    try:  # not the working folder or above it, not SRC, and replaced only if it is a checkpoint
+        check_output_folder(dst, flag="DST", what=CHECKPOINT, ours=is_checkpoint, inputs={"SRC": src})
+    except OutputFolderError as e:
+        raise ConversionError(str(e)) from None
     if os.path.lexists(dst) and not overwrite:
         raise ConversionError(f"DST {dst} already exists; pass --overwrite to replace it")
     if dst.parent.exists() and not dst.parent.is_dir():
         raise ConversionError(f"DST {dst}: {dst.parent} is a file, not a folder")
+
+
+# --- staging names ---------------------------------------------------------------------------------
+
+NAME_MAX = 255  # bytes in one file name: Linux, macOS and Windows file systems alike
+_PID_ROOM = 10  # digits of a process id, at most
+
+
+def staging_prefix(dst: Path, kind: str) -> str:
+    """`.DST.KIND-`, the name of a staging folder beside DST without its process id. For a DST name too long
+    to take the additions (a valid name of up to 255 bytes), its head and a hash of it stand in, so the
+    staging name is a valid name too and is the same for every run that writes this DST."""
+    name = Path(dst).name
+    prefix = f".{name}.{kind}-"
+    if len(os.fsencode(prefix)) + _PID_ROOM <= NAME_MAX:
+        return prefix
+    digest = hashlib.sha1(os.fsencode(name)).hexdigest()[:12]
+    room = NAME_MAX - _PID_ROOM - len(f"..{kind}-~{digest}")
+    head = os.fsencode(name)[:room].decode("utf-8", errors="ignore")  # whole characters only
+    return f".{head}~{digest}.{kind}-"
+
+
+def staging_path(dst: Path, kind: str, pid: int | None = None) -> Path:
+    return Path(dst).parent / f"{staging_prefix(dst, kind)}{os.getpid() if pid is None else pid}"
+
+
+# --- room on the file system -----------------------------------------------------------------------
+
+
+def check_free_space(dst: Path, needed: int) -> None:
+    """ConversionError, naming DST, the bytes needed and those free, when DST's file system has no room for
+    `needed` bytes (checked before writing: a write that fills the file system fails halfway, and a file
+    read back through mmap from a full one can kill the process with SIGBUS)."""
+    folder = Path(dst).parent.resolve()
+    while not folder.exists():  # DST's parents may not exist yet: the first one that does holds them
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise ConversionError(
+            f"DST {dst}: {needed:,} bytes are needed and its file system has {free:,} free; "
+            "nothing was written (free some space, or give a DST on another file system)"
+        )
 
 
 # --- renaming without replacing -------------------------------------------------------------------
@@ -120,7 +169,7 @@ def _replace(stage: Path, dst: Path) -> None:
     if _renameat2(stage, dst, RENAME_EXCHANGE):  # one atomic swap; `stage` now names the old DST
         _remove(stage)
         return
-    old = dst.parent / f".{dst.name}.replaced-{os.getpid()}"
+    old = staging_path(dst, "replaced")
     os.replace(dst, old)
     try:
         rename_noreplace(stage, dst)
@@ -153,7 +202,7 @@ def staging_leftovers(dst: Path) -> tuple[list[Path], list[tuple[Path, int]]]:
     """Staging folders beside `dst`: those of dead processes, and (folder, pid) of running ones."""
     dead, running = [], []
     for kind in STAGING_KINDS:
-        for path in sorted(dst.parent.glob(f".{glob.escape(dst.name)}.{kind}-*")):
+        for path in sorted(dst.parent.glob(f"{glob.escape(staging_prefix(dst, kind))}*")):
             pid = path.name.rsplit("-", 1)[1]
             if not pid.isdigit():
                 continue
@@ -209,17 +258,20 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def staged_folder(dst: Path, overwrite: bool, log=print) -> Iterator[Path]:
+def staged_folder(dst: Path, overwrite: bool, log=print, *, size: int = 0) -> Iterator[Path]:
     """Yield a fresh staging folder beside `dst`; on success it becomes `dst`, on any failure it is removed.
 
     Without `overwrite`, it becomes `dst` only if nothing is there at that moment (ConversionError otherwise,
-    and what is at `dst` stays as it is).
+    and what is at `dst` stays as it is). `size`, the bytes about to be written, must fit in the free space
+    (an old DST is removed only once the new one is in place, so it counts as taken); a file system that
+    fills up anyway is one line naming DST, not an OSError.
     """
     dst = Path(dst)
+    check_free_space(dst, size)
     made = [p for p in [dst.parent, *dst.parent.parents] if not p.exists()]  # removed again on failure
     dst.parent.mkdir(parents=True, exist_ok=True)
     _handle_leftovers(dst, overwrite, log)
-    stage = dst.parent / f".{dst.name}.incomplete-{os.getpid()}"
+    stage = staging_path(dst, "incomplete")
     if stage.exists():  # an earlier process with this id was killed (see `_running`)
         shutil.rmtree(stage)
     stage.mkdir()
@@ -235,9 +287,14 @@ def staged_folder(dst: Path, overwrite: bool, log=print) -> Iterator[Path]:
                         "and nothing was written; pass --overwrite to replace it"
                     ) from None
                 _replace(stage, dst)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
         for folder in made:  # deepest first; one that something else wrote into stays
             with contextlib.suppress(OSError):
                 folder.rmdir()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConversionError(
+                f"DST {dst}: its file system is full ({e.strerror}) while writing {Path(e.filename or stage).name}; "
+                "nothing was written (free some space, or give a DST on another file system)"
+            ) from None
         raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..configuration.validation import ConfigError, check_architecture
 from .errors import ConversionError
 from .folders import check_source
 
@@ -116,7 +118,25 @@ def read_config_dict(folder: Path) -> dict:
         raise ConversionError(f"SRC {folder}/config.json is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ConversionError(f"SRC {folder}/config.json does not hold a JSON object")
+    try:  # before any plan or model is built from it: a million layers would take minutes to be refused
+        check_architecture(config, "SRC config.json")
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
     return config
+
+
+def _pickle_refusal(file: Path, error: Exception) -> str:
+    """One line of our own for a pickle that torch.load(weights_only=True) refused. Torch's own text is
+    several lines and ends in the advice to load with weights_only=False, which runs whatever the file says."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    if found:
+        why = f"it names {found[1]}, which is neither a tensor nor a plain container (loading it would run code)"
+    else:  # torch's lines, less its advice
+        lines = [line.strip() for line in str(error).splitlines()
+                 if line.strip() and "weights_only" not in line and "Weights only load failed" not in line]
+        why = lines[0] if lines else type(error).__name__
+    return (f"{file.name} was refused by torch.load(weights_only=True): {why}; it was not loaded. Use a checkpoint "
+            "with safetensors weights, or re-save this one from a source you trust")
 
 
 # --- safetensors headers -----------------------------------------------------------------------
@@ -263,7 +283,7 @@ class SourceCheckpoint:
             try:
                 state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
             except Exception as e:  # noqa: BLE001 - any unpickling failure is bad input
-                raise ConversionError(f"{file.name} could not be read with torch.load(weights_only=True): {e}") from None
+                raise ConversionError(_pickle_refusal(file, e)) from None
             if not isinstance(state, dict):
                 raise ConversionError(f"{file.name} does not hold a state dict")
             self._pickle_file, self._pickle_state = file, state

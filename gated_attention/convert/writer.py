@@ -50,8 +50,8 @@ class OutputTensor:
     expert at a time). A tensor that is a safetensors source tensor byte for
     byte (same name aside, same dtype, no arithmetic) also has `copy_of`, and
     its bytes go from file to file without passing through Python. A tensor
-    of zeros (`zeros`, the exact gate init) is left as a hole in the file,
-    which reads back as zeros and costs no writing.
+    of zeros (`zeros`, the exact gate init) is written from a buffer of zeros,
+    without being made (never left as a hole: see `_write_zeros`).
     """
 
     name: str
@@ -123,14 +123,26 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | 
         _write_all(f, _header(tensors))
         for spec in tensors:
             if spec.zeros:
-                f.seek(spec.nbytes, os.SEEK_CUR)  # a hole
+                _write_zeros(f, spec.nbytes)
             elif spec.copy_of is not None:
                 _copy_bytes(spec.copy_of, f)
             else:
                 _write_made(f, spec)
             if progress is not None:
                 progress.update(spec.nbytes)
-        f.truncate()  # the size, where the file ends in a hole
+
+
+_ZEROS = bytes(2**20)
+
+
+def _write_zeros(out, n: int) -> None:
+    """Zeros written, not left as a hole: a hole takes no room until it is read back through mmap (verify,
+    any loader), and on a file system that filled up meanwhile (tmpfs) that read is a SIGBUS, which kills
+    the process without a word. Written, a full file system is an ENOSPC here, which can be answered."""
+    while n:
+        chunk = min(n, len(_ZEROS))
+        _write_all(out, memoryview(_ZEROS)[:chunk])
+        n -= chunk
 
 
 def _write_made(f, spec: OutputTensor) -> None:
@@ -174,6 +186,18 @@ def write_sharded(
         index = {"metadata": dict(split.metadata), "weight_map": dict(sorted(split.tensor_to_filename.items()))}
         (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return list(split.filename_to_tensors)
+
+
+# What a DST holds besides weights and side files (config, generation config, index, model card, the
+# remote-code bundle: some 200 kB), with room to spare, for the free-space check.
+OTHER_FILES_BYTES = 4 * 2**20
+
+
+def output_size(tensors: list[OutputTensor], src: Path) -> int:
+    """Bytes a DST of these tensors takes, about: the weights (and their headers), SRC's side files, the rest."""
+    headers = sum(256 + len(t.name) for t in tensors)  # a header entry per tensor, generously
+    side = sum(p.stat().st_size for pattern in SIDE_FILE_PATTERNS for p in src.glob(pattern) if p.is_file())
+    return sum(t.nbytes for t in tensors) + headers + side + OTHER_FILES_BYTES
 
 
 def copy_side_files(src: Path, dst: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Hub integration: the remote-code bundle, model cards, and telling a Hub id from a folder.
+"""Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -8,6 +8,10 @@
   in `model_cards/` (reached through the link `hub/model_cards`).
 - `repo_ids`: whether a model argument is a local folder or could be a Hub repo
   id, without the network.
+- `output_folders`: which output folders a command may write or replace
+  (`check_output_folder`): never the working folder, an input, or a folder
+  that is not the package's own. Standard library only, so the commands check
+  before importing torch.
 
 Imports: nothing else of this package (it sits on the layer of
 `configuration` and `kernels`, see docs/architecture.md); `modeling`,

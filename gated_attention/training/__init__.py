@@ -7,7 +7,8 @@
 - `data`: the embedded corpora (Python's own docs and sources; the package
   corpus), the byte-level BPE tokenizer trained on them, packing into BOS-led rows.
 - `streaming`: Hugging Face `datasets` streams packed on the fly, and token shards.
-- `folders`: output folders that a failed run removes again while they are empty.
+- `folders`: output folders that a failed run removes again while they are empty, `final/` staged and
+  renamed when whole, and what a rerun with `--overwrite` removes (`RUN_ENTRIES`).
 - `threads`: the default count of torch CPU threads (the cores the load average leaves free).
 
 It imports nothing else of this package: it works on any causal LM (ours,
@@ -22,6 +23,7 @@ from .loop import (
     StepBatches,
     StreamBatches,
     TrainConfig,
+    check_finite_weights,
     checkpoint_dir,
     evaluate_loss,
     finish_training,
@@ -41,7 +43,7 @@ from .loop import (
 
 __all__ = [
     "GATE_KEY", "CheckpointError", "GateScoreMeter", "RowBatches", "StepBatches", "StreamBatches", "TrainConfig",
-    "checkpoint_dir", "evaluate_loss", "finish_training", "gate_modules", "gate_parameters_snapshot", "is_gate_parameter",
+    "check_finite_weights", "checkpoint_dir", "evaluate_loss", "finish_training", "gate_modules", "gate_parameters_snapshot", "is_gate_parameter",
     "latest_checkpoint", "load_checkpoint", "make_optimizer", "make_scheduler", "optimizer_groups",
     "save_checkpoint", "save_final", "train", "with_rope",
 ]

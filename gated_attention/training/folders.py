@@ -1,10 +1,17 @@
-"""Output folders that a failed run does not leave behind empty."""
+"""Output folders: made so that a failed run does not leave them behind empty, written so that a killed
+save leaves nothing that looks complete, and cleared for a rerun only of what a run writes."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+# What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing
+# else in it is the run's to replace). `.final.incomplete-PID` and the like are `staged_folder`'s.
+RUN_ENTRIES = ("log.jsonl", "checkpoints", "final", "merged", "final-yarn", "perplexity_by_length.csv")
 
 
 @contextlib.contextmanager
@@ -25,3 +32,42 @@ def output_folder(path) -> Iterator[Path]:
             except OSError:
                 break
         raise
+
+
+@contextlib.contextmanager
+def staged_output(path) -> Iterator[Path]:
+    """Yield an empty staging folder beside `path` (`.NAME.incomplete-PID`); when the block ends without an
+    error it is renamed to `path` (replacing an earlier one), on any error it is removed. A process killed
+    meanwhile leaves only the staging folder, incomplete by its name, never a `path` that looks whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stage = path.parent / f".{path.name}.incomplete-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)  # an earlier process with this id was killed
+    stage.mkdir()
+    try:
+        yield stage
+        if os.path.lexists(path):  # an earlier save of the same run (--resume), moved aside, then removed
+            old = path.parent / f".{path.name}.replaced-{os.getpid()}"
+            os.rename(path, old)
+            os.rename(stage, path)
+            shutil.rmtree(old)
+        else:
+            os.rename(stage, path)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def remove_run(path) -> list[str]:
+    """Remove what a run wrote into `path` (`RUN_ENTRIES`, for `--overwrite`), nothing else; returns the names."""
+    removed = []
+    for name in RUN_ENTRIES:
+        entry = Path(path) / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif os.path.lexists(entry):
+            entry.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed

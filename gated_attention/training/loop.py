@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .folders import staged_output
+
 GATE_KEY = "attn_gate"
 
 
@@ -357,14 +359,42 @@ def latest_checkpoint(output_dir):
     return done[-1] if done else None
 
 
-def save_checkpoint(accelerator, output_dir, step: int, data=None):
+def check_finite_weights(model: nn.Module, accelerator=None, *, step: int | None = None, saving: str = "the model") -> None:
+    """FloatingPointError (one line naming the step and a parameter) if any weight is NaN or inf.
+
+    Run before every save: a diverged step (too high a learning rate) can leave a finite loss and
+    non-finite weights, and a saved model of NaNs looks like any other. Every process checks its own
+    part (FSDP shards) and the verdict is summed, so all of them raise together.
+    """
+    bad = None
+    for name, p in model.named_parameters():
+        t = p.detach()
+        t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard
+        if t.numel() and not bool(torch.isfinite(t).all()):
+            bad = name
+            break
+    verdict = torch.tensor([0 if bad is None else 1])
+    if accelerator is not None and accelerator.num_processes > 1:
+        verdict = accelerator.reduce(verdict.to(accelerator.device), reduction="sum").cpu()
+    if int(verdict.item()):
+        after = "" if step is None else f" after step {step}"
+        where = f" ({bad})" if bad else " (on another process)"
+        raise FloatingPointError(f"the weights are not finite (NaN or inf){after}{where}: {saving} was not saved; "
+                                 "the run diverged (a lower --lr or --max-grad-norm?)")
+
+
+def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.Module | None = None):
     """`accelerator.save_state` (model, optimizer, registered scheduler, RNG), then `step.json` last.
+
+    With `model` (the prepared one), weights that are not finite are refused first (`check_finite_weights`).
 
     In-memory and token-shard data are ordered by (seed, step), so the step is all a resume needs
     besides the state. A stream (`data`, a `streaming.PackedStream`) also saves its position, one
     `data_state_{rank}.json` per process (each reads its own part), as accelerate does for RNG states.
     """
     folder = checkpoint_dir(output_dir, step)
+    if model is not None:
+        check_finite_weights(model, accelerator, step=step, saving=f"checkpoint {folder.name}")
     accelerator.save_state(str(folder))
     if data is not None and hasattr(data, "state_dict"):
         path = folder / f"data_state_{accelerator.process_index}.json"
@@ -397,16 +427,21 @@ def load_checkpoint(accelerator, folder, data=None) -> int:
     return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])
 
 
-def save_final(accelerator, model, folder, tokenizer=None) -> None:
+def save_final(accelerator, model, folder, tokenizer=None, *, step: int | None = None) -> None:
     """`save_pretrained` of the unwrapped model with the full state dict (DDP and FSDP alike).
 
-    Our models' `save_pretrained` writes the remote-code bundle beside the weights.
+    Our models' `save_pretrained` writes the remote-code bundle beside the weights. Weights that are not
+    finite are refused (`check_finite_weights`; `step` names the step in the message). The folder is
+    written as `.NAME.incomplete-PID` beside `folder` and renamed to it when whole (`folders.staged_output`).
     """
+    folder = Path(folder)
+    check_finite_weights(model, accelerator, step=step, saving=f"{folder.name}/")
     state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process calls it
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=state_dict)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
+        with staged_output(folder) as stage:
+            accelerator.unwrap_model(model).save_pretrained(stage, state_dict=state_dict)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(stage)
     accelerator.wait_for_everyone()
 
 
