@@ -16,11 +16,17 @@ values, as after training, since a converted gate starts at the constant 0.5):
 - `llama`, `mistral`, `qwen2`, `qwen3`: a random source of that family converted
   by `convert_checkpoint` (remote code) -> vLLM's transformers backend
   (`model_impl="transformers"`; `llama` also `"auto"`, which falls back to it,
-  and compiled, as vLLM runs by default: the check runs eager otherwise);
-- `variant-*`: every gate variant of the dense family -> the transformers backend;
-- `moe`: the MoE family -> the transformers backend;
+  compiled, as vLLM runs by default: the check runs eager otherwise, and
+  through vLLM's OpenAI-compatible server on 127.0.0.1, queried over HTTP);
+  `llama` and `qwen3` also with tensor parallelism over 2 processes ("TP=2");
+- `llama-headwise`, `qwen3-headwise`: the same sources converted with
+  `--gate headwise` -> the transformers backend, also at TP=2;
+- `variant-*`: every gate variant of the dense family -> the transformers
+  backend, also at TP=2;
+- `moe`: the MoE family -> the transformers backend, also at TP=2;
 - `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
-  native Qwen3.5 and llama.cpp (all attention: llama.cpp aborts, its bug);
+  native Qwen3.5 (also at TP=2) and llama.cpp (all attention: llama.cpp
+  aborts, its bug);
 - `hybrid`: a Gated DeltaNet hybrid (remote code) -> the transformers backend,
   which refuses its GDN layers; `hybrid-native`, its export (GDN head dim 128)
   -> vLLM's native Qwen3.5 in bf16 (its CPU GDN kernel needs bf16 and head dim
@@ -88,6 +94,7 @@ class Route:
     model_impl: str = "auto"  # vLLM
     enforce_eager: bool = True  # vLLM: False compiles the forward (torch.compile), as vLLM does by default
     tensor_parallel_size: int = 1  # vLLM: >1 shards the model over that many CPU processes (or GPUs)
+    server: bool = False  # vLLM: through its OpenAI-compatible server on 127.0.0.1, over HTTP
     expect: str = ""  # a known outcome to print beside the result (e.g. an engine bug)
 
 
@@ -161,7 +168,8 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         routes = [backend]
         if family == "llama":  # "auto" falls back to the backend for an architecture vLLM does not know
             routes += [Route("vllm", "transformers backend (auto)", model_impl="auto"),
-                       Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False)]
+                       Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False),
+                       Route("vllm", "OpenAI server, HTTP /v1/completions", model_impl="transformers", server=True)]
         if family in ("llama", "qwen3"):
             routes.append(backend_tp2)
         if wanted(family):
@@ -493,6 +501,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
             jobs[route.engine].append({
                 "name": key, "path": str(path), "model_impl": route.model_impl, "dtype": route.dtype,
                 "enforce_eager": route.enforce_eager, "tensor_parallel_size": route.tensor_parallel_size,
+                "server": route.server,
                 "max_model_len": 256, "max_tokens": args.max_tokens, "prompts": prompts, "texts": texts,
             })
             expected = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -514,7 +523,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
                     ckpt, row.pop("prompt_ids"), args.max_tokens, torch.bfloat16))))
                 row["note"] = f"transformers bf16 vs fp32: {bf16['identical']}/{bf16['prompts']} identical"
             row.pop("prompt_ids", None)
-            if engine == "llama.cpp":
+            if engine == "llama.cpp" or route.server:
                 same = sum(a == b for a, b in zip(result["tokenized"], expected_tokenization))
                 row["tokenizer"] = f"{same}/{len(expected_tokenization)}"
             rows.append(row)

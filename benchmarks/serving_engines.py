@@ -21,9 +21,14 @@ import multiprocessing
 import os
 import queue as queues
 import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
+import urllib.error
+import urllib.request
 
 
 def cpu_thread_binding(ranks: int) -> str:
@@ -45,6 +50,8 @@ def run_vllm(job: dict) -> dict:
     tp = job.get("tensor_parallel_size", 1)
     if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tp)  # read only by the CPU backend
+    if job.get("server"):
+        return run_vllm_server(job)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -63,6 +70,63 @@ def run_vllm(job: dict) -> dict:
     logprobs = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, ids)] for o, ids in zip(outputs, tokens)]
     tokenizer = llm.get_tokenizer()
     tokenized = [tokenizer.encode(text, add_special_tokens=False) for text in job.get("texts", [])]
+    return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
+
+
+def _post(url: str, body: dict, timeout: float = 600) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def run_vllm_server(job: dict) -> dict:
+    """vLLM's OpenAI-compatible server on 127.0.0.1, queried over HTTP as a client would.
+
+    Started as `python -m vllm.entrypoints.openai.api_server` (the `vllm serve`
+    command of vllm-cpu 0.32 asks for the metadata of a distribution named
+    `vllm` and fails), in this process group, so `run_job` ends it with the job.
+    """
+    with socket.socket() as probe:  # a free port on the loopback interface
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", job["path"], "--host", "127.0.0.1",
+           "--port", str(port), "--served-model-name", "model", "--model-impl", job.get("model_impl", "auto"),
+           "--trust-remote-code", "--dtype", job["dtype"], "--max-model-len", str(job["max_model_len"]),
+           "--seed", "0", "--kv-cache-memory-bytes", str(256 << 20), "--return-tokens-as-token-ids",
+           "--tensor-parallel-size", str(job.get("tensor_parallel_size", 1))]
+    if job.get("enforce_eager", True):
+        cmd.append("--enforce-eager")
+    log = tempfile.TemporaryFile(mode="w+")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    t0 = time.perf_counter()
+    try:
+        while True:  # up when /health answers 200
+            if server.poll() is not None:
+                log.seek(0)
+                last = [line for line in log.read().splitlines() if line.strip()][-1:] or ["(no output)"]
+                raise RuntimeError(f"the server exited with code {server.returncode}: {last[0]}")
+            with contextlib.suppress(urllib.error.URLError, ConnectionError):
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            time.sleep(1)
+        t1 = time.perf_counter()
+        tokens, logprobs = [], []
+        for prompt in job["prompts"]:
+            choice = _post(f"{base}/v1/completions", {
+                "model": "model", "prompt": prompt, "max_tokens": job["max_tokens"], "temperature": 0,
+                "logprobs": 1, "ignore_eos": True})["choices"][0]
+            # --return-tokens-as-token-ids: each token is "token_id:<id>"
+            tokens.append([int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]])
+            logprobs.append(choice["logprobs"]["token_logprobs"])
+        t2 = time.perf_counter()
+        tokenized = [_post(f"{base}/tokenize", {"model": "model", "prompt": text, "add_special_tokens": False})["tokens"]
+                     for text in job.get("texts", [])]
+    finally:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(30)
     return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
 
 
