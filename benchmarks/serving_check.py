@@ -250,6 +250,11 @@ def constraint(route: Route, config: dict) -> str | None:
         if "full_attention" in layer_types or not layer_types:
             if head_dim not in VLLM_CPU_HEAD_SIZES:
                 return f"vLLM's CPU attention takes head dims {VLLM_CPU_HEAD_SIZES}, this model has {head_dim}"
+        gate = config.get("attn_gate") or {}
+        if (route.tensor_parallel_size > 1 and gate.get("position") not in (None, "dense")
+                and not gate.get("input_dependent", True) and not gate.get("head_shared")):
+            return ("vLLM shards only nn.Linear layers and this gate's scores are a learned constant per head: "
+                    "the model stops with one line saying so at tensor_parallel_size > 1")
         if route.label.startswith("native") and "linear_attention" in layer_types:
             dims = {config.get("linear_key_head_dim"), config.get("linear_value_head_dim")}
             if route.dtype != "bfloat16" or dims != {128}:
