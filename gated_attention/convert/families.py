@@ -24,6 +24,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from ..configuration.gate_spec import gate_enabled, gate_score_shape
 from ..configuration.gated_attention import GatedAttentionConfig
 from .sources import ConversionError, SourceCheckpoint, first_non_finite
 from .writer import OutputTensor
@@ -551,12 +552,8 @@ def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{attn}{proj}.bias"] = (rows,)
         if config.qk_norm:
             shapes[f"{attn}q_norm.weight"] = shapes[f"{attn}k_norm.weight"] = (head_dim,)
-        if spec.get("position") is not None:  # `AttentionGate`: one score per (head, channel) or per head
-            if spec["position"] == "dense":
-                width = hidden
-            else:
-                gate_heads = 1 if spec["head_shared"] else (kv_heads if spec["position"] in ("key", "value") else heads)
-                width = gate_heads * (head_dim if spec["granularity"] == "elementwise" else 1)
+        if gate_enabled(spec):  # `AttentionGate`: one score per (head, channel) or per head
+            width = math.prod(gate_score_shape(spec, hidden, heads, kv_heads, head_dim))
             if spec["input_dependent"]:
                 shapes[f"{attn}attn_gate.weight"] = (width, hidden)
                 if spec["bias"]:
