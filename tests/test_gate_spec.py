@@ -1,11 +1,14 @@
-"""The gate spec: normalisation, aliases, the documented errors and the score shapes."""
+"""The gate spec: normalisation, aliases, the documented errors, the score shapes and the activation tables."""
 
 import json
 
 import pytest
+import torch
 
 from gated_attention import DEFAULT_GATE_SPEC, GatedAttentionConfig, normalize_gate_spec
-from gated_attention.configuration.gate_spec import gate_score_shape
+from gated_attention.configuration.gate_spec import GATE_ACTIVATION_NAMES, gate_score_shape
+from gated_attention.kernels.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
+from gated_attention.kernels.gated_sdpa_triton import ACTIVATION_CODES
 
 
 def test_defaults_are_the_papers_g1_gate():
@@ -91,3 +94,15 @@ def test_gate_score_shape(spec, shape):
     spec = normalize_gate_spec(spec)
     assert gate_score_shape(spec, hidden_size=96, num_heads=8, num_key_value_heads=2, head_dim=16) == shape
 
+
+def test_activation_tables_agree():
+    """The spec's names, the torch functions and the fused kernels' codes name the same activations."""
+    assert tuple(GATE_ACTIVATION_FUNCTIONS) == GATE_ACTIVATION_NAMES
+    assert set(FUSED_GATE_ACTIVATIONS) <= set(GATE_ACTIVATION_NAMES)
+    assert tuple(ACTIVATION_CODES) == FUSED_GATE_ACTIVATIONS
+    assert sorted(ACTIVATION_CODES.values()) == list(range(len(ACTIVATION_CODES)))
+
+
+def test_ns_sigmoid_by_hand():
+    x = torch.tensor([float("-inf"), 0.0, float("inf")])
+    assert GATE_ACTIVATION_FUNCTIONS["ns_sigmoid"](x).tolist() == [0.5, 0.75, 1.0]

@@ -22,7 +22,7 @@ GATE_POSITIONS = ("sdpa", "value", "key", "query", "dense")
 GATE_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense"}
 GATE_GRANULARITIES = ("elementwise", "headwise")
 GATE_MODES = ("multiplicative", "additive")
-GATE_ACTIVATIONS = ("sigmoid", "silu", "ns_sigmoid")
+GATE_ACTIVATION_NAMES = ("sigmoid", "silu", "ns_sigmoid")  # kernels.gate_activations holds their functions
 ATTN_OUTPUT_NORMS = (None, "rmsnorm")
 ATTN_OUTPUT_ACTIVATIONS = (None, "silu")
 
@@ -73,7 +73,7 @@ def normalize_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
     out["position"] = _choice("position", position, (*GATE_POSITIONS, None, *GATE_ALIASES))
     _choice("granularity", out["granularity"], GATE_GRANULARITIES)
     _choice("mode", out["mode"], GATE_MODES)
-    _choice("activation", out["activation"], GATE_ACTIVATIONS)
+    _choice("activation", out["activation"], GATE_ACTIVATION_NAMES)
     for key in ("head_shared", "input_dependent", "bias"):
         _flag(key, out[key])
 

@@ -25,18 +25,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from ..configuration.gate_spec import gate_enabled, gate_score_shape
 from ..kernels.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
-
-
-def ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """The paper's non-sparse sigmoid, in [0.5, 1]."""
-    return 0.5 + 0.5 * torch.sigmoid(x)
-
-
-GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "sigmoid": torch.sigmoid,
-    "silu": F.silu,
-    "ns_sigmoid": ns_sigmoid,
-}
+from ..kernels.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
 
 
 def fusable_gate(config) -> bool:
@@ -50,7 +39,7 @@ def fusable_gate(config) -> bool:
         gate_enabled(spec)
         and spec["position"] == "sdpa"
         and spec["mode"] == "multiplicative"
-        and spec["activation"] in ("sigmoid", "ns_sigmoid")
+        and spec["activation"] in FUSED_GATE_ACTIVATIONS
         and config.attn_output_norm is None
         and config.attn_output_activation is None
     )
@@ -77,7 +66,7 @@ class GateScores:
         self.position = spec["position"]
         self.mode = spec["mode"]
         self.activation = spec["activation"]
-        self.act_fn = GATE_ACTIVATIONS[spec["activation"]]
+        self.act_fn = GATE_ACTIVATION_FUNCTIONS[spec["activation"]]
         self.head_shared = spec["head_shared"]
         self.score_shape = gate_score_shape(spec, hidden_size, num_heads, num_key_value_heads, head_dim)
         self.out_features = math.prod(self.score_shape)
