@@ -1,8 +1,23 @@
-"""A model argument names a local folder or a Hugging Face Hub repo id: which one, without the network."""
+"""A model argument names a local folder or a Hugging Face Hub repo id: which one, without the network.
+
+An existing path is a folder. Anything else is a Hub repo id (`org/name` or
+`name`) when huggingface_hub's own validator accepts it; `./run`, `/data/x`,
+`a/b/c` and `~/x` never are.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def _valid_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def missing_folder(name: str) -> bool:
@@ -10,12 +25,10 @@ def missing_folder(name: str) -> bool:
 
     `org/name` and `name` that do not exist locally may be repo ids; huggingface_hub's own validator decides.
     """
-    if Path(name).expanduser().exists():
-        return False
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    return not Path(name).expanduser().exists() and not _valid_repo_id(name)
 
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return True
-    return False
+
+def is_hub_id(name: str) -> bool:
+    """True when `name` is no existing path but can be a Hub repo id: the sources `resolve_source` downloads."""
+    return not Path(name).expanduser().exists() and _valid_repo_id(name)
+
