@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..configuration.validation import ConfigError, check_architecture
+from ..hub.command_line import first_line
 from .errors import ConversionError
 from .folders import check_source
 
@@ -103,8 +104,7 @@ def resolve_source(src: str, *, revision: str | None = None, allow_pickle: bool 
     try:
         return Path(snapshot_download(src, revision=revision, allow_patterns=patterns))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConversionError(f"SRC {src}: no such folder, and the Hub could not provide it ({first_line})") from None
+        raise ConversionError(f"SRC {src}: no such folder, and the Hub could not provide it ({first_line(e)})") from None
 
 
 def read_config_dict(folder: Path) -> dict:
