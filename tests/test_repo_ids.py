@@ -1,11 +1,11 @@
-"""Telling a local folder from a Hub repo id, without the network: one check for the commands and the model cards."""
+"""Telling a local folder from a Hub repo id, and fetching an id: one check and one policy for the commands and the cards."""
 
 from __future__ import annotations
 
 import pytest
 
 from gated_attention.hub.model_card import base_model_fields
-from gated_attention.hub.repo_ids import is_hub_id, missing_folder
+from gated_attention.hub.repo_ids import HubUnavailable, cached_or_downloaded, is_hub_id, missing_folder
 
 
 @pytest.mark.parametrize(
@@ -28,3 +28,20 @@ def test_an_existing_folder_is_neither(tmp_path, monkeypatch):
 
 def test_a_hub_id_names_its_base_model():
     assert base_model_fields("someone/tiny-llama")["base_model_yaml"] == "base_model: someone/tiny-llama\n"
+
+
+def test_a_cached_repo_is_read_offline_and_a_missing_one_says_why(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    assert cached_or_downloaded("someone/tiny") == repo / "snapshots" / commit
+    with pytest.raises(HubUnavailable, match=r"^not in the Hugging Face cache \(HF_HUB_OFFLINE is set\)$"):
+        cached_or_downloaded("someone/other")

@@ -8,7 +8,8 @@ and the small helpers every command line shares.
 - `model_card`: renders the cards of converted checkpoints from the templates
   in `model_cards/` (reached through the link `hub/model_cards`).
 - `repo_ids`: whether a model argument is a local folder or could be a Hub repo
-  id, without the network.
+  id, without the network, and `cached_or_downloaded`, the one policy for
+  fetching an id: huggingface_hub's cache first, then the Hub.
 - `command_line`: what every command line shares: `bounded` (an argparse
   type for a number in a range) and `first_line` (an exception as one line).
   Standard library only.

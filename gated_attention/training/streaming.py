@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..hub.command_line import first_line
+from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
 from .folders import output_folder
 
 # file suffix -> `datasets` packaged builder
@@ -103,21 +104,10 @@ def _from_folder(folder: Path, split: str, spec: str):
 
 def _cached_hub_dataset(repo_id: str) -> Path:
     """A Hub dataset repo's files from huggingface_hub's cache (downloaded only when not offline)."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
-
     try:
-        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True))
-    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
-        pass
-    if constants.HF_HUB_OFFLINE:
-        raise DataError(f"--dataset {repo_id}: no such file or folder, and not in the Hugging Face cache "
-                        "(HF_HUB_OFFLINE is set)")
-    try:
-        return Path(snapshot_download(repo_id, repo_type="dataset"))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        raise DataError(f"--dataset {repo_id}: no such file or folder, and the Hub could not provide it "
-                        f"({first_line(e)})") from None
+        return cached_or_downloaded(repo_id, repo_type="dataset")
+    except HubUnavailable as e:
+        raise DataError(f"--dataset {repo_id}: no such file or folder, and {e}") from None
 
 
 def open_text_dataset(spec: str | list[str], split: str = "train"):
