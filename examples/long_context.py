@@ -24,7 +24,6 @@ import csv
 import math
 from pathlib import Path
 
-import torch
 from transformers import AutoModelForCausalLM
 
 from continued_pretraining import (

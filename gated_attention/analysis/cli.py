@@ -13,6 +13,7 @@ import math
 import re
 from pathlib import Path
 
+from .. import CLIError
 from ..hub.command_line import bounded, first_line
 from ..hub.repo_ids import missing_folder
 
@@ -79,8 +80,6 @@ def register(subparsers) -> None:
 
 def _check_names(args) -> None:
     """MODEL and --tokenizer: an existing folder, or what can be a Hub id."""
-    from .. import CLIError
-
     if not args.model.strip():  # Path("") is the working folder
         raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
     if missing_folder(args.model):
@@ -92,7 +91,6 @@ def _check_names(args) -> None:
 def _check_out(args) -> None:
     """--out: not the working folder or above it, not MODEL's folder, and, if it holds anything, an earlier
     analysis (its arrays.npz is written first), whose files this run replaces."""
-    from .. import CLIError
     from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
 
     inputs = {}
@@ -108,7 +106,6 @@ def _check_out(args) -> None:
 
 def _check_config(name: str, resolved: str) -> None:
     """MODEL's config.json, checked before the model is built: a million layers would allocate for minutes."""
-    from .. import CLIError
     from ..configuration.validation import ConfigError, check_config_file
 
     if Path(resolved).is_dir():  # a local folder or a cached snapshot; a Hub id loads its config when loading
@@ -127,8 +124,6 @@ def _resolve(name: str) -> str:
     """
     from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    from .. import CLIError
 
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser())
@@ -156,7 +151,7 @@ def _load(args, where: dict[str, str]):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import CLIError, register_auto_classes
+    from .. import register_auto_classes
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -181,7 +176,6 @@ def _load(args, where: dict[str, str]):
 
 
 def run(args) -> int:
-    from .. import CLIError
     from .samples import read_text_file
 
     _check_names(args)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from .. import __version__, register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logits
@@ -326,8 +326,6 @@ def export_checkpoint(
 ) -> Result:
     """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint."""
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .. import register_auto_classes
 
     register_auto_classes()  # AutoConfig and AutoModelForCausalLM read SRC's gated checkpoint below
 
