@@ -1,8 +1,8 @@
 """The gate's activation functions, by the name `config.attn_gate["activation"]` uses.
 
-    sigmoid(x)                    in [0, 1]    multiplicative gates
-    ns_sigmoid(x) = 0.5 + 0.5 * sigmoid(x)   in [0.5, 1]  the paper's non-sparse variant
-    silu(x) = x * sigmoid(x)      unbounded    additive gates only
+    sigmoid(x)                                in [0, 1]     multiplicative gates
+    ns_sigmoid(x) = 0.5 + 0.5 * sigmoid(x)    in [0.5, 1]   multiplicative, the paper's non-sparse variant
+    silu(x) = x * sigmoid(x)                  unbounded     additive gates only
 
 The names are `configuration.gate_spec.GATE_ACTIVATION_NAMES`; tests/test_gate_spec.py
 checks that the two agree. The fused kernels take only the bounded, multiplicative
