@@ -14,7 +14,7 @@ import sys
 import time
 
 from gated_attention.recipes import cli
-from gated_attention.recipes.settings import bounded
+from gated_attention.hub.command_line import bounded
 
 
 def main(argv=None) -> int:

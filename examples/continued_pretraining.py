@@ -70,7 +70,7 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
 from gated_attention.cli import OneLineErrorParser
-from gated_attention.recipes.settings import bounded
+from gated_attention.hub.command_line import bounded, first_line
 from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
 from gated_attention.training.streaming import (
     DataError,
@@ -153,11 +153,6 @@ class InputError(ValueError):
     """A `--model` or flag that this run cannot use; the message is one line meant for the user."""
 
 
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def check_model(args):
     """The config of `--model`, read (not the weights) to check that it is a causal LM; `InputError` if not."""
     name = args.model
@@ -170,7 +165,7 @@ def check_model(args):
     except ConfigError as e:
         raise InputError(str(e)) from None
     except (OSError, ValueError) as e:
-        raise InputError(f"--model {name}: {_first_line(e)}") from None
+        raise InputError(f"--model {name}: {first_line(e)}") from None
     remote = args.trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not remote:
         raise InputError(f"--model {name}: a {config.model_type!r} model ({type(config).__name__}) is not a causal LM "
@@ -249,7 +244,7 @@ def load_tokenizer(args, config):
     try:
         return tokenizer_for(args.model, vocab_size=config.vocab_size, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as e:
-        raise InputError(f"--model {args.model}: no usable tokenizer ({_first_line(e)})") from None
+        raise InputError(f"--model {args.model}: no usable tokenizer ({first_line(e)})") from None
 
 
 def load_model(args, **overrides):
@@ -259,7 +254,7 @@ def load_model(args, **overrides):
             args.model, dtype=DTYPES[args.dtype], trust_remote_code=args.trust_remote_code, **overrides
         )
     except (OSError, ValueError) as e:
-        raise InputError(f"--model {args.model}: {_first_line(e)}") from None
+        raise InputError(f"--model {args.model}: {first_line(e)}") from None
 
 
 def open_dataset(spec: list[str], args, tokenizer, accelerator, seq_len: int):

@@ -24,7 +24,6 @@ import csv
 import math
 from pathlib import Path
 
-import torch
 from transformers import AutoModelForCausalLM
 
 from continued_pretraining import (
@@ -40,7 +39,7 @@ from continued_pretraining import (
     set_threads,
 )
 from gated_attention.convert.rope import RopeChange, apply_rope_change
-from gated_attention.recipes.settings import bounded
+from gated_attention.hub.command_line import bounded
 from gated_attention.training.folders import output_folder
 from gated_attention.training.data import packed_rows
 from gated_attention.training import evaluate_loss, finish_training, save_final, with_rope

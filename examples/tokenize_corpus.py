@@ -19,7 +19,8 @@ import time
 from typing import NoReturn
 
 from gated_attention.cli import OneLineErrorParser
-from gated_attention.recipes.settings import MIN_VOCAB, bounded
+from gated_attention.hub.command_line import bounded, first_line
+from gated_attention.recipes.settings import MIN_VOCAB
 from gated_attention.training.data import tokenizer_for
 from gated_attention.training.streaming import DataError, write_token_shards
 
@@ -39,8 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         tokenizer = tokenizer_for(args.model, vocab_size=args.vocab_size, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fail(f"--model {args.model}: no usable tokenizer ({first}); for a model folder without one, "
+        fail(f"--model {args.model}: no usable tokenizer ({first_line(e)}); for a model folder without one, "
              "--vocab-size picks the embedded tokenizer")
     spec = args.dataset if len(args.dataset) > 1 else args.dataset[0]
     t0 = time.perf_counter()

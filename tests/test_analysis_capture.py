@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import gated_attention as ga
-from gated_attention.analysis.capture import Capture, _layer_types, model_layout, torch_linear_attention
+from gated_attention.analysis.capture import Capture, layer_types_of, model_layout, torch_linear_attention
 from gated_attention.analysis.interventions import apply_edits, connection_edits, intervene
 from gated_attention.cli import main
 
@@ -241,8 +241,8 @@ def test_model_layout_of_an_fla_hybrid():
         attn={"layers": [1, 3], "num_heads": 2, "num_kv_heads": 2},
     )
     # fla lists its attention layers 0-based in config.attn["layers"].
-    assert _layer_types(config, 4) == ["linear_attention", "full_attention"] * 2
-    assert _layer_types(fla_models.GatedDeltaNetConfig(num_hidden_layers=2), 2) == ["linear_attention"] * 2
+    assert layer_types_of(config, 4) == ["linear_attention", "full_attention"] * 2
+    assert layer_types_of(fla_models.GatedDeltaNetConfig(num_hidden_layers=2), 2) == ["linear_attention"] * 2
     try:
         model = fla_models.GatedDeltaNetForCausalLM(config)
     except ImportError as e:  # fla's attention layer needs flash-attn, which has no CPU build

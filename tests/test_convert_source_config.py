@@ -11,7 +11,7 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from gated_attention.convert.convert import _gate_spec
+from gated_attention.convert.convert import conversion_gate_spec
 from gated_attention.convert.families import SOURCE_DEFAULTS, SourceConfig, detect_family, target_config
 from gated_attention.convert.sources import ConversionError
 
@@ -56,7 +56,7 @@ CASES = {
 
 
 def mapped(src, family) -> dict:
-    config = target_config(src, family, _gate_spec("elementwise", "exact")).to_dict()
+    config = target_config(src, family, conversion_gate_spec("elementwise", "exact")).to_dict()
     config.pop("transformers_version", None)
     return config
 
@@ -90,7 +90,7 @@ def test_every_field_the_mapping_reads_has_the_class_default(model_type):
     missing or differs: every field of transformers' class that the mapping reads is in
     SOURCE_DEFAULTS with the class's default (model type, RoPE and dtype are handled apart)."""
     theirs = Recorder(AutoConfig.for_model(model_type))
-    target_config(theirs, detect_family({"model_type": model_type}), _gate_spec("elementwise", "exact"))
+    target_config(theirs, detect_family({"model_type": model_type}), conversion_gate_spec("elementwise", "exact"))
     fields = type(theirs.config).__dataclass_fields__
     read = {name for name in theirs.seen if name in fields} - {"model_type", "rope_parameters", "dtype"}
     assert read, theirs.seen

@@ -1,10 +1,14 @@
-"""The gate spec: normalisation, aliases and the documented errors."""
+"""The gate spec: normalisation, aliases, the documented errors, the score shapes and the activation tables."""
 
 import json
 
 import pytest
+import torch
 
 from gated_attention import DEFAULT_GATE_SPEC, GatedAttentionConfig, normalize_gate_spec
+from gated_attention.configuration.gate_spec import GATE_ACTIVATION_NAMES, gate_score_shape
+from gated_attention.kernels.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
+from gated_attention.kernels.gated_sdpa_triton import ACTIVATION_CODES
 
 
 def test_defaults_are_the_papers_g1_gate():
@@ -70,3 +74,35 @@ def test_spec_survives_json(tmp_path):
     stored = json.loads((tmp_path / "config.json").read_text())["attn_gate"]
     assert stored == config.attn_gate
     assert GatedAttentionConfig.from_pretrained(tmp_path).attn_gate == config.attn_gate
+
+
+# A config with HQ=8 query heads, HKV=2 key/value heads, D=16 and hidden 96 (not HQ * D, so a mix-up shows).
+@pytest.mark.parametrize(
+    "spec, shape",
+    [
+        ({"position": "G1"}, (8, 16)),
+        ({"position": "G1", "granularity": "headwise"}, (8, 1)),
+        ({"position": "G1", "head_shared": True}, (1, 16)),
+        ({"position": "G4", "granularity": "headwise", "head_shared": True}, (1, 1)),
+        ({"position": "G2"}, (2, 16)),
+        ({"position": "G3", "granularity": "headwise"}, (2, 1)),
+        ({"position": "G5"}, (96,)),
+    ],
+    ids=["G1", "G1-headwise", "G1-head-shared", "G4-headwise-shared", "G2", "G3-headwise", "G5"],
+)
+def test_gate_score_shape(spec, shape):
+    spec = normalize_gate_spec(spec)
+    assert gate_score_shape(spec, hidden_size=96, num_heads=8, num_key_value_heads=2, head_dim=16) == shape
+
+
+def test_activation_tables_agree():
+    """The spec's names, the torch functions and the fused kernels' codes name the same activations."""
+    assert tuple(GATE_ACTIVATION_FUNCTIONS) == GATE_ACTIVATION_NAMES
+    assert set(FUSED_GATE_ACTIVATIONS) <= set(GATE_ACTIVATION_NAMES)
+    assert tuple(ACTIVATION_CODES) == FUSED_GATE_ACTIVATIONS
+    assert sorted(ACTIVATION_CODES.values()) == list(range(len(ACTIVATION_CODES)))
+
+
+def test_ns_sigmoid_by_hand():
+    x = torch.tensor([float("-inf"), 0.0, float("inf")])
+    assert GATE_ACTIVATION_FUNCTIONS["ns_sigmoid"](x).tolist() == [0.5, 0.75, 1.0]

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from gated_attention.kernels import gated_delta_rule
-from gated_attention.kernels.gated_delta_rule import _unit_lower_inverse
+from gated_attention.kernels.gated_delta_rule import unit_lower_inverse
 
 ATOL = 1e-5
 
@@ -164,7 +164,7 @@ def test_low_precision_inputs_compute_in_fp32():
 def test_unit_lower_inverse(C):
     m = torch.randn(3, C, C, dtype=torch.float64) * 0.3
     expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + m.tril(-1))
-    torch.testing.assert_close(_unit_lower_inverse(m), expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(unit_lower_inverse(m), expected, atol=1e-10, rtol=1e-10)
 
 
 def test_backend_choice_is_checked():

@@ -101,7 +101,8 @@ def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList:
     return min(candidates, key=lambda c: c[:3])[3]
 
 
-def _layer_types(config, num_layers: int) -> list[str]:
+def layer_types_of(config, num_layers: int) -> list[str]:
+    """Each decoder layer's type, `"full_attention"` or another, from `config.layer_types` or fla's `config.attn`."""
     types = getattr(config, "layer_types", None)
     if types:
         return list(types)
@@ -129,7 +130,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
     config = _text_config(model)
     num_layers = getattr(config, "num_hidden_layers", None)
     layers = _decoder_layers(model, num_layers)
-    types = _layer_types(config, len(layers))
+    types = layer_types_of(config, len(layers))
     if len(types) != len(layers):
         raise ValueError(f"config.layer_types has {len(types)} entries for {len(layers)} layers")
     full = [i + 1 for i, t in enumerate(types) if t in ATTENTION_LAYER_TYPES]

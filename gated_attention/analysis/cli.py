@@ -13,25 +13,16 @@ import math
 import re
 from pathlib import Path
 
+from .. import CLIError
+from ..hub.command_line import bounded, first_line
+from ..hub.repo_ids import missing_folder
+
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
 INTERVENTIONS = ("deletion", "connection")
 # torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
-        return value
-
-    return parse
 
 
 def _device(text: str) -> str:
@@ -68,9 +59,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", type=_out_dir, help="output folder (created if missing)")
     p.add_argument("--text-file", metavar="PATH", type=_text_file,
                    help="UTF-8 text, one input per blank-line-separated paragraph (default: the built-in samples)")
-    p.add_argument("--n-per-domain", type=_int_at_least(1), default=4, metavar="N",
+    p.add_argument("--n-per-domain", type=bounded(int, 1), default=4, metavar="N",
                    help="built-in samples per domain: prose, code, math (default: %(default)s)")
-    p.add_argument("--max-length", type=_int_at_least(2), default=128, metavar="T",
+    p.add_argument("--max-length", type=bounded(int, 2), default=128, metavar="T",
                    help="tokens per input, at most: longer inputs are cut to T tokens, or to the model's "
                    "max_position_embeddings where that is smaller, with a warning (default: %(default)s)")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
@@ -81,22 +72,14 @@ def register(subparsers) -> None:
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
     p.add_argument("--k", type=int, choices=(1, 2, 4), default=1,
                    help="coordinates per attention input for --intervene (default: %(default)s)")
-    p.add_argument("--bootstrap", type=_int_at_least(1), default=1000, metavar="N",
+    p.add_argument("--bootstrap", type=bounded(int, 1), default=1000, metavar="N",
                    help="bootstrap resamples for the confidence intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     p.set_defaults(func=run)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def _check_names(args) -> None:
     """MODEL and --tokenizer: an existing folder, or what can be a Hub id."""
-    from .. import CLIError
-    from ..hub.repo_ids import missing_folder
-
     if not args.model.strip():  # Path("") is the working folder
         raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
     if missing_folder(args.model):
@@ -108,7 +91,6 @@ def _check_names(args) -> None:
 def _check_out(args) -> None:
     """--out: not the working folder or above it, not MODEL's folder, and, if it holds anything, an earlier
     analysis (its arrays.npz is written first), whose files this run replaces."""
-    from .. import CLIError
     from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
 
     inputs = {}
@@ -124,7 +106,6 @@ def _check_out(args) -> None:
 
 def _check_config(name: str, resolved: str) -> None:
     """MODEL's config.json, checked before the model is built: a million layers would allocate for minutes."""
-    from .. import CLIError
     from ..configuration.validation import ConfigError, check_config_file
 
     if Path(resolved).is_dir():  # a local folder or a cached snapshot; a Hub id loads its config when loading
@@ -144,8 +125,6 @@ def _resolve(name: str) -> str:
     from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    from .. import CLIError
-
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser())
     if constants.HF_HUB_OFFLINE:
@@ -154,11 +133,11 @@ def _resolve(name: str) -> str:
         HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
         return name
     except RepositoryNotFoundError as e:
-        raise CLIError(f"{name!r} is no local folder and no model on the Hub ({_first_line(e)})") from None
+        raise CLIError(f"{name!r} is no local folder and no model on the Hub ({first_line(e)})") from None
     except HfHubHTTPError:
         return name  # the Hub answered (a gated repo, a server error, ...): loading says what it means
     except Exception as e:  # noqa: BLE001 - no answer at all: no network, DNS, proxy, timeout
-        unreachable = _first_line(e)
+        unreachable = first_line(e)
     try:
         return snapshot_download(name, local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError):
@@ -172,7 +151,7 @@ def _load(args, where: dict[str, str]):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import CLIError, register_auto_classes
+    from .. import register_auto_classes
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -181,23 +160,22 @@ def _load(args, where: dict[str, str]):
     try:
         model = AutoModelForCausalLM.from_pretrained(where[args.model], dtype=dtype, trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
-        raise CLIError(f"cannot load model {args.model!r}: {_first_line(e)}") from e
+        raise CLIError(f"cannot load model {args.model!r}: {first_line(e)}") from e
     try:
         tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {_first_line(e)}") from e
+        raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         model = model.to(device).eval()
     except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot move the model to {device!r}: {_first_line(e)}") from e
+        raise CLIError(f"cannot move the model to {device!r}: {first_line(e)}") from e
     return model, tokenizer
 
 
 def run(args) -> int:
-    from .. import CLIError
     from .samples import read_text_file
 
     _check_names(args)
@@ -208,7 +186,7 @@ def run(args) -> int:
         try:
             samples = read_text_file(args.text_file)
         except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"cannot read --text-file: {_first_line(e)}") from e
+            raise CLIError(f"cannot read --text-file: {first_line(e)}") from e
         if not samples:
             raise CLIError(f"--text-file {args.text_file} holds no text")
     else:
@@ -234,7 +212,7 @@ def run(args) -> int:
             seed=args.seed,
         )
     except ValueError as e:
-        raise CLIError(_first_line(e)) from e
+        raise CLIError(first_line(e)) from e
     for row in rows:
         if row["metric"] in ("f_attn", "m_act", "gate_mean", "sink_spike_alignment", "inter_spike_retention"):
             value = "undefined" if math.isnan(row["mean"]) else f"{row['mean']:.4g}"

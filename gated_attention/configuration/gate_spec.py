@@ -9,6 +9,9 @@ aliases resolved. Position names follow the Gated Attention paper's Figure 1:
     G3 "key"    the key projection, per key/value head    [B, T, HKV, D]
     G4 "query"  the query projection, per query head      [B, T, HQ, D]
     G5 "dense"  the output projection (o_proj)            [B, T, hidden_size]
+
+`gate_score_shape` is the one place that works out how many scores a spec
+makes; the model, the converter and the export all call it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ GATE_POSITIONS = ("sdpa", "value", "key", "query", "dense")
 GATE_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense"}
 GATE_GRANULARITIES = ("elementwise", "headwise")
 GATE_MODES = ("multiplicative", "additive")
-GATE_ACTIVATIONS = ("sigmoid", "silu", "ns_sigmoid")
+GATE_ACTIVATION_NAMES = ("sigmoid", "silu", "ns_sigmoid")  # kernels.gate_activations holds their functions
 ATTN_OUTPUT_NORMS = (None, "rmsnorm")
 ATTN_OUTPUT_ACTIVATIONS = (None, "silu")
 
@@ -70,7 +73,7 @@ def normalize_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
     out["position"] = _choice("position", position, (*GATE_POSITIONS, None, *GATE_ALIASES))
     _choice("granularity", out["granularity"], GATE_GRANULARITIES)
     _choice("mode", out["mode"], GATE_MODES)
-    _choice("activation", out["activation"], GATE_ACTIVATIONS)
+    _choice("activation", out["activation"], GATE_ACTIVATION_NAMES)
     for key in ("head_shared", "input_dependent", "bias"):
         _flag(key, out[key])
 
@@ -100,6 +103,23 @@ def normalize_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
 
 def gate_enabled(spec: dict[str, Any]) -> bool:
     return spec.get("position") is not None
+
+
+def gate_score_shape(
+    spec: dict[str, Any], hidden_size: int, num_heads: int, num_key_value_heads: int, head_dim: int
+) -> tuple[int, ...]:
+    """The scores one token gets from an enabled, normalised spec, before they are broadcast.
+
+    `(hidden_size,)` for G5 "dense"; otherwise `(heads, width)`: heads is 1 when
+    `head_shared`, else the gated tensor's heads (key/value heads for G2/G3,
+    query heads for G1/G4), and width is `head_dim` elementwise, 1 headwise.
+    The gate's projection makes them flat, heads first then channels: its
+    weight is `[math.prod(shape), hidden_size]`.
+    """
+    if spec["position"] == "dense":
+        return (hidden_size,)
+    heads = 1 if spec["head_shared"] else (num_key_value_heads if spec["position"] in ("key", "value") else num_heads)
+    return (heads, head_dim if spec["granularity"] == "elementwise" else 1)
 
 
 def validate_attn_output_ablations(norm: str | None, activation: str | None) -> None:

@@ -11,22 +11,14 @@ import argparse
 import functools
 from pathlib import Path
 
+from ..hub.command_line import bounded
+
 DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
 _INIT_HELP = (
     "exact (default): gate weight 0 so every score is sigmoid(0) = 0.5, and o_proj doubled; the logits are "
     "bit-identical to SRC's. bias: gate bias +10 so every score is sigmoid(10) = 0.99995 and o_proj unchanged; "
     "near-identity, NOT exact, and the gate's gradient is tiny at first (scaled by sigmoid'(10) = 4.5e-5)"
 )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _shard_size(text: str) -> int:
@@ -94,7 +86,7 @@ def _add_rope(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--original-max-position-embeddings",
-        type=_positive_int,
+        type=bounded(int, 1),
         metavar="N",
         help="context length SRC was trained at; required with --yarn-factor (YaRN's ramp is computed from it)",
     )

@@ -48,7 +48,8 @@ class Result:
     max_abs_diff: float | None = None  # None when not verified
 
 
-def _gate_spec(gate: str, init: str) -> dict:
+def conversion_gate_spec(gate: str, init: str) -> dict:
+    """The gate a conversion adds for `--gate` and `--init`: G1 sigmoid, a bias only for `--init bias`."""
     if gate not in ("elementwise", "headwise"):
         raise ConversionError(f"--gate {gate!r} is not supported; choose elementwise or headwise")
     if init not in ("exact", "bias"):
@@ -213,7 +214,7 @@ def convert_checkpoint(
     With `init="exact"` the result's logits are bit-identical to the source's
     (checked when `verify`), in the source dtype or in `dtype`.
     """
-    gate_spec = _gate_spec(gate, init)
+    gate_spec = conversion_gate_spec(gate, init)
     requested = _requested_dtype(dtype)
     folder = resolve_source(src, revision=revision, allow_pickle=allow_pickle)
     dst = Path(dst)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from .. import __version__, register_auto_classes
+from ..configuration.gate_spec import gate_score_shape
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logits
 from .families import expected_shapes
@@ -153,17 +154,17 @@ def _norm_minus_one(ckpt: SourceCheckpoint, name: str) -> torch.Tensor:
     return shifted
 
 
-def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, spec: dict, H: int, D: int) -> torch.Tensor:
+def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, config) -> torch.Tensor:
     """Interleave query and gate per head: `[H * 2D, ...]`, head h = (D query rows, D gate rows)."""
+    H, D = config.num_attention_heads, config.head_dim
     q = ckpt.read(q_name)
     trailing = tuple(q.shape[1:])  # (hidden,) for weights, () for biases
     if gate_name is None:  # no gate bias: zeros, since Qwen3.5's q_proj bias covers both halves
         g = torch.zeros((H, D, *trailing), dtype=q.dtype)
     else:
         # A headwise score (one per head) or a head-shared one is the elementwise gate with repeated rows.
-        heads = 1 if spec["head_shared"] else H
-        width = D if spec["granularity"] == "elementwise" else 1
-        g = ckpt.read(gate_name).to(q.dtype).view(heads, width, *trailing).expand(H, D, *trailing)
+        scores = gate_score_shape(config.attn_gate, config.hidden_size, H, config.num_key_value_heads, D)  # (heads, width)
+        g = ckpt.read(gate_name).to(q.dtype).view(*scores, *trailing).expand(H, D, *trailing)
     out = torch.cat([q.view(H, D, *trailing), g], dim=1)  # [H, 2D, ...]
     return out.reshape(H * 2 * D, *trailing)
 
@@ -199,7 +200,6 @@ def _gdn_outputs(ckpt: SourceCheckpoint, name: str, expected: dict) -> list[Outp
 
 def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
     expected = expected_shapes(model)
-    H, D = config.num_attention_heads, config.head_dim
     outputs: list[OutputTensor] = []
     for name, info in ckpt.tensors.items():
         if ".attn_gate." in name or (config.tie_word_embeddings and name == "lm_head.weight"):
@@ -210,7 +210,7 @@ def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
         if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
             gate_name = name.replace("q_proj.", "attn_gate.")
             gate_name = gate_name if gate_name in ckpt.tensors else None
-            make = partial(_q_with_gate, ckpt, name, gate_name, config.attn_gate, H, D)
+            make = partial(_q_with_gate, ckpt, name, gate_name, config)
             outputs.append(OutputTensor(name, expected[name], info.dtype, make, [name]))
             continue
         if name.endswith("norm.weight"):
@@ -326,8 +326,6 @@ def export_checkpoint(
 ) -> Result:
     """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint."""
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .. import register_auto_classes
 
     register_auto_classes()  # AutoConfig and AutoModelForCausalLM read SRC's gated checkpoint below
 

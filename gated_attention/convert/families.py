@@ -24,8 +24,11 @@ from functools import partial
 import numpy as np
 import torch
 
+from ..configuration.gate_spec import gate_enabled, gate_score_shape
 from ..configuration.gated_attention import GatedAttentionConfig
-from .sources import ConversionError, SourceCheckpoint, first_non_finite
+from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
+from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
+from .sources import ConversionError, SourceCheckpoint, first_non_finite, read_config_dict
 from .writer import OutputTensor
 
 GATE_BIAS_INIT = 10.0  # --init bias: sigmoid(10) = 0.9999546
@@ -224,8 +227,6 @@ def load_source_config(folder, family: Family):
 
     Neither imports the family's transformers class (see above), nor fla and its CUDA-only kernels.
     """
-    from .sources import read_config_dict
-
     if family.kind == "hybrid":
         return FlaHybridSource.from_folder(folder)
     try:
@@ -294,8 +295,6 @@ def dense_config(src, gate_spec: dict) -> GatedAttentionConfig:
 
 def moe_config(src, gate_spec: dict):
     """The GatedAttentionMoeConfig of a Qwen3-MoE or Mixtral source."""
-    from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
-
     kwargs = _attention_kwargs(src, gate_spec)
     if src.model_type == "mixtral":
         # Mixtral: every layer sparse, experts as wide as intermediate_size, top-k weights renormalised.
@@ -373,8 +372,6 @@ class FlaHybridSource:
 
     @classmethod
     def from_folder(cls, folder) -> FlaHybridSource:
-        from .sources import read_config_dict
-
         return cls(read_config_dict(folder))
 
     def unsupported(self) -> str | None:
@@ -417,8 +414,6 @@ class FlaHybridSource:
 
 
 def hybrid_config(src: FlaHybridSource, gate_spec: dict):
-    from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
-
     if (reason := src.unsupported()) is not None:
         raise ConversionError(f"SRC's fla Gated DeltaNet config is not supported: {reason}")
     r, attn = src.raw, src.attn
@@ -551,12 +546,8 @@ def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{attn}{proj}.bias"] = (rows,)
         if config.qk_norm:
             shapes[f"{attn}q_norm.weight"] = shapes[f"{attn}k_norm.weight"] = (head_dim,)
-        if spec.get("position") is not None:  # `AttentionGate`: one score per (head, channel) or per head
-            if spec["position"] == "dense":
-                width = hidden
-            else:
-                gate_heads = 1 if spec["head_shared"] else (kv_heads if spec["position"] in ("key", "value") else heads)
-                width = gate_heads * (head_dim if spec["granularity"] == "elementwise" else 1)
+        if gate_enabled(spec):  # `AttentionGate`: one score per (head, channel) or per head
+            width = math.prod(gate_score_shape(spec, hidden, heads, kv_heads, head_dim))
             if spec["input_dependent"]:
                 shapes[f"{attn}attn_gate.weight"] = (width, hidden)
                 if spec["bias"]:

@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..configuration.validation import ConfigError, check_architecture
+from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
 from .errors import ConversionError
 from .folders import check_source
 
@@ -86,25 +87,13 @@ def resolve_source(src: str, *, revision: str | None = None, allow_pickle: bool 
     if path.exists():
         return path.resolve()
 
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(src, revision=revision, local_files_only=True))
-    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
-        pass
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        raise ConversionError(f"SRC {src}: no such folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*", "LICENSE*"]
     if allow_pickle:
         patterns.append("*.bin")
     try:
-        return Path(snapshot_download(src, revision=revision, allow_patterns=patterns))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConversionError(f"SRC {src}: no such folder, and the Hub could not provide it ({first_line})") from None
+        return cached_or_downloaded(src, revision=revision, allow_patterns=patterns)
+    except HubUnavailable as e:
+        raise ConversionError(f"SRC {src}: no such folder, and {e}") from None
 
 
 def read_config_dict(folder: Path) -> dict:

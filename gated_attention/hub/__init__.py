@@ -1,4 +1,5 @@
-"""Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders.
+"""Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders,
+and the small helpers every command line shares.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -7,7 +8,11 @@
 - `model_card`: renders the cards of converted checkpoints from the templates
   in `model_cards/` (reached through the link `hub/model_cards`).
 - `repo_ids`: whether a model argument is a local folder or could be a Hub repo
-  id, without the network.
+  id, without the network, and `cached_or_downloaded`, the one policy for
+  fetching an id: huggingface_hub's cache first, then the Hub.
+- `command_line`: what every command line shares: `bounded` (an argparse
+  type for a number in a range) and `first_line` (an exception as one line).
+  Standard library only.
 - `output_folders`: which output folders a command may write or replace
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check

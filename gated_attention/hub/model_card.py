@@ -10,17 +10,13 @@ placeholder must be given, so a renamed field fails loudly instead of leaving
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from string import Template
 
+from .repo_ids import is_hub_id
+
 # A link to the repository's model_cards/, so the templates also ship inside wheels.
 TEMPLATE_DIR = Path(__file__).parent / "model_cards"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def is_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.match(name)) and not Path(name).exists()
 
 
 def render_model_card(template: str, **fields: str) -> str:

@@ -7,6 +7,8 @@
   with a bottom-right causal mask.
 - `gated_sdpa_triton`: the Triton kernels, forward, backward, packed
   sequences and a split-KV decode path, with the gate fused into the epilogue.
+- `gate_activations`: the gate's activation functions by name (`sigmoid`,
+  `ns_sigmoid`, `silu`) and the ones the fused kernels take.
 - `attention_interface`: registers `attn_implementation="gated_triton"` with
   transformers' attention and mask interfaces.
 - `gated_delta_rule`: `gated_delta_rule(q, k, v, g, beta)` in fla's layout:

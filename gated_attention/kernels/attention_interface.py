@@ -35,7 +35,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .gated_sdpa import gated_sdpa
-from .gated_sdpa_reference import GATE_ACTIVATIONS
+from .gate_activations import GATE_ACTIVATION_FUNCTIONS
 
 logger = logging.get_logger(__name__)
 
@@ -118,7 +118,7 @@ def gated_triton_attention_forward(
         **kwargs,
     )  # [B, T, HQ, D]
     if gate is not None:
-        scores = GATE_ACTIVATIONS[gate_activation](gate).to(out.dtype)
+        scores = GATE_ACTIVATION_FUNCTIONS[gate_activation](gate).to(out.dtype)
         out = out * (scores if gate.dim() == 4 else scores.unsqueeze(-1))
     return out, None
 

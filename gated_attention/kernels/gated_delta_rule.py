@@ -195,7 +195,7 @@ def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fin
 
     # A short input (a decode step) is one short chunk. Padded steps have
     # k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-    C = min(chunk_size, 1 << (T - 1).bit_length())  # a power of two, for _unit_lower_inverse
+    C = min(chunk_size, 1 << (T - 1).bit_length())  # a power of two, for unit_lower_inverse
     n = math.ceil(T / C)
     pad = n * C - T
     if pad:
@@ -220,7 +220,7 @@ def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fin
     # keys through which the old state is read. The diagonal scalings are applied to the
     # [C, C] factors rather than to the [C, D] operands: fewer passes over memory.
     kk = k @ k.transpose(-1, -2)  # [n, BH, C, C]
-    t_inv = _unit_lower_inverse(kk * (decay * beta.unsqueeze(-1)))
+    t_inv = unit_lower_inverse(kk * (decay * beta.unsqueeze(-1)))
     u = (t_inv * beta.unsqueeze(-2)) @ v  # [n, BH, C, V]
     w = (t_inv * (beta * c_exp).unsqueeze(-2)) @ k  # [n, BH, C, K]
     attn = (q @ k.transpose(-1, -2)) * decay  # causal intra-chunk scores (scale applied at the end)
@@ -247,7 +247,7 @@ def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fin
     return o.to(out_dtype), final_state
 
 
-def _unit_lower_inverse(m: torch.Tensor) -> torch.Tensor:
+def unit_lower_inverse(m: torch.Tensor) -> torch.Tensor:
     """Inverse of `I + tril(m, -1)` for m `[..., C, C]`, C a power of two (the rest of m is not read).
 
     Merges diagonal blocks bottom-up, as fla's `solve_tril` kernel does:

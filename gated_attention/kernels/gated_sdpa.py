@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging
 
-from .gated_sdpa_reference import GATE_ACTIVATIONS, gated_sdpa_reference
+from .gate_activations import FUSED_GATE_ACTIVATIONS
+from .gated_sdpa_reference import gated_sdpa_reference
 
 logger = logging.get_logger(__name__)
 
@@ -40,8 +41,8 @@ def _log_once(log, message: str) -> None:
 def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not allowed; allowed values: {', '.join(map(repr, BACKENDS))}")
-    if gate_activation not in GATE_ACTIVATIONS:
-        allowed = ", ".join(map(repr, GATE_ACTIVATIONS))
+    if gate_activation not in FUSED_GATE_ACTIVATIONS:
+        allowed = ", ".join(map(repr, FUSED_GATE_ACTIVATIONS))
         raise ValueError(f"gate_activation={gate_activation!r} is not allowed; allowed values: {allowed}")
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v))

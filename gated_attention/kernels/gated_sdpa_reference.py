@@ -23,10 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-GATE_ACTIVATIONS = {
-    "sigmoid": torch.sigmoid,
-    "ns_sigmoid": lambda z: 0.5 + 0.5 * torch.sigmoid(z),
-}
+from .gate_activations import GATE_ACTIVATION_FUNCTIONS
 
 
 def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -75,5 +72,5 @@ def gated_sdpa_reference(
         out = torch.cat(pieces, dim=1) if pieces else q.new_zeros(q.shape)
     if gate is None:
         return out
-    scores = GATE_ACTIVATIONS[gate_activation](gate).to(out.dtype)
+    scores = GATE_ACTIVATION_FUNCTIONS[gate_activation](gate).to(out.dtype)
     return out * (scores if gate.dim() == 4 else scores.unsqueeze(-1))

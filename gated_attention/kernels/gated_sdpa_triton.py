@@ -74,7 +74,7 @@ INTERPRET = _env_flag("TRITON_INTERPRET", "0")
 AUTOTUNE = _env_flag("GATED_ATTENTION_TRITON_AUTOTUNE", "1")
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-GATE_ACTIVATIONS = {"sigmoid": 0, "ns_sigmoid": 1}
+ACTIVATION_CODES = {"sigmoid": 0, "ns_sigmoid": 1}  # the kernels' ACT constant, per activation name
 GATE_NONE, GATE_ELEMENTWISE, GATE_HEADWISE = 0, 1, 2
 LOG2E = 1.4426950408889634
 INT32_MAX = 2**31 - 1
@@ -653,8 +653,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_a
         return f"dtype {q.dtype} is not one of fp16, bf16, fp32"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         return f"head_dim {q.shape[-1]} is not one of {SUPPORTED_HEAD_DIMS}"
-    if gate_activation not in GATE_ACTIVATIONS:
-        return f"gate_activation {gate_activation!r} is not one of {tuple(GATE_ACTIVATIONS)}"
+    if gate_activation not in ACTIVATION_CODES:
+        return f"gate_activation {gate_activation!r} is not one of {tuple(ACTIVATION_CODES)}"
     if k.dtype != q.dtype or v.dtype != q.dtype:
         return f"q is {q.dtype} but k/v are {k.dtype}/{v.dtype}"
     # Batch and sequence starts are int64 in the kernels, offsets inside one batch entry (or packed sequence) int32.
@@ -709,7 +709,7 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
     lse = torch.empty((B, HQ, T), dtype=torch.float32, device=q.device)
     g = gate if gate is not None else out  # a dummy pointer when there is no gate
     qk_scale = scale * LOG2E
-    meta = dict(HEAD_DIM=D, IS_CAUSAL=causal, GATE_MODE=gate_mode, ACT=GATE_ACTIVATIONS[act],
+    meta = dict(HEAD_DIM=D, IS_CAUSAL=causal, GATE_MODE=gate_mode, ACT=ACTIVATION_CODES[act],
                 STORE_UNGATED=store_ungated, DOT=_dot_dtype(q.dtype))
 
     splits = decode_splits(q, k, cu_seqlens)
@@ -762,7 +762,7 @@ def _backward(do, q, k, v, gate, o_u, lse, causal, scale, cu_seqlens, max_seqlen
     dg = dgate if dgate is not None else o_u
     _bwd_preprocess_kernel[(triton.cdiv(T, block), B * HQ)](
         o_u, do, g, do_eff, delta, dg, *o_u.stride()[:3], *do.stride()[:3], *_gate_strides(gate), *lse.stride()[:2],
-        T, HQ, HEAD_DIM=D, GATE_MODE=gate_mode, ACT=GATE_ACTIVATIONS[act], BLOCK_M=block, num_warps=4,
+        T, HQ, HEAD_DIM=D, GATE_MODE=gate_mode, ACT=ACTIVATION_CODES[act], BLOCK_M=block, num_warps=4,
     )
     if do_eff.stride() != o_u.stride():  # the dq/dk/dv kernels read dO_eff with O's (contiguous) layout
         do_eff = do_eff.contiguous()

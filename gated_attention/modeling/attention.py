@@ -13,6 +13,7 @@ before the cache, so cached keys and values are already gated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -22,20 +23,9 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 
-from ..configuration.gate_spec import gate_enabled
+from ..configuration.gate_spec import gate_enabled, gate_score_shape
 from ..kernels.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
-
-
-def ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """The paper's non-sparse sigmoid, in [0.5, 1]."""
-    return 0.5 + 0.5 * torch.sigmoid(x)
-
-
-GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "sigmoid": torch.sigmoid,
-    "silu": F.silu,
-    "ns_sigmoid": ns_sigmoid,
-}
+from ..kernels.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
 
 
 def fusable_gate(config) -> bool:
@@ -49,7 +39,7 @@ def fusable_gate(config) -> bool:
         gate_enabled(spec)
         and spec["position"] == "sdpa"
         and spec["mode"] == "multiplicative"
-        and spec["activation"] in ("sigmoid", "ns_sigmoid")
+        and spec["activation"] in FUSED_GATE_ACTIVATIONS
         and config.attn_output_norm is None
         and config.attn_output_activation is None
     )
@@ -72,21 +62,14 @@ class GateScores:
     parallel linear, which computes the projection and nothing else.
     """
 
-    def __init__(self, spec: dict, hidden_size: int, num_heads: int, head_dim: int):
+    def __init__(self, spec: dict, hidden_size: int, num_heads: int, num_key_value_heads: int, head_dim: int):
         self.position = spec["position"]
         self.mode = spec["mode"]
         self.activation = spec["activation"]
-        self.act_fn = GATE_ACTIVATIONS[spec["activation"]]
+        self.act_fn = GATE_ACTIVATION_FUNCTIONS[spec["activation"]]
         self.head_shared = spec["head_shared"]
-        if self.position == "dense":
-            self.score_shape: tuple[int, ...] = (hidden_size,)
-        else:
-            heads = 1 if spec["head_shared"] else num_heads
-            width = head_dim if spec["granularity"] == "elementwise" else 1
-            self.score_shape = (heads, width)
-        self.out_features = 1
-        for n in self.score_shape:
-            self.out_features *= n
+        self.score_shape = gate_score_shape(spec, hidden_size, num_heads, num_key_value_heads, head_dim)
+        self.out_features = math.prod(self.score_shape)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return self.act_fn(logits)
@@ -182,8 +165,7 @@ class GatedAttention(nn.Module):
         spec = config.attn_gate
         self.gate_position = spec["position"] if gate_enabled(spec) else None
         if self.gate_position is not None:
-            heads = self.num_key_value_heads if self.gate_position in ("key", "value") else self.num_heads
-            self.gate_scores = GateScores(spec, hidden, heads, self.head_dim)
+            self.gate_scores = GateScores(spec, hidden, self.num_heads, self.num_key_value_heads, self.head_dim)
             if spec["input_dependent"]:
                 self.attn_gate = AttentionGate(self.gate_scores, hidden, bias=spec["bias"])
             else:

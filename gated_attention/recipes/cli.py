@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..hub.command_line import bounded
 from .settings import (
     ARCHITECTURES,
     CORPORA,
@@ -15,7 +16,6 @@ from .settings import (
     MIN_VOCAB,
     Settings,
     SinkSettings,
-    bounded,
     settings_from_args,
     sink_settings_from_args,
 )

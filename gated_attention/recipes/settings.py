@@ -7,7 +7,6 @@ reads the defaults from here for its help without importing torch.
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
 
 from .. import CLIError
@@ -17,30 +16,6 @@ CORPORA = ("embedded", "packages")
 DEVICES = ("auto", "cpu", "cuda")
 MIN_VOCAB = 259  # byte-level BPE: 256 byte symbols and the 3 special tokens (training.data.train_tokenizer)
 ARCHITECTURES = ("dense", "hybrid")
-
-
-# ---------------------------------------------------------------------------------------------
-# Flag values
-
-
-def bounded(kind: type = int, low: float = 1, *, strict: bool = False, high: float | None = None):
-    """An argparse `type`: a finite `kind` (int or float) >= `low` (> `low` when `strict`; < `high` if given).
-
-    A value out of range is a usage error naming the flag and the range, before anything runs.
-    """
-    word = "an integer" if kind is int else "a number"
-    wanted = f"{word} {'>' if strict else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low) or (high is not None and value >= high):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
-        return value
-
-    return parse
 
 
 # ---------------------------------------------------------------------------------------------

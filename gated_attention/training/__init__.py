@@ -11,7 +11,8 @@
   renamed when whole, and what a rerun with `--overwrite` removes (`RUN_ENTRIES`).
 - `threads`: the default count of torch CPU threads (the cores the load average leaves free).
 
-It imports nothing else of this package: it works on any causal LM (ours,
+Of this package it imports only `hub` (a `--dataset` Hub id fetched as every
+command fetches one, errors as one line): it works on any causal LM (ours,
 transformers', a PEFT wrapper), and the recipes and examples build on it.
 """
 

@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..hub.command_line import first_line
+from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
 from .folders import output_folder
 
 # file suffix -> `datasets` packaged builder
@@ -97,27 +99,15 @@ def _from_folder(folder: Path, split: str, spec: str):
     try:  # datasets picks the split from file names (train*.jsonl, data/validation-*.parquet, ...)
         return load_dataset(builder, data_dir=str(folder), split=split, streaming=True, **_builder_kwargs(builder))
     except ValueError as e:
-        raise DataError(f"--dataset {spec}: {str(e).strip().splitlines()[0]}") from None
+        raise DataError(f"--dataset {spec}: {first_line(e)}") from None
 
 
 def _cached_hub_dataset(repo_id: str) -> Path:
     """A Hub dataset repo's files from huggingface_hub's cache (downloaded only when not offline)."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
-
     try:
-        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True))
-    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
-        pass
-    if constants.HF_HUB_OFFLINE:
-        raise DataError(f"--dataset {repo_id}: no such file or folder, and not in the Hugging Face cache "
-                        "(HF_HUB_OFFLINE is set)")
-    try:
-        return Path(snapshot_download(repo_id, repo_type="dataset"))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"--dataset {repo_id}: no such file or folder, and the Hub could not provide it "
-                        f"({first_line})") from None
+        return cached_or_downloaded(repo_id, repo_type="dataset")
+    except HubUnavailable as e:
+        raise DataError(f"--dataset {repo_id}: no such file or folder, and {e}") from None
 
 
 def open_text_dataset(spec: str | list[str], split: str = "train"):

@@ -1,0 +1,31 @@
+"""The gate's activation functions, by the name `config.attn_gate["activation"]` uses.
+
+    sigmoid(x)                                in [0, 1]     multiplicative gates
+    ns_sigmoid(x) = 0.5 + 0.5 * sigmoid(x)    in [0.5, 1]   multiplicative, the paper's non-sparse variant
+    silu(x) = x * sigmoid(x)                  unbounded     additive gates only
+
+The names are `configuration.gate_spec.GATE_ACTIVATION_NAMES`; tests/test_gate_spec.py
+checks that the two agree. The fused kernels take only the bounded, multiplicative
+ones (`FUSED_GATE_ACTIVATIONS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def ns_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """The paper's non-sparse sigmoid, in [0.5, 1]."""
+    return 0.5 + 0.5 * torch.sigmoid(x)
+
+
+GATE_ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "ns_sigmoid": ns_sigmoid,
+}
+# The activations `gated_sdpa` and attn_implementation="gated_triton" apply in the kernel's epilogue.
+FUSED_GATE_ACTIVATIONS = ("sigmoid", "ns_sigmoid")

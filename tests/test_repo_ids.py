@@ -1,0 +1,47 @@
+"""Telling a local folder from a Hub repo id, and fetching an id: one check and one policy for the commands and the cards."""
+
+from __future__ import annotations
+
+import pytest
+
+from gated_attention.hub.model_card import base_model_fields
+from gated_attention.hub.repo_ids import HubUnavailable, cached_or_downloaded, is_hub_id, missing_folder
+
+
+@pytest.mark.parametrize(
+    "name, hub_id",
+    [("someone/tiny-llama", True), ("gpt2", True), ("org/name.v2", True),
+     ("./run", False), ("/data/x", False), ("a/b/c", False), ("~/x", False), ("org//name", False)],
+)
+def test_a_name_that_is_no_path_is_a_hub_id_or_a_missing_folder(name, hub_id, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # none of the names exists here
+    assert is_hub_id(name) is hub_id
+    assert missing_folder(name) is not hub_id
+
+
+def test_an_existing_folder_is_neither(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert not is_hub_id("org/name") and not missing_folder("org/name")
+    assert base_model_fields("org/name") == {"base_model_yaml": "", "base_model_line": "A local checkpoint, `name`."}
+
+
+def test_a_hub_id_names_its_base_model():
+    assert base_model_fields("someone/tiny-llama")["base_model_yaml"] == "base_model: someone/tiny-llama\n"
+
+
+def test_a_cached_repo_is_read_offline_and_a_missing_one_says_why(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    assert cached_or_downloaded("someone/tiny") == repo / "snapshots" / commit
+    with pytest.raises(HubUnavailable, match=r"^not in the Hugging Face cache \(HF_HUB_OFFLINE is set\)$"):
+        cached_or_downloaded("someone/other")
