@@ -22,6 +22,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+
 TINY = dict(
     vocab_size=97,
     hidden_size=64,
@@ -68,6 +70,15 @@ def make_source(family: str, folder: Path, max_shard_size: str = "30KB", **overr
             elif name.endswith("bias"):
                 p.normal_(0, 0.5)
     model.save_pretrained(folder, max_shard_size=max_shard_size)
+    return folder
+
+
+def make_gated(folder: Path) -> Path:
+    """A tiny gated dense model that `extend` and `export` accept (Qwen3-style q/k norm, G1 elementwise)."""
+    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, qk_norm=True,
+                                  max_position_embeddings=64)  # fmt: skip
+    GatedAttentionForCausalLM(config).save_pretrained(folder)
     return folder
 
 

@@ -3,7 +3,6 @@ any model or weight plan is built, from every command and example; nothing is si
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -15,8 +14,8 @@ from convert_helpers import make_source
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
 from gated_attention.cli import main
 from gated_attention.configuration.validation import ConfigError, check_architecture
+from example_helpers import import_example
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DENSE = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 
@@ -97,17 +96,6 @@ def test_every_command_refuses_an_absurd_config_in_one_line(llama, gated, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"] and (src / "config.json").read_text() == before
 
 
-def _example(name: str):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
 @pytest.mark.parametrize("case", CLI_CASES)
 @pytest.mark.parametrize("script", ["continued_pretraining", "lora_finetune", "long_context"])
 def test_every_example_refuses_an_absurd_config_in_one_line(gated, tmp_path, capsys, script, case):
@@ -115,7 +103,7 @@ def test_every_example_refuses_an_absurd_config_in_one_line(gated, tmp_path, cap
     model = _absurd_copy(gated, tmp_path / "model", changes)
     extra = ["--rope-theta", "50000"] if script == "long_context" else []
     with pytest.raises(SystemExit) as exit_info:
-        _example(script).main(["--model", str(model), "--output-dir", str(tmp_path / "out"), "--steps", "1",
+        import_example(script).main(["--model", str(model), "--output-dir", str(tmp_path / "out"), "--steps", "1",
                                "--seq-len", "16", *extra])
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

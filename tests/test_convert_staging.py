@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from convert_helpers import make_source, staging_leftovers
-from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+from convert_helpers import make_gated, make_source, staging_leftovers
 from gated_attention.cli import main
 from gated_attention.convert import convert as convert_module
 from gated_attention.convert import export as export_module
@@ -32,13 +31,7 @@ def llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
-    """A gated dense model that `extend` and `export` accept (Qwen3-style q/k norm, G1 elementwise)."""
-    folder = tmp_path_factory.mktemp("gated") / "src"
-    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, qk_norm=True,
-                                  max_position_embeddings=64)  # fmt: skip
-    GatedAttentionForCausalLM(config).save_pretrained(folder)
-    return folder
+    return make_gated(tmp_path_factory.mktemp("gated") / "src")
 
 
 def _commands(llama: Path, gated: Path, dst: Path) -> dict[str, tuple[list[str], object]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -27,6 +26,8 @@ from transformers import AutoModelForCausalLM
 import gated_attention
 from gated_attention.training import data
 from gated_attention.training import evaluate_loss
+
+from example_helpers import import_example
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -122,20 +123,9 @@ def test_continued_pretraining_ddp_resume_and_reload(env, tiny_model, tmp_path):
     assert torch.isfinite(a(input_ids=ids, labels=ids).loss)
 
 
-def _import_example(name: str):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
 @pytest.mark.slow
 def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
-    lora = _import_example("lora_finetune")
+    lora = import_example("lora_finetune")
     out = tmp_path / "lora"
     merged = lora.main(["--model", str(tiny_model), "--output-dir", str(out), "--steps", "3", "--rank", "4",
                         "--lr", "1e-2", *COMMON])
@@ -175,7 +165,7 @@ def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
     The YaRN column is computed in memory (`with_rope`); OUTPUT/final-yarn is written separately by
     `extend_checkpoint`. Loaded from disk, that checkpoint must reproduce the column.
     """
-    long_context = _import_example("long_context")
+    long_context = import_example("long_context")
     out = tmp_path / "long"
     rows = long_context.main(["--model", str(tiny_model), "--output-dir", str(out), "--rope-theta", "50000",
                               "--steps", "2", "--eval-lengths", "32", "160", "--yarn-factor", "2",
@@ -273,12 +263,12 @@ def test_streamed_parquet_two_processes(env, tiny_model, tmp_path):
 def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
     """examples/tokenize_corpus.py, then continued pretraining from the shards (one process): the rows
     are addressed by (seed, step), so a resume from the step-1 checkpoint repeats step 2's batch."""
-    tokenize = _import_example("tokenize_corpus")
+    tokenize = import_example("tokenize_corpus")
     files = write_jsonl_corpus(tmp_path, 2)
     index = tokenize.main(["--model", str(tiny_model), "--dataset", *files, "--output", str(tmp_path / "tokens")])
     assert index["dtype"] == "uint16" and index["tokens"] > 10_000
 
-    cpt = _import_example("continued_pretraining")
+    cpt = import_example("continued_pretraining")
     args = ["--model", str(tiny_model), "--dataset", str(tmp_path / "tokens"), "--steps", "2", "--save-every", "1",
             "--lr", "1e-2", *COMMON]
     cpt.main([*args, "--output-dir", str(tmp_path / "a")])
@@ -291,7 +281,7 @@ def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
 def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model, tmp_path, capsys):
     """The error comes after the output folder was made: the run removes the folders it made (still empty),
     never one that was there before, nor what was in it."""
-    cpt = _import_example("continued_pretraining")
+    cpt = import_example("continued_pretraining")
     args = ["--model", str(tiny_model), "--steps", "1", "--resume", str(tmp_path / "kept"), *COMMON]
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")
@@ -359,7 +349,7 @@ def test_bad_input_is_one_line_and_leaves_no_output_folder(env, tiny_model, bad_
         argv = ["--model", str(tiny_model), *argv]
     monkeypatch.chdir(tmp_path)  # ./nope is relative
     with pytest.raises(SystemExit) as exit_info:
-        _import_example(script).main([*argv, "--output-dir", "runs/e1", "--steps", "2", *COMMON, *SCRIPTS[script]])
+        import_example(script).main([*argv, "--output-dir", "runs/e1", "--steps", "2", *COMMON, *SCRIPTS[script]])
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith(expected.format(bad=bad_inputs)), err
@@ -369,7 +359,7 @@ def test_bad_input_is_one_line_and_leaves_no_output_folder(env, tiny_model, bad_
 @pytest.mark.parametrize("script", ["continued_pretraining", "lora_finetune"])
 def test_seq_len_beyond_the_model_positions_is_refused_without_a_rope_change(env, tiny_model, tmp_path, capsys, script):
     with pytest.raises(SystemExit) as exit_info:
-        _import_example(script).main(["--model", str(tiny_model), "--output-dir", str(tmp_path / "out"),
+        import_example(script).main(["--model", str(tiny_model), "--output-dir", str(tmp_path / "out"),
                                       "--steps", "2", *COMMON, "--seq-len", "256"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -391,7 +381,7 @@ def test_missing_model_from_the_command_line_is_one_line(env, tmp_path, script):
 
 
 def test_tokenize_corpus_bad_input_is_one_line_and_leaves_nothing(env, tiny_model, bad_inputs, tmp_path, capsys):
-    tokenize = _import_example("tokenize_corpus")
+    tokenize = import_example("tokenize_corpus")
     for argv, expected in (
         (["--model", str(tiny_model), "--dataset", str(bad_inputs / "empty.txt")],
          f"error: {bad_inputs / 'empty.txt'}: no text to tokenize"),
@@ -420,7 +410,7 @@ def test_a_usage_error_is_one_line_too(env, tmp_path, monkeypatch, capsys, scrip
     """argparse's own errors (a missing or out-of-range option) are one line as in `gated-attention`, not a usage block."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        _import_example(script).main(argv)
+        import_example(script).main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0] and err[0].endswith("--help)"), err

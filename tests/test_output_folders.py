@@ -7,18 +7,16 @@ earlier run for the examples) is refused in one line naming a file it holds, and
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from convert_helpers import make_source
-from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+from convert_helpers import make_gated, make_source
 from gated_attention.cli import main
+from example_helpers import import_example
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +26,7 @@ def llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gated") / "src"
-    config = GatedAttentionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, qk_norm=True,
-                                  max_position_embeddings=64)  # fmt: skip
-    GatedAttentionForCausalLM(config).save_pretrained(folder)
-    return folder
+    return make_gated(tmp_path_factory.mktemp("gated") / "src")
 
 
 def _argv(command: str, llama: Path, gated: Path, dst) -> list[str]:
@@ -125,17 +118,6 @@ def test_analyze_out_is_refused_before_loading(gated, sandbox, capsys, case):
 # ---------------------------------------------------------------- the examples' --output-dir
 
 
-def _example(name: str):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
 @pytest.mark.parametrize("case", ["working folder", "user folder", "a file", "model folder"])
 @pytest.mark.parametrize("script", ["continued_pretraining", "lora_finetune", "long_context"])
 def test_an_examples_output_dir_is_refused_before_loading(gated, sandbox, capsys, script, case):
@@ -152,7 +134,7 @@ def test_an_examples_output_dir_is_refused_before_loading(gated, sandbox, capsys
     extra = ["--rope-theta", "50000"] if script == "long_context" else []
     before = {**_snapshot(sandbox.parent), **_snapshot(gated)}
     with pytest.raises(SystemExit) as exit_info:
-        _example(script).main(["--model", str(gated), "--output-dir", str(out), "--steps", "1", "--seq-len", "16",
+        import_example(script).main(["--model", str(gated), "--output-dir", str(out), "--steps", "1", "--seq-len", "16",
                                *extra])
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -11,7 +11,6 @@ One process, a tiny gated model, one or two steps of 16-token rows.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -22,8 +21,8 @@ import torch
 
 import gated_attention
 from gated_attention.training import data
+from example_helpers import import_example
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MAX_CHARS = 150_000
 COMMON = ["--seq-len", "16", "--batch-size", "2", "--max-chars", str(MAX_CHARS), "--eval-sequences", "2",
           "--log-every", "1", "--no-progress"]
@@ -50,17 +49,6 @@ def tiny_model(tmp_path_factory) -> Path:
         os.environ["GATED_ATTENTION_CACHE"] = old
 
 
-def _example(name: str):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
 def _steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
 
@@ -78,7 +66,7 @@ def _fails(main, argv, capsys) -> str:
 def test_a_diverged_run_saves_no_final_and_exits_non_zero(tiny_model, tmp_path, capsys):
     """--lr 1e30 --steps 2 printed `validation: loss nan`, `saved .../final`, exit 0, every tensor NaN."""
     out = tmp_path / "run"
-    line = _fails(_example("continued_pretraining").main,
+    line = _fails(import_example("continued_pretraining").main,
                   ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "2", "--lr", "1e30",
                    "--gate-lr", "1e30", "--max-grad-norm", "0", *COMMON], capsys)
     assert "step" in line and ("not finite" in line or "loss became" in line), line
@@ -100,7 +88,7 @@ def test_save_final_refuses_non_finite_weights(tiny_model, tmp_path):
 
 
 def test_a_rerun_into_a_finished_run_is_refused_unless_resume_or_overwrite(tiny_model, tmp_path, capsys):
-    cpt = _example("continued_pretraining")
+    cpt = import_example("continued_pretraining")
     out = tmp_path / "run"
     argv = ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "1", *COMMON]
     cpt.main(argv)
@@ -125,7 +113,7 @@ def test_a_rerun_into_a_finished_run_is_refused_unless_resume_or_overwrite(tiny_
 def test_final_appears_only_when_whole(tiny_model, tmp_path, capsys, monkeypatch):
     """A save that dies after the weights (here: in the tokenizer's save) leaves no `final/`; the next run
     with --overwrite writes it whole."""
-    cpt = _example("continued_pretraining")
+    cpt = import_example("continued_pretraining")
     out = tmp_path / "run"
     argv = ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "1", *COMMON]
     seen = []
