@@ -172,14 +172,14 @@ def test_unchanged_tensors_copied_by_the_kernel_equal_the_read_path(tmp_path, mo
     """Tensors that pass through unchanged go file to file (os.copy_file_range); where the OS refuses,
     plain reads take over; the zero gate weights are written from a buffer, never made. All give the same files as
     making and writing every tensor in Python."""
-    from gated_attention.convert import families, writer
+    from gated_attention.convert import plan, writer
 
     src = make_source("llama", tmp_path / "src")
     copied, filled = [], []
     copy_file_range = writer.os.copy_file_range
     monkeypatch.setattr(writer.os, "copy_file_range", lambda *a, **k: copied.append(a[2]) or copy_file_range(*a, **k))
-    full = families._full
-    monkeypatch.setattr(families, "_full", lambda *a: filled.append(a) or full(*a))
+    full = plan._full
+    monkeypatch.setattr(plan, "_full", lambda *a: filled.append(a) or full(*a))
     assert main(["convert", str(src), str(tmp_path / "kernel"), "--no-verify", "--max-shard-size", "40KB"]) == 0
     assert copied  # q/k/v, MLP, norms and embeddings pass through; o_proj (doubled) is made
     assert not filled  # the gate weights (zeros) are never made

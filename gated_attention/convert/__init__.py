@@ -7,8 +7,12 @@
   when it is complete. Standard library only.
 - `sources`: reading a source checkpoint (folder or Hub id) one tensor at a
   time, header checks, the inf/NaN scan.
-- `families`: the source families (`FAMILIES`), reading their configs as
-  transformers would, mapping them onto our configs, and the weight plan.
+- `families`: the source families (`FAMILIES`) and which one a config.json is.
+- `source_config`: a source config.json read as its transformers class (or
+  fla) would read it, without importing that class.
+- `targets`: a source config mapped onto our dense, MoE or hybrid config.
+- `shapes`: the tensor names and shapes a target model expects.
+- `plan`: the weight plan, every output tensor named, shaped and checked.
 - `rope`: the RoPE base change and YaRN, as `rope_parameters`.
 - `writer`: `OutputTensor` and the streamed, sharded safetensors writer;
   copying tokenizer and other side files.

@@ -20,18 +20,11 @@ from .. import __version__, register_auto_classes
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from ..hub.remote_code import write_remote_code_for_config
-from .families import (
-    GATE_BIAS_INIT,
-    GATED_MODEL_TYPES,
-    check_field_types,
-    dense_shapes,
-    detect_family,
-    expected_shapes,
-    load_source_config,
-    plan_weights,
-    source_to_target_name,
-    target_config,
-)
+from .families import GATED_MODEL_TYPES, detect_family
+from .plan import GATE_BIAS_INIT, plan_weights, source_to_target_name
+from .shapes import dense_shapes, expected_shapes
+from .source_config import check_field_types, load_source_config
+from .targets import target_config
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .folders import check_destination, staged_folder

@@ -25,7 +25,7 @@ from .. import __version__, register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logits
-from .families import expected_shapes
+from .shapes import expected_shapes
 from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
 from .folders import check_destination, staged_folder
 from .writer import OutputTensor, copy_side_files, output_size, write_sharded
