@@ -16,10 +16,14 @@
 - `rope`: the RoPE base change and YaRN, as `rope_parameters`.
 - `writer`: `OutputTensor` and the streamed, sharded safetensors writer;
   copying tokenizer and other side files.
-- `convert`: `convert_checkpoint` and `extend_checkpoint`, and the logit
-  comparison that verifies them.
+- `pipeline`: the write sequence all three commands share (resolve, check,
+  plan, check finite, staged write, config, side files, card, verify).
+- `convert`: `convert_checkpoint` and `extend_checkpoint`: how they read SRC
+  and plan their outputs.
 - `export`: `export_checkpoint`, a gated model as transformers' native Qwen3.5
   where every piece maps exactly.
+- `verify`: the logit comparison on a fixed prompt that verifies a result.
+- `card`: the model cards the commands write.
 
 The steps these follow are in docs/architecture.md ("The conversion
 pipeline"). Imports: the package root, `configuration`, `hub` and `compat`;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .source_config import GATED_MODEL_TYPES
 from .sources import ConversionError
 
 
@@ -32,7 +33,6 @@ FAMILIES = (
     Family("Mixtral", ("mixtral",), "moe"),
     Family("fla Gated DeltaNet hybrid", ("gated_deltanet",), "hybrid"),
 )
-GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
 
 
 def supported_list() -> str:

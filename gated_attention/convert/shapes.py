@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from .. import register_auto_classes
 from ..configuration.gate_spec import gate_enabled, gate_score_shape
 from ..configuration.gated_attention import GatedAttentionConfig
 
@@ -57,3 +60,19 @@ def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes
+
+
+def target_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the target model's tensors.
+
+    Dense: worked out from the config (`dense_shapes`), so that `--no-verify` imports no modeling code.
+    MoE and hybrid: from the model built on the meta device (no memory), because their expert
+    layout is whatever the installed transformers' Qwen3-MoE block is.
+    """
+    if config.model_type == "gated_attention":
+        return dense_shapes(config)
+    from transformers import AutoModelForCausalLM
+
+    register_auto_classes()
+    with torch.device("meta"):
+        return expected_shapes(AutoModelForCausalLM.from_config(config))

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import torch
 
+from .. import register_auto_classes
 from .sources import ConversionError, read_config_dict
 
 
@@ -260,3 +262,41 @@ class FlaHybridSource:
         else:
             part = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}[part]
         return f"model.layers.{layer}.{part}.{rest}"
+
+
+# --- gated configs (`extend` and `export` read SRC with its own class) ----------------------------------
+
+GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
+
+
+def _declared_types(config_class) -> dict:
+    """Field -> type, as `config_class` and its bases up to transformers' PreTrainedConfig annotate them."""
+    import inspect
+
+    from transformers import PreTrainedConfig
+
+    types = {}
+    for klass in reversed(config_class.__mro__[: config_class.__mro__.index(PreTrainedConfig)]):
+        types.update(inspect.get_annotations(klass, eval_str=True))  # our modules annotate with strings
+    return types
+
+
+def check_config_types(folder: Path) -> None:
+    """Name a field of SRC's gated config.json whose value is not of the type its config class declares."""
+    from transformers import AutoConfig
+
+    raw = read_config_dict(folder)
+    if raw.get("model_type") in GATED_MODEL_TYPES:
+        register_auto_classes()
+        check_field_types(raw, _declared_types(type(AutoConfig.for_model(raw["model_type"]))))
+
+
+def load_gated_config(folder: Path):
+    """SRC's gated config (`config.json` read by its class), with a field of the wrong type named."""
+    from transformers import AutoConfig
+
+    check_config_types(folder)
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:
+        raise ConversionError(f"SRC config.json does not describe a valid gated model: {e}") from None
