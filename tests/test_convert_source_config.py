@@ -12,8 +12,8 @@ import pytest
 from transformers import AutoConfig
 
 from gated_attention.convert.convert import conversion_gate_spec
-from gated_attention.convert.families import detect_family
-from gated_attention.convert.source_config import SOURCE_DEFAULTS, SourceConfig
+from gated_attention.convert.families import SOURCE_DEFAULTS, detect_family
+from gated_attention.convert.source_config import SourceConfig
 from gated_attention.convert.targets import target_config
 from gated_attention.convert.sources import ConversionError
 
@@ -139,7 +139,8 @@ def test_fla_types_are_the_annotations_of_flas_config():
     import typing
 
     fla_config = pytest.importorskip("fla.models.gated_deltanet.configuration_gated_deltanet").GatedDeltaNetConfig
-    from gated_attention.convert.source_config import FLA_GDN_DEFAULTS, FLA_GDN_TYPES
+    from gated_attention.convert.families import FLA_GDN_DEFAULTS
+    from gated_attention.convert.source_config import FLA_GDN_TYPES
 
     parameters = inspect.signature(fla_config.__init__).parameters
     assert set(FLA_GDN_TYPES) == set(FLA_GDN_DEFAULTS)

@@ -7,12 +7,15 @@
   when it is complete. Standard library only.
 - `sources`: reading a source checkpoint (folder or Hub id) one tensor at a
   time, header checks, the inf/NaN scan.
-- `families`: the source families (`FAMILIES`) and which one a config.json is.
-- `source_config`: a source config.json read as its transformers class (or
-  fla) would read it, without importing that class.
+- `families`: the source families (`FAMILIES`), one declarative record each
+  (defaults, aliases, derived fields, target fields, weight rules), and which
+  one a config.json is. A new family is a new record and its test.
+- `source_config`: a source config.json read as its record says its
+  transformers class (or fla) reads it, without importing that class.
 - `targets`: a source config mapped onto our dense, MoE or hybrid config.
 - `shapes`: the tensor names and shapes a target model expects.
-- `plan`: the weight plan, every output tensor named, shaped and checked.
+- `plan`: the weight rules (`Rename`, `Split`, `FuseExperts`, ...) and the
+  weight plan, every output tensor named, shaped and checked.
 - `rope`: the RoPE base change and YaRN, as `rope_parameters`.
 - `writer`: `OutputTensor` and the streamed, sharded safetensors writer;
   copying tokenizer and other side files.

@@ -17,12 +17,12 @@ import torch
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
-from .families import detect_family
+from .families import GATED_MODEL_TYPES, GATED_RULES, detect_family
 from .pipeline import Result, Work, run
-from .plan import plan_weights, source_to_target_name
+from .plan import plan_weights, renamer
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .shapes import target_shapes
-from .source_config import GATED_MODEL_TYPES, load_gated_config, load_source_config
+from .source_config import load_gated_config, load_source_config
 from .sources import ConversionError, SourceCheckpoint, read_config_dict
 from .targets import target_config
 from .verify import VERIFY_ATTENTION, verify_against_source, verify_against_ungated
@@ -100,13 +100,14 @@ def convert_checkpoint(
         config = target_config(src_config, family, gate_spec)
         rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
-        rename = src_config.target_name if family.kind == "hybrid" else source_to_target_name
-        outputs = plan_weights(ckpt, target_shapes(config), config, init=init, dtype=requested, rename=rename)
+        outputs = plan_weights(ckpt, target_shapes(config), config, init=init, dtype=requested, rules=family.rules,
+                               source=src_config)  # fmt: skip
         dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
         exact = init == "exact"
         if not verify:
             check = None
         elif family.kind == "hybrid":
+            rename = renamer(family.rules, src_config)
             check = partial(verify_against_ungated, ckpt, config=config, rename=rename, dtype=requested, exact=exact, log=log)
         else:
             overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
@@ -158,7 +159,7 @@ def extend_checkpoint(
         config.auto_map = {}  # rewritten from the installed package below
         rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
-        outputs = plan_weights(ckpt, target_shapes(config), config, init="copy", dtype=requested)
+        outputs = plan_weights(ckpt, target_shapes(config), config, init="copy", dtype=requested, rules=GATED_RULES)
         dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
         overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
         check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides, exact=True, log=log)

@@ -1,15 +1,39 @@
-"""The source families the converter takes, and which one a config.json is.
+"""The source families, one record each: what a family's config.json means and how its weights map onto ours.
 
-What each family reads, maps and plans is in `source_config`, `targets` and
-`plan`; this module names them and tells them apart.
+A record (`Family`) is data, as mergekit keeps an architecture and as
+transformers' `conversion_mapping.py` declares renames and fusions:
+
+- `defaults`: the transformers class's defaults, for the keys config.json
+  leaves out (transformers saves only what differs from them);
+- `aliases`: keys the class reads under another name (its `attribute_map`);
+- `derived`: the fields the class works out in `__post_init__`;
+- `default_theta`, `rope`: how the class standardises its RoPE fields;
+- `target`: our config's fields that are fixed for the family, or read from
+  another source field (`From`);
+- `unsupported`: what our model cannot express exactly, refused in one line;
+- `rules`: the weight renames, fusions and splits (`plan.Rename`, ...).
+
+Adding a family is adding a record here and its test. The code that reads a
+record is in `source_config` (config.json), `targets` (our config) and `plan`
+(the weights).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from .source_config import GATED_MODEL_TYPES
+from .plan import FuseExperts, Rename, RenameByLayerType
 from .sources import ConversionError
+
+GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
+
+
+@dataclass(frozen=True)
+class From:
+    """A target field read from this source field (Mixtral's `num_local_experts` is our `num_experts`)."""
+
+    field: str
 
 
 @dataclass(frozen=True)
@@ -18,21 +42,158 @@ class Family:
 
     name: str  # shown to users
     model_types: tuple[str, ...]
-    kind: str  # "dense", "moe" or "hybrid"
+    kind: str  # "dense", "moe" or "hybrid": which of our configs it maps onto
+    defaults: dict = field(default_factory=dict)
+    aliases: dict = field(default_factory=dict)
+    derived: tuple[Callable, ...] = ()  # each sets fields on the read config, in order
+    default_theta: float = 1e4
+    rope: Callable | None = None  # the class's own `convert_rope_params_to_dict`, where it overrides the mixin's
+    target: dict = field(default_factory=dict)
+    unsupported: tuple[Callable, ...] = ()  # each: source config -> the reason it cannot convert exactly, or None
+    rules: tuple = ()
 
     def __str__(self) -> str:
         return self.name
 
 
+# --- derived fields (the classes' __post_init__) ------------------------------------------------------
+
+
+def _window_only_if_used(c) -> None:
+    """Qwen: a window size is kept in config.json even with use_sliding_window=false; it then means nothing."""
+    if not c.use_sliding_window:
+        c.sliding_window = None
+
+
+def _window_from_max_window_layers(c) -> None:
+    """Qwen2/3: layers from `max_window_layers` on are windowed, unless `layer_types` says otherwise."""
+    if c.layer_types is None:
+        c.layer_types = [
+            "sliding_attention" if c.sliding_window is not None and i >= c.max_window_layers else "full_attention"
+            for i in range(c.num_hidden_layers)
+        ]
+
+
+def _no_mlp_only_layers(c) -> None:
+    if c.mlp_only_layers is None:
+        c.mlp_only_layers = []
+
+
+# --- the records --------------------------------------------------------------------------------------
+
+_LLAMA_LIKE = dict(
+    hidden_act="silu", initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True, tie_word_embeddings=False,
+    attention_dropout=0.0, head_dim=None, pad_token_id=None,
+)  # fmt: skip
+_QWEN = dict(
+    _LLAMA_LIKE, vocab_size=151936, max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096,
+    bos_token_id=None, eos_token_id=None,
+)  # fmt: skip
+# Per-expert tensors (the layout transformers 5 still saves for Qwen3-MoE and Mixtral) fused into our MoE's.
+_MOE = dict(
+    num_experts_per_tok=From("num_experts_per_tok"), output_router_logits=From("output_router_logits"),
+    router_aux_loss_coef=From("router_aux_loss_coef"),
+)  # fmt: skip
+
 FAMILIES = (
-    Family("Llama", ("llama",), "dense"),
-    Family("Mistral", ("mistral",), "dense"),
-    Family("Qwen2/Qwen2.5", ("qwen2",), "dense"),
-    Family("Qwen3", ("qwen3",), "dense"),
-    Family("Qwen3-MoE", ("qwen3_moe",), "moe"),
-    Family("Mixtral", ("mixtral",), "moe"),
-    Family("fla Gated DeltaNet hybrid", ("gated_deltanet",), "hybrid"),
-)
+    Family(
+        "Llama", ("llama",), "dense",
+        defaults=dict(
+            _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=None, max_position_embeddings=2048, bos_token_id=1,
+            eos_token_id=2, attention_bias=False, mlp_bias=False,
+        ),
+    ),
+    Family(
+        "Mistral", ("mistral",), "dense",
+        defaults=dict(
+            _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, bos_token_id=1,
+            eos_token_id=2, sliding_window=4096,
+        ),
+    ),
+    Family(
+        "Qwen2/Qwen2.5", ("qwen2",), "dense",
+        defaults=dict(
+            _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=32, max_window_layers=28, layer_types=None,
+        ),
+        derived=(_window_only_if_used, _window_from_max_window_layers),
+        target=dict(qkv_bias=True),  # bias on q/k/v, none on o_proj
+    ),
+    Family(
+        "Qwen3", ("qwen3",), "dense",
+        defaults=dict(
+            _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=32, head_dim=128, attention_bias=False, max_window_layers=28, layer_types=None,
+        ),
+        derived=(_window_only_if_used, _window_from_max_window_layers),
+        target=dict(qk_norm=True),
+    ),
+    Family(
+        "Qwen3-MoE", ("qwen3_moe",), "moe",
+        defaults=dict(
+            _QWEN, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=32,
+            num_key_value_heads=4, attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=768,
+            num_experts_per_tok=8, num_experts=128, norm_topk_prob=False, output_router_logits=False,
+            router_aux_loss_coef=0.001, mlp_only_layers=None,
+        ),
+        aliases={"num_local_experts": "num_experts"},
+        derived=(_window_only_if_used, _no_mlp_only_layers),
+        target=dict(
+            _MOE, qk_norm=True, num_experts=From("num_experts"), moe_intermediate_size=From("moe_intermediate_size"),
+            norm_topk_prob=From("norm_topk_prob"), decoder_sparse_step=From("decoder_sparse_step"),
+            mlp_only_layers=From("mlp_only_layers"),
+        ),
+        rules=(FuseExperts(),),
+    ),
+    Family(
+        "Mixtral", ("mixtral",), "moe",
+        defaults=dict(
+            _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, rms_norm_eps=1e-5,
+            bos_token_id=1, eos_token_id=2, sliding_window=None, num_experts_per_tok=2, num_local_experts=8,
+            output_router_logits=False, router_aux_loss_coef=0.001,
+        ),
+        aliases={"num_experts": "num_local_experts"},
+        default_theta=1e6,
+        # Every layer sparse, experts as wide as intermediate_size, top-k weights renormalised.
+        target=dict(
+            _MOE, num_experts=From("num_local_experts"), moe_intermediate_size=From("intermediate_size"),
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_scores_fp32=True,
+        ),
+        rules=(
+            Rename(r"\.block_sparse_moe\.experts\.(\d+)\.w1\.weight$", r".mlp.experts.\1.gate_proj.weight"),
+            Rename(r"\.block_sparse_moe\.experts\.(\d+)\.w3\.weight$", r".mlp.experts.\1.up_proj.weight"),
+            Rename(r"\.block_sparse_moe\.experts\.(\d+)\.w2\.weight$", r".mlp.experts.\1.down_proj.weight"),
+            Rename(r"\.block_sparse_moe\.gate\.", ".mlp.gate."),
+            FuseExperts(),
+        ),
+    ),
+    Family(
+        # fla's `gated_deltanet` with an `attn` layer list (M-A-P's hybrids); read by `source_config.FlaHybridSource`.
+        "fla Gated DeltaNet hybrid", ("gated_deltanet",), "hybrid",
+        defaults=dict(  # fla's GatedDeltaNetConfig
+            hidden_size=2048, expand_v=2.0, use_gate=True, use_short_conv=True, allow_neg_eigval=False, conv_size=4,
+            head_dim=256, num_heads=6, num_v_heads=None, max_position_embeddings=2048, hidden_ratio=4,
+            intermediate_size=None, hidden_act="swish", num_hidden_layers=21, norm_eps=1e-6, attn=None, use_cache=True,
+            pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.02,
+            vocab_size=32000, attnres_block_size=None, output_gate_activation="swish",
+        ),
+        rules=(
+            Rename(r"^model\.embeddings\.weight$", "model.embed_tokens.weight"),
+            Rename(r"^(model\.layers\.\d+)\.attn_norm\.", r"\1.input_layernorm."),
+            Rename(r"^(model\.layers\.\d+)\.mlp_norm\.", r"\1.post_attention_layernorm."),
+            RenameByLayerType("attn", attention="self_attn", linear="linear_attn"),
+        ),
+    ),
+)  # fmt: skip
+
+# The defaults by model type (tests/test_convert_source_config.py checks them against transformers' classes).
+SOURCE_DEFAULTS = {t: f.defaults for f in FAMILIES if f.kind != "hybrid" for t in f.model_types}
+FLA_GDN_DEFAULTS = next(f.defaults for f in FAMILIES if f.kind == "hybrid")
+# Our own MoE checkpoints: transformers saves their experts per expert too.
+GATED_RULES = (FuseExperts(),)
 
 
 def supported_list() -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -29,24 +30,74 @@ GATE_BIAS_INIT = 10.0  # --init bias: sigmoid(10) = 0.9999546
 # Buffers some older checkpoints carry that no model loads.
 IGNORED_SOURCE_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|\.attn\.masked_bias$|\.attn\.bias$")
 
-_MIXTRAL_EXPERT = re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
-_MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-# Per-expert tensors (the layout transformers 5 still saves for Qwen3-MoE and Mixtral) fused into
-# our Qwen3-MoE in-memory layout: gate_up_proj [E, 2I, H] (expert e = gate_e rows then up_e rows)
-# and down_proj [E, H, I].
+# --- rules: renames, fusions and splits, declared per family (`families.FAMILIES`) -----------------------
+
+
+@dataclass(frozen=True)
+class Rename:
+    """A source tensor under another name: `re.sub(pattern, replacement, name)` (transformers' `WeightRenaming`)."""
+
+    pattern: str
+    replacement: str
+
+    def target(self, name: str, source) -> str:
+        return re.sub(self.pattern, self.replacement, name)
+
+
+@dataclass(frozen=True)
+class RenameByLayerType:
+    """`model.layers.N.<part>.` -> `<attention>` where the source's layer N is an attention layer, else `<linear>`
+    (an fla hybrid keeps both kinds of mixer under `attn`; `source.attention_layers` says which is which)."""
+
+    part: str
+    attention: str
+    linear: str
+
+    def target(self, name: str, source) -> str:
+        m = re.match(rf"^model\.layers\.(\d+)\.{re.escape(self.part)}\.", name)
+        if not m:
+            return name
+        mixer = self.attention if int(m[1]) in source.attention_layers else self.linear
+        return f"model.layers.{m[1]}.{mixer}." + name[m.end() :]
+
+
+@dataclass(frozen=True)
+class Split:
+    """One fused source tensor cut along dim 0 into consecutive target tensors, in row order (transformers'
+    `Chunk`). Names are suffixes of the tensor name; each part's rows are the target model's shape for it,
+    so the split needs no config field of its own."""
+
+    source: str  # e.g. "self_attn.qkv_proj.weight"
+    targets: tuple[str, ...]  # e.g. q_proj, k_proj, v_proj weights
+
+
+@dataclass(frozen=True)
+class FuseExperts:
+    """Per-expert tensors (the layout transformers 5 still saves for Qwen3-MoE and Mixtral) fused into our
+    MoE's in-memory layout: gate_up_proj [E, 2I, H] (expert e = gate_e rows then up_e rows), down_proj [E, H, I]."""
+
+
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
-def source_to_target_name(name: str) -> str:
-    """Mixtral's saved names -> Qwen3-MoE names; everything else is already a target name."""
-    m = _MIXTRAL_EXPERT.search(name)
-    if m:
-        return name[: m.start()] + f".mlp.experts.{m.group(1)}.{_MIXTRAL_NAMES[m.group(2)]}.weight"
-    return name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
+def renamer(rules, source=None):
+    """Source name -> target name, the rules' renames applied in order."""
+    renames = [r for r in rules if hasattr(r, "target")]
+
+    def rename(name: str) -> str:
+        for rule in renames:
+            name = rule.target(name, source)
+        return name
+
+    return rename
 
 
-def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    source = t = ckpt.read(name)
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0, rows: slice | None = None) -> torch.Tensor:
+    """Source tensor `name` (its `rows` only, for a `Split`) in `dtype`, times `scale`."""
+    source = t = ckpt.read(name) if rows is None else ckpt.read(name)[rows]
     if t.dtype != dtype:
         t = t.to(dtype)
     if scale != 1.0:
@@ -56,6 +107,7 @@ def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 
     if t is not source and (i := first_non_finite(t)) is not None:  # SRC is finite (checked): this made the inf
         value = source.reshape(-1)[i].item()
         where = [int(k) for k in np.unravel_index(i, source.shape)]
+        where[0] += rows.start if rows is not None else 0
         cause = (
             f"{str(dtype).removeprefix('torch.')} cannot hold it (--dtype)"
             if not torch.isfinite(source.reshape(-1)[i : i + 1].to(dtype)).all()
@@ -108,6 +160,25 @@ def _fused_experts(ckpt: SourceCheckpoint, grouped: dict, dtype, expected) -> li
     return outputs
 
 
+def _split(ckpt: SourceCheckpoint, src_name: str, name: str, split: Split, expected, dtype, model_type) -> list[OutputTensor]:
+    """The parts of a fused tensor, as many rows each as the target model has for it."""
+    info = ckpt.tensors[src_name]
+    stem = name.removesuffix(split.source)
+    targets = [stem + t for t in split.targets]
+    for target in targets:
+        if target not in expected:
+            raise ConversionError(f"SRC has tensor {src_name}, whose part {target} a {model_type} model with this config does not have")
+    shapes = [expected[t] for t in targets]
+    _check_shape(src_name, tuple(info.shape), (sum(s[0] for s in shapes), *shapes[0][1:]))
+    out_dtype = _out_dtype(info.dtype, dtype)
+    outputs, start = [], 0
+    for target, shape in zip(targets, shapes):
+        rows = slice(start, start + shape[0])
+        outputs.append(OutputTensor(target, shape, out_dtype, partial(_read, ckpt, src_name, out_dtype, 1.0, rows), [src_name]))
+        start = rows.stop
+    return outputs
+
+
 def plan_weights(
     ckpt: SourceCheckpoint,
     expected: dict[str, tuple[int, ...]],
@@ -115,15 +186,21 @@ def plan_weights(
     *,
     init: str,
     dtype: torch.dtype | None,
-    rename=source_to_target_name,
+    rules=(),
+    source=None,
 ) -> list[OutputTensor]:
     """Output tensors of a conversion (`init` "exact" or "bias") or a copy (`init` "copy"), in source order.
 
     `expected` is the target model's `expected_shapes` (or `dense_shapes`) for
     `config`: which tensors must exist and their shapes, so every name and
-    shape is checked before anything is written. Gate tensors follow their
-    layer's `o_proj`, so they land in the same shard as the rest of the layer.
+    shape is checked before anything is written. `rules` are the family's
+    renames, splits and fusions (`source`, its source config, is what a rule
+    may read). Gate tensors follow their layer's `o_proj`, so they land in the
+    same shard as the rest of the layer.
     """
+    rename = renamer(rules, source)
+    splits = [r for r in rules if isinstance(r, Split)]
+    fuse = any(isinstance(r, FuseExperts) for r in rules)
     tied = getattr(config, "tie_word_embeddings", False)
     renamed = {src_name: rename(src_name) for src_name in ckpt.tensors}
     present = set(renamed.values())
@@ -133,7 +210,11 @@ def plan_weights(
         if IGNORED_SOURCE_TENSORS.search(src_name) or (tied and src_name == "lm_head.weight"):
             continue  # with tied embeddings the model uses embed_tokens for lm_head, as the source does
         name = renamed[src_name]
-        m = _PER_EXPERT.match(name)
+        split = next((r for r in splits if name.endswith("." + r.source)), None)
+        if split is not None:
+            outputs.extend(_split(ckpt, src_name, name, split, expected, dtype, config.model_type))
+            continue
+        m = _PER_EXPERT.match(name) if fuse else None
         if m:
             layer = experts.setdefault(m["prefix"], {})
             if not layer:  # the fused tensors go where the layer's first expert was

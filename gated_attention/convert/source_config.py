@@ -8,12 +8,12 @@ aliases, derived fields and standardised RoPE; `FlaHybridSource` an fla
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 import torch
 
 from .. import register_auto_classes
+from .families import FLA_GDN_DEFAULTS, GATED_MODEL_TYPES, Family, detect_family
 from .sources import ConversionError, read_config_dict
 
 
@@ -21,57 +21,15 @@ from .sources import ConversionError, read_config_dict
 #
 # Importing a family's config class (LlamaConfig, ...) pulls in transformers' model-loading stack:
 # 1.5 s of a 2-core machine's time, as much as everything else `convert --no-verify` imports. The
-# mapping reads a dozen fields, so config.json is read as the dict it is, with the defaults of the
-# family's transformers class for the keys it leaves out (transformers saves only what differs from
-# them), the class's own derived fields, and RoPE standardised by transformers' own mixin.
+# mapping reads a dozen fields, so config.json is read as the dict it is, with what the family's record
+# (`families.FAMILIES`) says of its transformers class: its defaults for the keys config.json leaves out
+# (transformers saves only what differs from them), its aliases and derived fields, and RoPE
+# standardised by transformers' own mixin.
 # tests/test_convert_source_config.py checks every family against the installed transformers' classes,
 # on the newest release and on the floor (tests/floor.sh).
 
-_LLAMA_LIKE = dict(
-    hidden_act="silu", initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True, tie_word_embeddings=False,
-    attention_dropout=0.0, head_dim=None, pad_token_id=None,
-)  # fmt: skip
-_QWEN = dict(
-    _LLAMA_LIKE, vocab_size=151936, max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096,
-    bos_token_id=None, eos_token_id=None,
-)  # fmt: skip
-SOURCE_DEFAULTS: dict[str, dict] = {
-    "llama": dict(
-        _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=None, max_position_embeddings=2048, bos_token_id=1,
-        eos_token_id=2, attention_bias=False, mlp_bias=False,
-    ),
-    "mistral": dict(
-        _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, bos_token_id=1,
-        eos_token_id=2, sliding_window=4096,
-    ),
-    "qwen2": dict(
-        _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, max_window_layers=28, layer_types=None,
-    ),
-    "qwen3": dict(
-        _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, head_dim=128, attention_bias=False, max_window_layers=28, layer_types=None,
-    ),
-    "qwen3_moe": dict(
-        _QWEN, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=32,
-        num_key_value_heads=4, attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=768,
-        num_experts_per_tok=8, num_experts=128, norm_topk_prob=False, output_router_logits=False,
-        router_aux_loss_coef=0.001, mlp_only_layers=None,
-    ),
-    "mixtral": dict(
-        _LLAMA_LIKE, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, rms_norm_eps=1e-5,
-        bos_token_id=1, eos_token_id=2, sliding_window=None, num_experts_per_tok=2, num_local_experts=8,
-        output_router_logits=False, router_aux_loss_coef=0.001,
-    ),
-}  # fmt: skip
-# Keys transformers' classes read under another name (their `attribute_map`).
-SOURCE_ALIASES = {"qwen3_moe": {"num_local_experts": "num_experts"}, "mixtral": {"num_experts": "num_local_experts"}}
-SOURCE_DEFAULT_THETA = {"mixtral": 1e6}  # the class's `default_theta`; 10000 for the others
 _ROPE_KWARGS = ("rope_scaling", "rope_theta", "partial_rotary_factor")  # legacy keys, not fields of the classes
-# The types the families' transformers classes declare for the fields above. The classes are strict
+# The types the families' transformers classes declare for their records' defaults. The classes are strict
 # dataclasses (huggingface_hub's `@strict`) and refuse a config.json with anything else, so checking the
 # same types with the same validator refuses nothing transformers loads; where families differ, the wider
 # type is here (None allowed). tests/test_convert_source_config.py checks them against the classes.
@@ -117,37 +75,31 @@ def _torch_dtype(raw: dict) -> torch.dtype | None:
 class SourceConfig:
     """A Llama-family or MoE config.json as the family's transformers class reads it: attributes are
     the file's keys over the class's defaults, plus the fields the class derives in `__post_init__`
-    (head_dim, key/value heads, Qwen's sliding window and layer_types) and `rope_parameters`
-    standardised from legacy `rope_scaling` / `rope_theta` by transformers' RotaryEmbeddingConfigMixin."""
+    (head_dim, key/value heads, and the record's `derived`) and `rope_parameters` standardised from
+    legacy `rope_scaling` / `rope_theta` by transformers' RotaryEmbeddingConfigMixin."""
 
-    def __init__(self, raw: dict):
+    def __init__(self, raw: dict, family: Family | None = None):
         check_field_types(raw, SOURCE_TYPES)
+        family = family or detect_family(raw)
         raw = copy.deepcopy(raw)  # the RoPE mixin edits rope_parameters in place
-        self.model_type = model_type = raw["model_type"]
-        for alias, name in SOURCE_ALIASES.get(model_type, {}).items():
+        self.model_type = raw["model_type"]
+        for alias, name in family.aliases.items():
             if alias in raw:
                 raw.setdefault(name, raw.pop(alias))
         rope_kwargs = {k: raw.pop(k) for k in _ROPE_KWARGS if k in raw}
-        self.__dict__.update({**SOURCE_DEFAULTS[model_type], **raw})
+        self.__dict__.update({**family.defaults, **raw})
         self.dtype = _torch_dtype(raw)
 
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if model_type in ("qwen2", "qwen3", "qwen3_moe") and not self.use_sliding_window:
-            self.sliding_window = None
-        if model_type in ("qwen2", "qwen3") and self.layer_types is None:
-            self.layer_types = [
-                "sliding_attention" if self.sliding_window is not None and i >= self.max_window_layers else "full_attention"
-                for i in range(self.num_hidden_layers)
-            ]
-        if model_type == "qwen3_moe" and self.mlp_only_layers is None:
-            self.mlp_only_layers = []
-        self.rope_parameters = _standardised_rope(self, SOURCE_DEFAULT_THETA.get(model_type, 1e4), rope_kwargs)
+        for derive in family.derived:
+            derive(self)
+        self.rope_parameters = _standardised_rope(self, family, rope_kwargs)
 
 
-def _standardised_rope(config: SourceConfig, default_theta: float, rope_kwargs: dict) -> dict:
+def _standardised_rope(config: SourceConfig, family: Family, rope_kwargs: dict) -> dict:
     """`rope_parameters` as the family's class makes it: transformers' RoPE mixin run on the config's fields."""
     from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 
@@ -155,9 +107,12 @@ def _standardised_rope(config: SourceConfig, default_theta: float, rope_kwargs: 
         pass
 
     fields = Fields()
-    fields.default_theta = default_theta
+    fields.default_theta = family.default_theta
     fields.__dict__.update({"rope_parameters": None, **vars(config)})
-    fields.convert_rope_params_to_dict(**rope_kwargs)
+    if family.rope is not None:
+        family.rope(fields, rope_kwargs)
+    else:
+        fields.convert_rope_params_to_dict(**rope_kwargs)
     return fields.rope_parameters
 
 
@@ -169,7 +124,7 @@ def load_source_config(folder, family):
     if family.kind == "hybrid":
         return FlaHybridSource.from_folder(folder)
     try:
-        return SourceConfig(read_config_dict(folder))
+        return SourceConfig(read_config_dict(folder), family)
     except ConversionError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
@@ -177,16 +132,6 @@ def load_source_config(folder, family):
 
 
 # --- fla Gated DeltaNet hybrids (fla's `gated_deltanet` with an `attn` layer list; M-A-P's hybrids) -----
-
-# fla's GatedDeltaNetConfig defaults, for keys a config.json leaves out.
-FLA_GDN_DEFAULTS = dict(
-    hidden_size=2048, expand_v=2.0, use_gate=True, use_short_conv=True, allow_neg_eigval=False, conv_size=4,
-    head_dim=256, num_heads=6, num_v_heads=None, max_position_embeddings=2048, hidden_ratio=4,
-    intermediate_size=None, hidden_act="swish", num_hidden_layers=21, norm_eps=1e-6, attn=None, use_cache=True,
-    pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.02,
-    vocab_size=32000, attnres_block_size=None, output_gate_activation="swish",
-)  # fmt: skip
-
 
 # The types of fla's GatedDeltaNetConfig arguments (its signature's annotations; tests/test_convert_source_config.py
 # checks them where fla is installed). fla does not enforce them, so a float may also be written as an int.
@@ -249,24 +194,8 @@ class FlaHybridSource:
         size = int(r["hidden_size"] * (r["hidden_ratio"] or 4) * 2 / 3)
         return 256 * ((size + 255) // 256)
 
-    def target_name(self, name: str) -> str:
-        """fla parameter name -> ours: embeddings, block norms, and `attn` by layer type."""
-        if name == "model.embeddings.weight":
-            return "model.embed_tokens.weight"
-        m = re.match(r"^model\.layers\.(\d+)\.(attn_norm|mlp_norm|attn)\.(.*)$", name)
-        if not m:
-            return name
-        layer, part, rest = int(m[1]), m[2], m[3]
-        if part == "attn":
-            part = "self_attn" if layer in self.attention_layers else "linear_attn"
-        else:
-            part = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}[part]
-        return f"model.layers.{layer}.{part}.{rest}"
-
 
 # --- gated configs (`extend` and `export` read SRC with its own class) ----------------------------------
-
-GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
 
 
 def _declared_types(config_class) -> dict:

@@ -1,10 +1,15 @@
-"""Source configs mapped onto our configs: dense, MoE or hybrid, with the gate a conversion adds."""
+"""Source configs mapped onto our configs: dense, MoE or hybrid, with the gate a conversion adds.
+
+The fields every Llama-like family shares are read here by their Llama
+names; what is fixed for a family, or read from another field, is its
+record's `target` (`families.Family`)."""
 
 from __future__ import annotations
 
 from ..configuration.gated_attention import GatedAttentionConfig
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
+from .families import Family, From
 from .source_config import FlaHybridSource
 from .sources import ConversionError
 
@@ -18,7 +23,6 @@ def _dtype_name(dtype) -> str | None:
 def _attention_kwargs(src, gate_spec: dict) -> dict:
     """The dense fields every family shares (Llama names), from a transformers config."""
     head_dim = getattr(src, "head_dim", None) or src.hidden_size // src.num_attention_heads
-    model_type = src.model_type
     sliding_window = getattr(src, "sliding_window", None)
     layer_types = getattr(src, "layer_types", None)
     if layer_types is not None:
@@ -41,10 +45,10 @@ def _attention_kwargs(src, gate_spec: dict) -> dict:
         tie_word_embeddings=bool(getattr(src, "tie_word_embeddings", False)),
         rope_parameters=dict(src.rope_parameters),
         attention_bias=bool(getattr(src, "attention_bias", False)),
-        qkv_bias=model_type == "qwen2",  # Qwen2: bias on q/k/v, none on o_proj
+        qkv_bias=False,
         attention_dropout=getattr(src, "attention_dropout", 0.0),
         mlp_bias=bool(getattr(src, "mlp_bias", False)),
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qk_norm=False,
         sliding_window=sliding_window,
         layer_types=layer_types,
         attn_gate=gate_spec,
@@ -55,46 +59,31 @@ def _attention_kwargs(src, gate_spec: dict) -> dict:
     )
 
 
-def dense_config(src, gate_spec: dict) -> GatedAttentionConfig:
-    """The GatedAttentionConfig with a Llama / Mistral / Qwen2 / Qwen3 source's fields and the given gate."""
-    config = GatedAttentionConfig(**_attention_kwargs(src, gate_spec))
+def _record_fields(src, family: Family) -> dict:
+    """The record's `target`: fixed values, and `From` fields read from the source (lists copied)."""
+    fields = {}
+    for name, value in family.target.items():
+        if isinstance(value, From):
+            value = getattr(src, value.field)
+        fields[name] = list(value) if isinstance(value, (list, tuple)) else value
+    return fields
+
+
+def dense_config(src, family: Family, gate_spec: dict) -> GatedAttentionConfig:
+    """The GatedAttentionConfig with a dense source's fields and the given gate."""
+    config = GatedAttentionConfig(**{**_attention_kwargs(src, gate_spec), **_record_fields(src, family)})
     config.dtype = _dtype_name(getattr(src, "dtype", None))
     return config
 
 
-def moe_config(src, gate_spec: dict):
-    """The GatedAttentionMoeConfig of a Qwen3-MoE or Mixtral source."""
-    kwargs = _attention_kwargs(src, gate_spec)
-    if src.model_type == "mixtral":
-        # Mixtral: every layer sparse, experts as wide as intermediate_size, top-k weights renormalised.
-        moe = dict(
-            num_experts=src.num_local_experts,
-            num_experts_per_tok=src.num_experts_per_tok,
-            moe_intermediate_size=src.intermediate_size,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            router_scores_fp32=True,
-        )
-    else:
-        moe = dict(
-            num_experts=src.num_experts,
-            num_experts_per_tok=src.num_experts_per_tok,
-            moe_intermediate_size=src.moe_intermediate_size,
-            norm_topk_prob=src.norm_topk_prob,
-            decoder_sparse_step=src.decoder_sparse_step,
-            mlp_only_layers=list(src.mlp_only_layers or []),
-        )
-    moe.update(
-        output_router_logits=getattr(src, "output_router_logits", False),
-        router_aux_loss_coef=getattr(src, "router_aux_loss_coef", 0.001),
-    )
-    config = GatedAttentionMoeConfig(**kwargs, **moe)
+def moe_config(src, family: Family, gate_spec: dict):
+    """The GatedAttentionMoeConfig of an MoE source (Qwen3-MoE, Mixtral): the expert fields are the record's."""
+    config = GatedAttentionMoeConfig(**{**_attention_kwargs(src, gate_spec), **_record_fields(src, family)})
     config.dtype = _dtype_name(getattr(src, "dtype", None))
     return config
 
 
-def hybrid_config(src: FlaHybridSource, gate_spec: dict):
+def hybrid_config(src: FlaHybridSource, family: Family, gate_spec: dict):
     if (reason := src.unsupported()) is not None:
         raise ConversionError(f"SRC's fla Gated DeltaNet config is not supported: {reason}")
     r, attn = src.raw, src.attn
@@ -138,10 +127,14 @@ def hybrid_config(src: FlaHybridSource, gate_spec: dict):
     return config
 
 
-def target_config(src, family, gate_spec: dict):
+def target_config(src, family: Family, gate_spec: dict):
+    """Our config for `src` (a `SourceConfig`, a transformers config, or an `FlaHybridSource`)."""
+    for check in family.unsupported:
+        if (reason := check(src)) is not None:
+            raise ConversionError(f"SRC's {family} config is not supported: {reason}")
     build = {"dense": dense_config, "moe": moe_config, "hybrid": hybrid_config}[family.kind]
     try:
-        return build(src, gate_spec)
+        return build(src, family, gate_spec)
     except ConversionError:
         raise
     except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:  # a config.json no model can have
