@@ -54,6 +54,13 @@ CASES = {
     "mixtral-small": dict(SMALL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, rope_theta=1e4,
                           output_router_logits=True),
     "mixtral-num-experts-key": dict(SMALL, model_type="mixtral", num_experts=3, sliding_window=32),
+    "phi3-window-rope-theta": dict(SMALL, model_type="phi3", sliding_window=16, rope_theta=1e6, pad_token_id=0),
+    # Legacy "su" rope_scaling, Phi-3's longrope.
+    "phi3-legacy-su-rope": dict(
+        SMALL, model_type="phi3", max_position_embeddings=256,
+        rope_scaling={"type": "su", "short_factor": [1.0] * 8, "long_factor": [1.0 + i / 8 for i in range(8)],
+                      "original_max_position_embeddings": 32},
+    ),
 }  # fmt: skip
 
 

@@ -85,7 +85,7 @@ def convert_checkpoint(
     revision: str | None = None,
     log=print,
 ) -> Result:
-    """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral or fla Gated DeltaNet hybrid checkpoint.
+    """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3 or fla Gated DeltaNet hybrid checkpoint.
 
     With `init="exact"` the result's logits are bit-identical to the source's
     (checked when `verify`), in the source dtype or in `dtype`.

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .plan import FuseExperts, Rename, RenameByLayerType
+from .plan import FuseExperts, Rename, RenameByLayerType, Split
 from .sources import ConversionError
 
 GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
@@ -77,6 +77,28 @@ def _window_from_max_window_layers(c) -> None:
 def _no_mlp_only_layers(c) -> None:
     if c.mlp_only_layers is None:
         c.mlp_only_layers = []
+
+
+# --- what our models cannot express -------------------------------------------------------------------
+
+
+def _whole_head_rope(c) -> str | None:
+    factor = c.rope_parameters.get("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+        return f"partial_rotary_factor={factor:g} (the dense model's RoPE rotates the whole head, as with 1.0)"
+    return None
+
+
+def _phi3_rope(fields, rope_kwargs: dict) -> None:
+    """Phi3Config.convert_rope_params_to_dict: legacy `rope_scaling` replaces `rope_parameters`, the partial
+    rotary factor moves into it, and the legacy "su" / "yarn" types are Phi-3's "longrope"."""
+    rope_scaling = rope_kwargs.pop("rope_scaling", None)
+    fields.rope_parameters = rope_scaling or fields.rope_parameters or {}
+    fields.rope_parameters.setdefault("rope_theta", rope_kwargs.pop("rope_theta", fields.default_theta))
+    fields.rope_parameters.setdefault("partial_rotary_factor", rope_kwargs.get("partial_rotary_factor", 1.0))
+    fields.standardize_rope_params()
+    if fields.rope_parameters.get("rope_type") in ("su", "yarn"):
+        fields.rope_parameters["rope_type"] = "longrope"
 
 
 # --- the records --------------------------------------------------------------------------------------
@@ -168,6 +190,26 @@ FAMILIES = (
             Rename(r"\.block_sparse_moe\.experts\.(\d+)\.w2\.weight$", r".mlp.experts.\1.down_proj.weight"),
             Rename(r"\.block_sparse_moe\.gate\.", ".mlp.gate."),
             FuseExperts(),
+        ),
+    ),
+    Family(
+        "Phi-3", ("phi3",), "dense",
+        defaults=dict(
+            _LLAMA_LIKE, vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=None, max_position_embeddings=4096, rms_norm_eps=1e-5,
+            bos_token_id=1, eos_token_id=32000, pad_token_id=32000, sliding_window=None,
+            original_max_position_embeddings=4096,  # longrope's: standardising RoPE moves it into rope_parameters
+        ),
+        rope=_phi3_rope,
+        # Phi3Attention and Phi3MLP have no bias, whatever config.json says. resid_pdrop / embd_pdrop are
+        # dropout, which our model has not: they change training only, never the logits, so are not read.
+        target=dict(attention_bias=False, mlp_bias=False),
+        unsupported=(_whole_head_rope,),
+        rules=(
+            # q rows, then k, then v; the MLP's gate rows, then up (Phi3MLP: `chunk(2)`, gate first).
+            Split("self_attn.qkv_proj.weight",
+                  ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
+            Split("mlp.gate_up_proj.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
         ),
     ),
     Family(

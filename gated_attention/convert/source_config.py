@@ -36,6 +36,7 @@ _ROPE_KWARGS = ("rope_scaling", "rope_theta", "partial_rotary_factor")  # legacy
 SOURCE_TYPES = dict(
     vocab_size=int, hidden_size=int, intermediate_size=int, num_hidden_layers=int, num_attention_heads=int,
     num_key_value_heads=int | None, head_dim=int | None, hidden_act=str, max_position_embeddings=int,
+    original_max_position_embeddings=int,
     initializer_range=float, rms_norm_eps=float, use_cache=bool, tie_word_embeddings=bool, attention_bias=bool,
     attention_dropout=float | int | None, mlp_bias=bool, pad_token_id=int | None, bos_token_id=int | None,
     eos_token_id=int | list[int] | None, sliding_window=int | None, use_sliding_window=bool, max_window_layers=int,
