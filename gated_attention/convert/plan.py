@@ -82,7 +82,7 @@ _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<p
 
 def renamer(rules, source=None):
     """Source name -> target name, the rules' renames applied in order."""
-    renames = [r for r in rules if hasattr(r, "target")]
+    renames = [r for r in rules if isinstance(r, (Rename, RenameByLayerType))]
 
     def rename(name: str) -> str:
         for rule in renames:
