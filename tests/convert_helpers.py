@@ -14,6 +14,8 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -54,6 +56,8 @@ SOURCE_FAMILIES = {
         {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": True},
     ),
     "mixtral": (MixtralConfig, MixtralForCausalLM, {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5}),
+    # Phi-3: fused qkv_proj and gate_up_proj (split by the converter), a window on every layer.
+    "phi3": (Phi3Config, Phi3ForCausalLM, {"sliding_window": 5, "pad_token_id": 0, "eos_token_id": 2}),
 }
 PROMPT = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))  # 12 > window 5
 

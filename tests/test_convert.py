@@ -127,6 +127,38 @@ def test_headwise_exact_and_bias_init_close_but_not_exact(converted, tmp_path, c
     assert diff < 1e-3 * expected.abs().max().item()
 
 
+def test_phi3_fused_projections_are_split_into_ours(converted):
+    """Phi-3's qkv_proj is q rows, then k, then v; its gate_up_proj is gate rows, then up (Phi3MLP's `chunk(2)`)."""
+    src, dst, _ = converted["phi3", "float32"]
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    result = AutoModelForCausalLM.from_pretrained(dst).eval()
+    index = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
+    assert not [name for name in index if "qkv_proj" in name or "gate_up_proj" in name]
+    attn, mlp = source.model.layers[1].self_attn, source.model.layers[1].mlp
+    ours = result.model.layers[1]
+    q, k, v = attn.qkv_proj.weight.split([4 * 16, 2 * 16, 2 * 16])  # TINY: 4 heads, 2 key/value heads, head_dim 16
+    assert torch.equal(ours.self_attn.q_proj.weight, q) and torch.equal(ours.self_attn.k_proj.weight, k)
+    assert torch.equal(ours.self_attn.v_proj.weight, v)
+    gate, up = mlp.gate_up_proj.weight.chunk(2)
+    assert torch.equal(ours.mlp.gate_proj.weight, gate) and torch.equal(ours.mlp.up_proj.weight, up)
+    assert result.config.sliding_window == 5 and result.config.attention_bias is False
+
+
+def test_phi3_longrope_converts_bit_identical_past_the_original_length(tmp_path):
+    """Phi-3 128k's RoPE: short factors up to `original_max_position_embeddings`, long ones past it (the
+    same rotary tables in transformers' Phi-3 and in our Llama-style rotary embedding)."""
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0 + i / 10 for i in range(8)],
+            "long_factor": [2.0 + i / 5 for i in range(8)], "original_max_position_embeddings": 8}  # fmt: skip
+    src = make_source("phi3", tmp_path / "src", rope_parameters=rope)
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 0  # verified bit-identical on 32 tokens
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert result.config.rope_parameters["rope_type"] == "longrope"
+    with torch.no_grad():
+        for ids in (PROMPT[:, :6], PROMPT):  # 6 tokens: the short factors; 12 > 8: the long ones
+            assert torch.equal(source(ids).logits, result(ids).logits)
+
+
 def test_hub_id_resolves_from_the_cache_offline(converted, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
@@ -172,14 +204,14 @@ def test_unchanged_tensors_copied_by_the_kernel_equal_the_read_path(tmp_path, mo
     """Tensors that pass through unchanged go file to file (os.copy_file_range); where the OS refuses,
     plain reads take over; the zero gate weights are written from a buffer, never made. All give the same files as
     making and writing every tensor in Python."""
-    from gated_attention.convert import families, writer
+    from gated_attention.convert import plan, writer
 
     src = make_source("llama", tmp_path / "src")
     copied, filled = [], []
     copy_file_range = writer.os.copy_file_range
     monkeypatch.setattr(writer.os, "copy_file_range", lambda *a, **k: copied.append(a[2]) or copy_file_range(*a, **k))
-    full = families._full
-    monkeypatch.setattr(families, "_full", lambda *a: filled.append(a) or full(*a))
+    full = plan._full
+    monkeypatch.setattr(plan, "_full", lambda *a: filled.append(a) or full(*a))
     assert main(["convert", str(src), str(tmp_path / "kernel"), "--no-verify", "--max-shard-size", "40KB"]) == 0
     assert copied  # q/k/v, MLP, norms and embeddings pass through; o_proj (doubled) is made
     assert not filled  # the gate weights (zeros) are never made

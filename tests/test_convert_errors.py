@@ -71,6 +71,13 @@ def test_unsupported_architecture_lists_the_supported_ones(src, tmp_path, capsys
         assert name in err
 
 
+def test_phi3_partial_rotary_is_refused_naming_the_field(tmp_path, capsys):
+    """Phi-3 can rotate only part of each head; the dense model's RoPE rotates all of it, so that is refused."""
+    src = make_source("phi3", tmp_path / "src", partial_rotary_factor=0.5)
+    refuse(["convert", str(src), str(tmp_path / "out")], capsys, tmp_path / "out", src,
+           "SRC's Phi-3 config is not supported: partial_rotary_factor=0.5")  # fmt: skip
+
+
 def test_truncated_shard(src, tmp_path, capsys):
     last = shards(src)[-1]
     data = last.read_bytes()

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from convert_helpers import file_hashes, make_source
 from gated_attention import GatedAttentionConfig
-from gated_attention.convert.families import dense_shapes, expected_shapes
+from gated_attention.convert.shapes import dense_shapes, expected_shapes
 from gated_attention.hub.remote_code import write_remote_code, write_remote_code_for_config
 from test_cli import imported_modules
 

@@ -12,7 +12,9 @@ import pytest
 from transformers import AutoConfig
 
 from gated_attention.convert.convert import conversion_gate_spec
-from gated_attention.convert.families import SOURCE_DEFAULTS, SourceConfig, detect_family, target_config
+from gated_attention.convert.families import SOURCE_DEFAULTS, detect_family
+from gated_attention.convert.source_config import SourceConfig
+from gated_attention.convert.targets import target_config
 from gated_attention.convert.sources import ConversionError
 
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -52,6 +54,13 @@ CASES = {
     "mixtral-small": dict(SMALL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, rope_theta=1e4,
                           output_router_logits=True),
     "mixtral-num-experts-key": dict(SMALL, model_type="mixtral", num_experts=3, sliding_window=32),
+    "phi3-window-rope-theta": dict(SMALL, model_type="phi3", sliding_window=16, rope_theta=1e6, pad_token_id=0),
+    # Legacy "su" rope_scaling, Phi-3's longrope.
+    "phi3-legacy-su-rope": dict(
+        SMALL, model_type="phi3", max_position_embeddings=256,
+        rope_scaling={"type": "su", "short_factor": [1.0] * 8, "long_factor": [1.0 + i / 8 for i in range(8)],
+                      "original_max_position_embeddings": 32},
+    ),
 }  # fmt: skip
 
 
@@ -100,7 +109,7 @@ def test_every_field_the_mapping_reads_has_the_class_default(model_type):
 
 
 def test_a_config_that_describes_no_model_is_one_line(tmp_path):
-    from gated_attention.convert.families import load_source_config
+    from gated_attention.convert.source_config import load_source_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 0}))
     with pytest.raises(ConversionError, match="num_attention_heads = 0: expected at least 1"):  # the field named
@@ -120,7 +129,7 @@ def _members(annotation) -> set:
 def test_source_types_are_the_types_transformers_declares(model_type):
     """SOURCE_TYPES refuses what the family's class refuses, no more: for every field both know, the
     class's type admits nothing SOURCE_TYPES does not, and SOURCE_TYPES admits only None besides."""
-    from gated_attention.convert.families import SOURCE_TYPES
+    from gated_attention.convert.source_config import SOURCE_TYPES
 
     annotations = {}
     for klass in reversed(type(AutoConfig.for_model(model_type)).__mro__):
@@ -137,7 +146,8 @@ def test_fla_types_are_the_annotations_of_flas_config():
     import typing
 
     fla_config = pytest.importorskip("fla.models.gated_deltanet.configuration_gated_deltanet").GatedDeltaNetConfig
-    from gated_attention.convert.families import FLA_GDN_DEFAULTS, FLA_GDN_TYPES
+    from gated_attention.convert.families import FLA_GDN_DEFAULTS
+    from gated_attention.convert.source_config import FLA_GDN_TYPES
 
     parameters = inspect.signature(fla_config.__init__).parameters
     assert set(FLA_GDN_TYPES) == set(FLA_GDN_DEFAULTS)

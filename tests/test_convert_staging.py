@@ -18,8 +18,7 @@ import pytest
 
 from convert_helpers import make_gated, make_source, staging_leftovers
 from gated_attention.cli import main
-from gated_attention.convert import convert as convert_module
-from gated_attention.convert import export as export_module
+from gated_attention.convert import pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,11 +34,11 @@ def gated(tmp_path_factory):
 
 
 def _commands(llama: Path, gated: Path, dst: Path) -> dict[str, tuple[list[str], object]]:
-    """Each command that stages a folder, and the module whose `write_sharded` it calls."""
+    """Each command that stages a folder, and the module whose `write_sharded` it calls (one pipeline for all)."""
     return {
-        "convert": (["convert", str(llama), str(dst), "--no-verify"], convert_module),
-        "extend": (["extend", str(gated), str(dst), "--rope-theta", "2e4", "--no-verify"], convert_module),
-        "export": (["export", str(gated), str(dst), "--format", "qwen3_5", "--no-verify"], export_module),
+        "convert": (["convert", str(llama), str(dst), "--no-verify"], pipeline),
+        "extend": (["extend", str(gated), str(dst), "--rope-theta", "2e4", "--no-verify"], pipeline),
+        "export": (["export", str(gated), str(dst), "--format", "qwen3_5", "--no-verify"], pipeline),
     }
 
 

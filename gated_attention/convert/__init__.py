@@ -7,15 +7,26 @@
   when it is complete. Standard library only.
 - `sources`: reading a source checkpoint (folder or Hub id) one tensor at a
   time, header checks, the inf/NaN scan.
-- `families`: the source families (`FAMILIES`), reading their configs as
-  transformers would, mapping them onto our configs, and the weight plan.
+- `families`: the source families (`FAMILIES`), one declarative record each
+  (defaults, aliases, derived fields, target fields, weight rules), and which
+  one a config.json is. A new family is a new record and its test.
+- `source_config`: a source config.json read as its record says its
+  transformers class (or fla) reads it, without importing that class.
+- `targets`: a source config mapped onto our dense, MoE or hybrid config.
+- `shapes`: the tensor names and shapes a target model expects.
+- `plan`: the weight rules (`Rename`, `Split`, `FuseExperts`, ...) and the
+  weight plan, every output tensor named, shaped and checked.
 - `rope`: the RoPE base change and YaRN, as `rope_parameters`.
 - `writer`: `OutputTensor` and the streamed, sharded safetensors writer;
   copying tokenizer and other side files.
-- `convert`: `convert_checkpoint` and `extend_checkpoint`, and the logit
-  comparison that verifies them.
+- `pipeline`: the write sequence all three commands share (resolve, check,
+  plan, check finite, staged write, config, side files, card, verify).
+- `convert`: `convert_checkpoint` and `extend_checkpoint`: how they read SRC
+  and plan their outputs.
 - `export`: `export_checkpoint`, a gated model as transformers' native Qwen3.5
   where every piece maps exactly.
+- `verify`: the logit comparison on a fixed prompt that verifies a result.
+- `card`: the model cards the commands write.
 
 The steps these follow are in docs/architecture.md ("The conversion
 pipeline"). Imports: the package root, `configuration`, `hub` and `compat`;

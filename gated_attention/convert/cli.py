@@ -95,9 +95,9 @@ def _add_rope(p: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert",
-        help="convert a Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/Mixtral/fla-hybrid checkpoint into a gated model, outputs unchanged",
+        help="convert a Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/Mixtral/Phi-3/fla-hybrid checkpoint into a gated model, outputs unchanged",
         description="Convert a checkpoint into a gated-attention model: Llama (incl. llama3 RoPE), Mistral, "
-        "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, or an fla Gated DeltaNet hybrid (fla's `attn` layer list). With the "
+        "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3, or an fla Gated DeltaNet hybrid (fla's `attn` layer list). With the "
         "default --init exact the result's logits are bit-identical to SRC's (checked after writing unless "
         "--no-verify; SRC's weights are checked for NaN and inf before anything is written). One tensor is in "
         "memory at a time; DST appears only when complete.",

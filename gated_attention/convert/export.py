@@ -21,14 +21,15 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, register_auto_classes
+from .. import register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
-from ..hub.model_card import base_model_fields, options_rows, write_model_card
-from .convert import VERIFY_ATTENTION, Result, check_config_types, compare_logits
-from .families import expected_shapes
-from .sources import ConversionError, SourceCheckpoint, read_config_dict, resolve_source
-from .folders import check_destination, staged_folder
-from .writer import OutputTensor, copy_side_files, output_size, write_sharded
+from .card import write_export_card
+from .pipeline import Result, Work, run
+from .shapes import expected_shapes
+from .source_config import check_config_types
+from .sources import ConversionError, SourceCheckpoint, read_config_dict
+from .verify import VERIFY_ATTENTION, compare_logits
+from .writer import OutputTensor
 
 FORMATS = ("qwen3_5",)
 EXPORTABLE = ("gated_attention", "gated_deltanet_hybrid")
@@ -232,44 +233,6 @@ def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
     return outputs
 
 
-def _write_card(stage: Path, src: str, config) -> None:
-    spec = config.attn_gate
-    write_model_card(
-        stage,
-        "converted_model",
-        title=f"{Path(str(src)).name} in the native Qwen3.5 layout",
-        summary="A gated-attention model exported to transformers' own Qwen3.5 text architecture, "
-        "so it loads without remote code and runs on engines that support Qwen3.5.",
-        tag="qwen3_5",
-        options_rows=options_rows({"source": src, "--format": "qwen3_5"}),
-        what_changed="\n".join(
-            [
-                f"- The attention gate (G1, {spec['granularity']}"
-                + (", shared across heads" if spec["head_shared"] else "")
-                + ") moved into `q_proj`: per head, D query rows then D gate rows"
-                + (" (a per-head score becomes D equal rows)." if spec["granularity"] == "headwise" or spec["head_shared"] else "."),
-                "- RMSNorm weights are stored as `w - 1` (Qwen3.5 multiplies by `1 + w`); checked exact for every weight.",
-                *(
-                    ["- Gated DeltaNet layers: q/k/v projections and convolutions fused into `in_proj_qkv` and `conv1d`; "
-                     "`g_proj`, `a_proj`, `b_proj`, `o_norm`, `o_proj` renamed `in_proj_z`, `in_proj_a`, `in_proj_b`, `norm`, `out_proj`."]
-                    if "linear_attention" in config.layer_types
-                    else []
-                ),
-                "- `partial_rotary_factor` is 1.0: RoPE rotates the whole head, as in the source.",
-                "- In float32 the logits match the source; in bf16 they differ by rounding order only "
-                "(Qwen3.5's norms multiply in float32 before rounding).",
-            ]
-        ),
-        how_to_load="```python\nfrom transformers import AutoModelForCausalLM\n\n"
-        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")  # Qwen3_5ForCausalLM, no remote code\n```',
-        continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
-        "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
-        command="gated-attention export",
-        version=__version__,
-        **base_model_fields(str(src)),
-    )
-
-
 @contextlib.contextmanager
 def qwen3_5_torch_path():
     """Run transformers' Qwen3.5 Gated DeltaNet on its own torch functions while inside.
@@ -331,31 +294,32 @@ def export_checkpoint(
 
     if format not in FORMATS:
         raise ConversionError(f"--format {format!r} is not supported; supported: {', '.join(FORMATS)}")
-    folder = resolve_source(src, revision=revision)
-    check_config_types(folder)
-    dst = Path(dst)
-    check_destination(folder, dst, overwrite)
-    model_type = read_config_dict(folder).get("model_type")
-    if model_type not in EXPORTABLE:
-        refuse_export(f"SRC model_type {model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})", model_type)
-    config = AutoConfig.from_pretrained(folder)
-    check_exportable(config)
-    ckpt = SourceCheckpoint(folder)
-    target = qwen3_5_config(config)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(target)
-    outputs = plan_export(ckpt, config, model)
-    ckpt.check_finite(ckpt.tensors)
 
-    log(f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type qwen3_5_text)")
-    result = Result(dst, [])
-    with staged_folder(dst, overwrite, log, size=output_size(outputs, folder)) as stage:
-        result.shards = write_sharded(stage, outputs, max_shard_size=max_shard_size, desc="exporting")
-        target.architectures = ["Qwen3_5ForCausalLM"]
-        target.save_pretrained(stage)
-        copy_side_files(folder, stage)
-        _write_card(stage, src, config)
-        if verify:
-            result.max_abs_diff = _verify(folder, stage, config, log)
-    log(f"wrote {dst}")
-    return result
+    def prepare(folder: Path, dst: Path) -> Work:
+        check_config_types(folder)
+        model_type = read_config_dict(folder).get("model_type")
+        if model_type not in EXPORTABLE:
+            refuse_export(f"SRC model_type {model_type!r} is not supported (supported: {', '.join(EXPORTABLE)})", model_type)
+        config = AutoConfig.from_pretrained(folder)
+        check_exportable(config)
+        ckpt = SourceCheckpoint(folder)
+        target = qwen3_5_config(config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(target)
+        return Work(
+            ckpt,
+            plan_export(ckpt, config, model),
+            announce=f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type qwen3_5_text)",
+            desc="exporting",
+            write_config=partial(_write_config, target=target),
+            write_card=partial(write_export_card, src=src, config=config),
+            verify=partial(_verify, folder, config=config, log=log) if verify else None,
+            finite=ckpt.tensors,  # the gates too: they travel inside q_proj
+        )
+
+    return run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log)
+
+
+def _write_config(stage: Path, target) -> None:
+    target.architectures = ["Qwen3_5ForCausalLM"]
+    target.save_pretrained(stage)

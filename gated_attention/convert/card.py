@@ -1,0 +1,123 @@
+"""The model cards `convert`, `extend` and `export` write beside the weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..hub.model_card import base_model_fields, options_rows, write_model_card
+from .plan import GATE_BIAS_INIT
+from .rope import RopeChange
+
+
+def write_conversion_card(stage, src, family_name, gate, init, dtype_name, rope: RopeChange, config, command: str) -> None:
+    options = {"source": src}
+    changed = []
+    if command == "convert":
+        options.update({"--gate": gate, "--init": init})
+        granularity = "one score per channel" if gate == "elementwise" else "one score per head"
+        changed.append(
+            f"- Every attention layer got a sigmoid output gate (G1, {gate}: {granularity}), "
+            "`self_attn.attn_gate`, computed from the same normed hidden states as q/k/v."
+        )
+        if init == "exact":
+            changed.append(
+                "- Exact init: gate weight 0, so every gate score is sigmoid(0) = 0.5 exactly, and `o_proj` "
+                "is doubled (exact in every float format). The logits equal the base model's bit for bit."
+            )
+        else:
+            changed.append(
+                f"- Bias init: gate weight 0 and gate bias {GATE_BIAS_INIT:g}, so every score is sigmoid"
+                f"({GATE_BIAS_INIT:g}) = {torch.sigmoid(torch.tensor(GATE_BIAS_INIT)).item():.7f}; `o_proj` unchanged. "
+                "Close to the base model, not equal, and the gate's gradient starts tiny (scaled by ~4.5e-5)."
+            )
+    options["--dtype"] = dtype_name
+    if rope.rope_theta is not None:
+        options["--rope-theta"] = rope.rope_theta
+    if rope.yarn_factor is not None:
+        options["--yarn-factor"] = rope.yarn_factor
+        options["--original-max-position-embeddings"] = rope.original_max_position_embeddings
+    if not rope.empty:
+        changed.append(f"- RoPE: {rope.describe()}; `rope_parameters` = `{json.dumps(config.rope_parameters)}`, "
+                       f"`max_position_embeddings` = {config.max_position_embeddings}.")
+    if command == "extend":
+        changed.append("- Weights are copied unchanged; only the position encoding changed.")
+    changed.append("- `config.json` has an `auto_map` and the modeling code sits beside the weights (remote code).")
+    title = f"{Path(str(src)).name} with gated attention" if command == "convert" else f"{Path(str(src)).name}, RoPE extended"
+    summary = (
+        f"A {family_name} checkpoint converted to gated softmax attention (the sigmoid output gate of *Gated "
+        "Attention for Large Language Models*)." if command == "convert"
+        else "A gated-attention checkpoint with its RoPE changed for a longer context."
+    )
+    how_to_load = (
+        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", trust_remote_code=True)\n'
+        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")\n```\n\n'
+        "With `pip install gated-attention`, `import gated_attention` first and drop `trust_remote_code`."
+    )
+    continue_pretraining = (
+        "The gates start where they do no harm and only help once trained. With the gated-attention "
+        "repository's example script (`accelerate launch`, DDP or FSDP configs in `examples/configs/`):\n\n"
+        "```bash\naccelerate launch --config_file examples/configs/ddp.yaml examples/continued_pretraining.py \\\n"
+        "    --model PATH_OR_REPO --output-dir runs/cpt --text-files data/ \\\n"
+        "    --seq-len 2048 --batch-size 4 --grad-accum 8 --steps 2000 --lr 2e-5 --gate-lr 1e-3\n```\n\n"
+        "Known trap (official Gated Attention repo, issue #10): converted gates may barely move in continued "
+        "pretraining. Give the gate parameters (`*.self_attn.attn_gate.*`) their own, larger learning rate "
+        "(`--gate-lr` above) and watch the mean gate score the script logs; it starts at exactly 0.5 "
+        "with the exact init. With PEFT, put `attn_gate` in `modules_to_save` (see `examples/lora_finetune.py`)."
+    )
+    write_model_card(
+        stage,
+        "converted_model",
+        title=title,
+        summary=summary,
+        tag="converted" if command == "convert" else "rope-extended",
+        options_rows=options_rows(options),
+        what_changed="\n".join(changed),
+        how_to_load=how_to_load,
+        continue_pretraining=continue_pretraining,
+        command=f"gated-attention {command}",
+        version=__version__,
+        **base_model_fields(str(src)),
+    )
+
+
+def write_export_card(stage: Path, src: str, config) -> None:
+    spec = config.attn_gate
+    write_model_card(
+        stage,
+        "converted_model",
+        title=f"{Path(str(src)).name} in the native Qwen3.5 layout",
+        summary="A gated-attention model exported to transformers' own Qwen3.5 text architecture, "
+        "so it loads without remote code and runs on engines that support Qwen3.5.",
+        tag="qwen3_5",
+        options_rows=options_rows({"source": src, "--format": "qwen3_5"}),
+        what_changed="\n".join(
+            [
+                f"- The attention gate (G1, {spec['granularity']}"
+                + (", shared across heads" if spec["head_shared"] else "")
+                + ") moved into `q_proj`: per head, D query rows then D gate rows"
+                + (" (a per-head score becomes D equal rows)." if spec["granularity"] == "headwise" or spec["head_shared"] else "."),
+                "- RMSNorm weights are stored as `w - 1` (Qwen3.5 multiplies by `1 + w`); checked exact for every weight.",
+                *(
+                    ["- Gated DeltaNet layers: q/k/v projections and convolutions fused into `in_proj_qkv` and `conv1d`; "
+                     "`g_proj`, `a_proj`, `b_proj`, `o_norm`, `o_proj` renamed `in_proj_z`, `in_proj_a`, `in_proj_b`, `norm`, `out_proj`."]
+                    if "linear_attention" in config.layer_types
+                    else []
+                ),
+                "- `partial_rotary_factor` is 1.0: RoPE rotates the whole head, as in the source.",
+                "- In float32 the logits match the source; in bf16 they differ by rounding order only "
+                "(Qwen3.5's norms multiply in float32 before rounding).",
+            ]
+        ),
+        how_to_load="```python\nfrom transformers import AutoModelForCausalLM\n\n"
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")  # Qwen3_5ForCausalLM, no remote code\n```',
+        continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
+        "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
+        command="gated-attention export",
+        version=__version__,
+        **base_model_fields(str(src)),
+    )

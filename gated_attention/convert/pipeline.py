@@ -1,0 +1,77 @@
+"""The write sequence `convert`, `extend` and `export` share (docs/architecture.md, "The conversion pipeline").
+
+    resolve SRC, check DST --> read, check, plan (the command's `prepare`) --> check finite
+        --> staging folder: shards, config and code, side files, card, verify --> DST
+
+A command says only what differs: how it reads SRC and plans the outputs
+(`prepare`, which returns a `Work`), and how it writes its config, card and
+verification. Everything that can be wrong with SRC is found before the
+staging folder exists; DST appears only when the folder is complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .folders import check_destination, staged_folder
+from .sources import SourceCheckpoint, resolve_source
+from .writer import OutputTensor, copy_side_files, output_size, write_sharded
+
+
+@dataclass
+class Result:
+    dst: Path
+    shards: list[str]
+    max_abs_diff: float | None = None  # None when not verified
+
+
+@dataclass
+class Work:
+    """What one command writes, planned and checked: everything the staged write needs."""
+
+    ckpt: SourceCheckpoint
+    outputs: list[OutputTensor]
+    announce: str  # the line logged before writing starts
+    desc: str  # the progress bar's label
+    write_config: Callable[[Path], None]  # config.json (and remote code) into the staging folder
+    write_card: Callable[[Path], None]
+    verify: Callable[[Path], float] | None = None  # the staging folder -> max |logits difference|; None: not verified
+    finite: Iterable[str] | None = None  # source tensors to scan for inf/NaN; None: those the outputs read
+    done: list[str] = field(default_factory=list)  # lines logged after DST is in place, before "wrote DST"
+
+
+def run(
+    src: str,
+    dst: str | Path,
+    prepare: Callable[[Path, Path], Work],
+    *,
+    overwrite: bool,
+    max_shard_size: int | str,
+    revision: str | None,
+    log,
+    allow_pickle: bool = False,
+    count_shards: bool = False,
+) -> Result:
+    """Resolve SRC, check DST, plan with `prepare(folder, dst)`, then write DST whole or not at all."""
+    folder = resolve_source(src, revision=revision, allow_pickle=allow_pickle)
+    dst = Path(dst)
+    check_destination(folder, dst, overwrite)
+    work = prepare(folder, dst)
+    # Also with --no-verify: an inf or NaN in SRC is refused before anything is written.
+    work.ckpt.check_finite(work.finite if work.finite is not None else (name for o in work.outputs for name in o.sources))
+
+    log(work.announce)
+    result = Result(dst, [])
+    with staged_folder(dst, overwrite, log, size=output_size(work.outputs, folder)) as stage:
+        result.shards = write_sharded(stage, work.outputs, max_shard_size=max_shard_size, desc=work.desc)
+        work.write_config(stage)
+        copy_side_files(folder, stage)
+        work.write_card(stage)
+        if work.verify is not None:
+            result.max_abs_diff = work.verify(stage)
+    for line in work.done:
+        log(line)
+    log(f"wrote {dst}" + (f" ({len(result.shards)} shard{'s' * (len(result.shards) > 1)})" if count_shards else ""))
+    return result
