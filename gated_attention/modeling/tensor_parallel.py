@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Replicate
 from transformers.integrations.tensor_parallel import ALL_PARALLEL_STYLES, ColwiseParallel, TensorParallelLayer
 
 from ..configuration.gate_spec import GATE_ALIASES, gate_enabled
@@ -50,6 +49,8 @@ class ColwiseGatheredSumOutputGrad(ColwiseParallel):
     """
 
     def __init__(self):
+        from torch.distributed.tensor import Replicate  # here: a torch built without distributed has no DTensor
+
         super().__init__(input_layouts=Replicate(), output_layouts=Replicate())
 
     def transform_output_post_forward(self, module, output, mesh):
@@ -64,8 +65,9 @@ class ReplicatedSumOutputGrad(TensorParallelLayer):
         return _sum_output_grad(output, mesh)
 
 
-ALL_PARALLEL_STYLES.register(SHARDED_GATHERED_SUM_GRAD, ColwiseGatheredSumOutputGrad())
-ALL_PARALLEL_STYLES.register(REPLICATED_SUM_OUTPUT_GRAD, ReplicatedSumOutputGrad())
+if dist.is_available():  # as transformers registers its own styles
+    ALL_PARALLEL_STYLES.register(SHARDED_GATHERED_SUM_GRAD, ColwiseGatheredSumOutputGrad())
+    ALL_PARALLEL_STYLES.register(REPLICATED_SUM_OUTPUT_GRAD, ReplicatedSumOutputGrad())
 
 
 def gate_name(spec: dict) -> str:
