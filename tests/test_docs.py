@@ -84,7 +84,8 @@ def test_each_package_init_maps_its_files(package):
     assert not unnamed, f"{package.relative_to(ROOT)}/__init__.py's docstring does not map {unnamed}"
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md", "benchmarks/RESULTS.md", "benchmarks/sink_search.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md", "docs/models.md", "docs/serving.md",
+                                 "benchmarks/RESULTS.md", "benchmarks/sink_search.md"])
 def test_links_point_at_files_and_headings_that_exist(doc):
     path = ROOT / doc
     broken = []
