@@ -84,8 +84,11 @@ def test_each_package_init_maps_its_files(package):
     assert not unnamed, f"{package.relative_to(ROOT)}/__init__.py's docstring does not map {unnamed}"
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md", "docs/models.md", "docs/serving.md",
-                                 "benchmarks/RESULTS.md", "benchmarks/sink_search.md"])
+DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+        "benchmarks/RESULTS.md", "benchmarks/sink_search.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS)
 def test_links_point_at_files_and_headings_that_exist(doc):
     path = ROOT / doc
     broken = []
@@ -101,10 +104,13 @@ def test_links_point_at_files_and_headings_that_exist(doc):
     assert not broken, f"{doc} links to missing files or headings: {broken}"
 
 
-def test_paths_the_readme_names_exist():
-    cited = re.findall(rf"(?<![\w./~-])((?:{'|'.join(map(re.escape, REPO_FOLDERS))})/[\w./-]*)", README)
+@pytest.mark.parametrize("doc", DOCS)
+def test_paths_the_docs_name_exist(doc):
+    """A path such as `gated_attention/compat.py` in a page, read from the repository's root, is there."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    cited = re.findall(rf"(?<![\w./~-])((?:{'|'.join(map(re.escape, REPO_FOLDERS))})/[\w./-]*)", text)
     missing = sorted({c.rstrip(".,") for c in cited if "*" not in c and not (ROOT / c.rstrip(".,")).exists()})
-    assert not missing, f"README names paths that are not in the repository: {missing}"
+    assert not missing, f"{doc} names paths that are not in the repository: {missing}"
 
 
 def _readme_commands(program: str) -> list[list[str]]:
