@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -162,4 +163,17 @@ def make_fla_hybrid_source(folder: Path, reference: Path, max_shard_size: str = 
     folder.mkdir(parents=True)
     save_torch_state_dict(state, folder, max_shard_size=max_shard_size)
     (folder / "config.json").write_text(json.dumps(FLA_HYBRID))
+    return folder
+
+
+def big_source(folder: Path) -> Path:
+    """A ~100 MB Llama-shaped checkpoint of zeros: big enough that writing it takes a moment."""
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64,
+    )  # fmt: skip
+    config.save_pretrained(folder)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in LlamaForCausalLM(config).state_dict().items()}
+    save_file({k: torch.zeros(s) for k, s in shapes.items()}, folder / "model.safetensors", metadata={"format": "pt"})
     return folder

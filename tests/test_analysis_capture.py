@@ -253,7 +253,7 @@ def test_model_layout_of_an_fla_hybrid():
 # ---------------------------------------------------------------- command line
 
 
-def _tiny_tokenizer():
+def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -276,7 +276,7 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 3})
     model_dir, out = tmp_path / "model", tmp_path / "out"
     ga.GatedAttentionForCausalLM(config).save_pretrained(model_dir)
-    _tiny_tokenizer().save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
 
     argv = ["analyze", str(model_dir), "--out", str(out), "--n-per-domain", "1", "--max-length", "24"]
     assert main(argv + ["--intervene", "deletion", "--k", "2", "--bootstrap", "50"]) == 0

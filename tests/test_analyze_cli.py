@@ -16,7 +16,7 @@ import pytest
 
 import gated_attention as ga
 from gated_attention.cli import main
-from test_analysis_capture import TINY, _tiny_tokenizer
+from test_analysis_capture import TINY, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CONTEXT = 16  # the tiny model's max_position_embeddings; the built-in samples are far longer
@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("model") / "tiny"
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 2, "max_position_embeddings": CONTEXT})
     ga.GatedAttentionForCausalLM(config).save_pretrained(folder)
-    _tiny_tokenizer().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -103,7 +103,7 @@ def test_a_failed_analysis_leaves_no_empty_out_folder(tmp_path, capsys):
     folder = tmp_path / "model"
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 1, "max_position_embeddings": 1})
     ga.GatedAttentionForCausalLM(config).save_pretrained(folder)
-    _tiny_tokenizer().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
     out = tmp_path / "new" / "out"
     capsys.readouterr()
     assert main(["analyze", str(folder), "--out", str(out), "--n-per-domain", "1"]) == 2

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
-from convert_helpers import PROMPT, file_hashes, make_source, staging_leftovers
+from convert_helpers import PROMPT, big_source, file_hashes, make_source, staging_leftovers
 from gated_attention.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,24 +163,9 @@ def test_yarn_without_original_length_is_refused(src, tmp_path, capsys):
     )
 
 
-def _big_source(folder: Path) -> Path:
-    """A ~100 MB Llama-shaped checkpoint of zeros: big enough that writing it takes a moment."""
-    config = LlamaConfig(
-        vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64,
-    )  # fmt: skip
-    config.save_pretrained(folder)
-    with torch.device("meta"):
-        from transformers import LlamaForCausalLM
-
-        shapes = {k: v.shape for k, v in LlamaForCausalLM(config).state_dict().items()}
-    save_file({k: torch.zeros(s) for k, s in shapes.items()}, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
 def test_interruption_leaves_no_dst(tmp_path, sig):
-    src = _big_source(tmp_path / "big")
+    src = big_source(tmp_path / "big")
     before = file_hashes(src)
     dst = tmp_path / "out"
     # A child inherits an ignored SIGINT (a shell's background job has one), and Python then installs no

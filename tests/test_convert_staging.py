@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from convert_helpers import make_gated, make_source, staging_leftovers
+from convert_helpers import big_source, make_gated, make_source, staging_leftovers
 from gated_attention.cli import main
 from gated_attention.convert import pipeline
 
@@ -91,7 +91,7 @@ def test_the_portable_fallback_keeps_an_empty_dst_too(tmp_path, monkeypatch):
     """Where renameat2(RENAME_NOREPLACE) is missing (not Linux, old libc, a file system without it)."""
     from gated_attention.convert import folders as staging
 
-    monkeypatch.setattr(staging, "_renameat2", lambda src, dst, flags: False)
+    monkeypatch.setattr(staging, "renameat2", lambda src, dst, flags: False)
     stage, dst = tmp_path / "stage", tmp_path / "dst"
     stage.mkdir()
     (stage / "model.safetensors").write_text("new")
@@ -114,15 +114,13 @@ def test_renameat2_is_used_on_linux(tmp_path):
     a.mkdir()
     b.mkdir()
     with pytest.raises(FileExistsError):  # an empty b: plain rename(2) would have replaced it
-        staging._renameat2(a, b, staging.RENAME_NOREPLACE)
+        staging.renameat2(a, b, staging.RENAME_NOREPLACE)
     assert a.is_dir() and b.is_dir()
 
 
 def test_a_real_race_between_processes(tmp_path):
     """The bug as reported: `convert SRC DST & ...; mkdir DST; echo x > DST/keep.txt; wait` lost keep.txt."""
-    from test_convert_errors import _big_source
-
-    src = _big_source(tmp_path / "big")
+    src = big_source(tmp_path / "big")
     dst = tmp_path / "race"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gated_attention", "convert", str(src), str(dst)],

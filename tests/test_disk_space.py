@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
-import torch
 
 from convert_helpers import make_source, staging_leftovers
 from gated_attention.cli import main

@@ -20,7 +20,8 @@ from gated_attention import (
     GatedAttentionMoeForCausalLM,
     GlobalLoadBalancer,
 )
-from gated_attention.modeling.moe import SparseMoeBlock, load_balancing_loss, router_z_loss
+from gated_attention.modeling.load_balancing import load_balancing_loss, router_z_loss
+from gated_attention.modeling.moe import SparseMoeBlock
 
 TINY = dict(
     vocab_size=97,

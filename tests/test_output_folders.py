@@ -8,7 +8,6 @@ earlier run for the examples) is refused in one line naming a file it holds, and
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest

@@ -162,7 +162,6 @@ def test_quickstart_plots_keep_coincident_curves_visible_and_draw_uniform_attent
 
     from gated_attention.recipes import report
 
-    models = ["scratch, no gate", "Llama source (pretrained)", "converted + continued"]
     report.write_csv(tmp_path / "training.csv",
                      [{"model": "scratch, no gate", "step": i, "loss": 5 - 0.1 * i, "gate_score": ""} for i in (1, 2, 3)]
                      + [{"model": "converted + continued", "step": i, "loss": 4.8 - 0.1 * i, "gate_score": 0.5}

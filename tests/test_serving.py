@@ -28,7 +28,6 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from convert_helpers import PROMPT
 from gated_attention import (
     GatedAttentionForCausalLM,
     GatedAttentionMoeConfig,

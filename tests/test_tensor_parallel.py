@@ -23,8 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from packaging.version import Version
-
 from transformers import (Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
 

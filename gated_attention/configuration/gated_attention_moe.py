@@ -29,7 +29,7 @@ class GatedAttentionMoeConfig(GatedAttentionConfig):
     With `output_router_logits` the model returns the router logits, the
     load-balancing loss (`aux_loss`) and the z-loss (`z_loss`); when labels are
     given too, `router_aux_loss_coef * aux_loss + router_z_loss_coef * z_loss`
-    is added to the loss. See `gated_attention.modeling.moe` for the
+    is added to the loss. See `gated_attention.modeling.load_balancing` for the
     global-batch load balancing.
 
     ```python

@@ -120,16 +120,16 @@ def check_free_space(dst: Path, needed: int) -> None:
 # --- renaming without replacing -------------------------------------------------------------------
 
 
-def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+def renameat2(src: Path, dst: Path, flags: int) -> bool:
     """Linux renameat2(2). False where it is missing: another system, a libc without it (glibc < 2.28),
     a kernel or file system that does not know the flag; the caller then takes its portable path."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+        libc_renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
-    if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+    if libc_renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL):
@@ -139,7 +139,7 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
 
 def rename_noreplace(src: Path, dst: Path) -> None:
     """Rename `src` to `dst`; FileExistsError if anything is at `dst`, an empty folder included."""
-    if _renameat2(src, dst, RENAME_NOREPLACE):
+    if renameat2(src, dst, RENAME_NOREPLACE):
         return
     if os.name == "nt":
         os.rename(src, dst)  # Windows' rename never replaces
@@ -166,7 +166,7 @@ def _remove(path: Path) -> None:
 
 def _replace(stage: Path, dst: Path) -> None:
     """`--overwrite`: put `stage` at `dst` and remove what was there, so DST is never half old, half new."""
-    if _renameat2(stage, dst, RENAME_EXCHANGE):  # one atomic swap; `stage` now names the old DST
+    if renameat2(stage, dst, RENAME_EXCHANGE):  # one atomic swap; `stage` now names the old DST
         _remove(stage)
         return
     old = staging_path(dst, "replaced")

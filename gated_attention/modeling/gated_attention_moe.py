@@ -129,7 +129,7 @@ class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationM
     ) -> GatedAttentionMoeCausalLMOutput:
         r"""
         load_balancer (`GlobalLoadBalancer`, *optional*):
-            Computes the load-balancing loss over the global batch (see `gated_attention.modeling.moe`) instead
+            Computes the load-balancing loss over the global batch (see `gated_attention.modeling.load_balancing`) instead
             of over this batch alone.
         """
         if output_router_logits is None:

@@ -21,14 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeMLP, Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter
 
-from .load_balancing import (  # noqa: F401  (re-exported: the MoE API in one place)
-    GlobalLoadBalancer,
-    RouterStatistics,
-    load_balancing_loss,
-    router_statistics,
-    router_z_loss,
-)
-
 
 class Fp32ScoresTopKRouter(Qwen3MoeTopKRouter):
     """Qwen3-MoE's router with Mixtral's numerics: top-k weights returned in fp32."""
