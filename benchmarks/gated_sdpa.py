@@ -241,11 +241,11 @@ def compile_only(sm: int, head_dims: list[int], all_configs: bool) -> int:
         if not varlen:
             common["CU_SEQLENS"] = None
         label = f"{dt} D={D} causal={causal} varlen={varlen} gate={gate}"
-        failures += build(f"forward  {label}", K._fwd_kernel, fwd_io(dt), {**common, "ACT": 0, "STORE_UNGATED": True},
-                          K._FWD_CONFIGS[0])
+        failures += build(f"forward  {label}", K.fwd_kernel, fwd_io(dt), {**common, "ACT": 0, "STORE_UNGATED": True},
+                          K.FWD_CONFIGS[0])
         if gate == 0:  # the gate only enters the backward through dO_eff
-            failures += build(f"dq       {label}", K._bwd_dq_kernel, bwd_io(dt), common, K._DQ_CONFIGS[0])
-            failures += build(f"dk/dv    {label}", K._bwd_dkdv_kernel, bwd_io(dt), common, K._DKDV_CONFIGS[0])
+            failures += build(f"dq       {label}", K.bwd_dq_kernel, bwd_io(dt), common, K.DQ_CONFIGS[0])
+            failures += build(f"dk/dv    {label}", K.bwd_dkdv_kernel, bwd_io(dt), common, K.DKDV_CONFIGS[0])
         if not varlen and causal:
             io = {"OU": dt, "DO": dt, "G": dt, "DO_EFF": dt, "DELTA": "fp32", "DG": dt}
             failures += build(f"bwd prep {dt} D={D} gate={gate}", K._bwd_preprocess_kernel, io,
@@ -262,14 +262,14 @@ def compile_only(sm: int, head_dims: list[int], all_configs: bool) -> int:
         for D in head_dims:
             common = dict(HEAD_DIM=D, IS_CAUSAL=True, IS_VARLEN=False, DOT=tl.bfloat16, PRECISION=None,
                           CU_SEQLENS=None)
-            for config in K._FWD_CONFIGS[1:]:
-                failures += build(f"forward  bf16 D={D} gate=1", K._fwd_kernel, fwd_io("bf16"),
+            for config in K.FWD_CONFIGS[1:]:
+                failures += build(f"forward  bf16 D={D} gate=1", K.fwd_kernel, fwd_io("bf16"),
                                   {**common, "GATE_MODE": 1, "ACT": 0, "STORE_UNGATED": True}, config)
-            for config in K._DQ_CONFIGS[1:]:
-                failures += build(f"dq       bf16 D={D}", K._bwd_dq_kernel, bwd_io("bf16"), {**common, "GATE_MODE": 1},
+            for config in K.DQ_CONFIGS[1:]:
+                failures += build(f"dq       bf16 D={D}", K.bwd_dq_kernel, bwd_io("bf16"), {**common, "GATE_MODE": 1},
                                   config)
-            for config in K._DKDV_CONFIGS[1:]:
-                failures += build(f"dk/dv    bf16 D={D}", K._bwd_dkdv_kernel, bwd_io("bf16"),
+            for config in K.DKDV_CONFIGS[1:]:
+                failures += build(f"dk/dv    bf16 D={D}", K.bwd_dkdv_kernel, bwd_io("bf16"),
                                   {**common, "GATE_MODE": 1}, config)
     print(f"compile-only sm_{sm}: {failures} failure(s)")
     return failures
@@ -283,7 +283,7 @@ def autotuned_configs() -> list[str]:
     from gated_attention.kernels import gated_sdpa_triton as K
 
     lines = []
-    for name in ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel"):
+    for name in ("fwd_kernel", "bwd_dq_kernel", "bwd_dkdv_kernel"):
         kernel = getattr(K, name)
         for key, config in getattr(kernel, "cache", {}).items():
             shown = f"BLOCK_M={config.kwargs['BLOCK_M']} BLOCK_N={config.kwargs['BLOCK_N']} " \

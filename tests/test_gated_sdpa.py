@@ -155,7 +155,7 @@ def test_tests_pin_one_launch_config_and_autotuning_keys_on_length_buckets(monke
     """conftest sets GATED_ATTENTION_TRITON_AUTOTUNE=0: one config per kernel; the autotuner's key holds
     power-of-two length buckets, so one shape's tuning does not fix the tiles for every length."""
     kernels = pytest.importorskip(KERNEL_MODULE)
-    for kernel in (kernels._fwd_kernel, kernels._bwd_dq_kernel, kernels._bwd_dkdv_kernel):
+    for kernel in (kernels.fwd_kernel, kernels.bwd_dq_kernel, kernels.bwd_dkdv_kernel):
         assert len(kernel.configs) == 1
         assert {"T_BUCKET", "S_BUCKET"} <= set(kernel.keys)
     lengths = (1, 128, 129, 1000, 4096, 5000, 100_000)
@@ -163,11 +163,11 @@ def test_tests_pin_one_launch_config_and_autotuning_keys_on_length_buckets(monke
     gpu = [(128, 64, 4, 3), (64, 64, 4, 3)]
     monkeypatch.setattr(kernels, "INTERPRET", False)
     monkeypatch.setattr(kernels, "AUTOTUNE", True)
-    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kernels._configs(gpu, (64, 32))] == [(128, 3), (64, 3)]
+    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kernels.launch_configs(gpu, (64, 32))] == [(128, 3), (64, 3)]
     monkeypatch.setattr(kernels, "AUTOTUNE", False)
-    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kernels._configs(gpu, (64, 32))] == [(128, 3)]
+    assert [(c.kwargs["BLOCK_M"], c.num_stages) for c in kernels.launch_configs(gpu, (64, 32))] == [(128, 3)]
     monkeypatch.setattr(kernels, "INTERPRET", True)
-    assert [c.kwargs["BLOCK_N"] for c in kernels._configs(gpu, (64, 32))] == [32]
+    assert [c.kwargs["BLOCK_N"] for c in kernels.launch_configs(gpu, (64, 32))] == [32]
 
 
 # --- the kernel tests, in a child process under the interpreter ----------------------------------------

@@ -22,7 +22,6 @@ import torch
 from gated_attention.training import data
 from gated_attention.training.streaming import (
     DataError,
-    PackedStream,
     TokenShards,
     open_text_dataset,
     text_stream,
@@ -193,7 +192,7 @@ def test_token_shards_random_access(tokenizer, docs, tmp_path):
     assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
 
 
-def test_token_shards_of_no_text_or_interrupted_leave_nothing_behind(tokenizer, docs, tmp_path, monkeypatch):
+def test_token_shards_of_no_text_or_interrupted_leave_nothing_behind(tokenizer, docs, tmp_path):
     """An empty corpus is one error (it was an IndexError from the tokenizer, called on no texts), and an
     interruption half-way removes the temporary folder and the folders made for it."""
     (tmp_path / "empty.txt").write_text("")
@@ -204,22 +203,28 @@ def test_token_shards_of_no_text_or_interrupted_leave_nothing_behind(tokenizer, 
             write_token_shards(str(tmp_path / empty), tokenizer, tmp_path / "new" / "tokens")
         assert not (tmp_path / "new").exists()
 
-    real, chunks = PackedStream._tokenize, []
+    chunks = []
 
-    def interrupted_at_the_third_chunk(self, texts):
-        chunks.append(len(texts))
-        if len(chunks) == 3:
-            raise KeyboardInterrupt
-        return real(self, texts)
+    class InterruptedAtTheThirdChunk:  # the tokenizer, but Ctrl-C arrives while it tokenizes the third chunk
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
 
-    monkeypatch.setattr(PackedStream, "_tokenize", interrupted_at_the_third_chunk)
+        def __len__(self):
+            return len(tokenizer)
+
+        def __call__(self, texts, **kwargs):
+            chunks.append(len(texts))
+            if len(chunks) == 3:
+                raise KeyboardInterrupt
+            return tokenizer(texts, **kwargs)
+
     with pytest.raises(KeyboardInterrupt):
-        write_token_shards(spec, tokenizer, tmp_path / "new" / "tokens", shard_tokens=1000, chunk_docs=8)
+        write_token_shards(spec, InterruptedAtTheThirdChunk(), tmp_path / "new" / "tokens", shard_tokens=1000, chunk_docs=8)
     assert len(chunks) == 3 and not (tmp_path / "new").exists()
     (tmp_path / "kept").mkdir()
     chunks.clear()
     with pytest.raises(KeyboardInterrupt):
-        write_token_shards(spec, tokenizer, tmp_path / "kept" / "tokens", shard_tokens=1000, chunk_docs=8)
+        write_token_shards(spec, InterruptedAtTheThirdChunk(), tmp_path / "kept" / "tokens", shard_tokens=1000, chunk_docs=8)
     assert (tmp_path / "kept").exists() and not any((tmp_path / "kept").iterdir())  # it was there before
 
 

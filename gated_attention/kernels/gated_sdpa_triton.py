@@ -18,7 +18,7 @@ row that sees nothing so that `exp2(s - lse)` is 0 there) is saved for the
 backward pass.
 
 Passes:
-  forward   `_fwd_kernel`: one program per (query block, batch*query head);
+  forward   `fwd_kernel`: one program per (query block, batch*query head);
             stores the gated output, the ungated output O_u (only when a gate
             needs a gradient) and the log-sum-exp.
   decode    `_decode_split_kernel` + `_decode_combine_kernel`: for few queries
@@ -28,8 +28,8 @@ Passes:
             log-sum-exp and applies the gate once, after the merge.
   backward  `_bwd_preprocess_kernel`: delta = rowsum(dO * O_gated) (= rowsum(dO_eff * O_u)),
             dO_eff = dO * act(gate), dgate = dO * O_u * act'(gate) (summed over
-            D for a headwise gate). Then `_bwd_dq_kernel` (per query block) and
-            `_bwd_dkdv_kernel` (per key block and key/value head, looping over
+            D for a headwise gate). Then `bwd_dq_kernel` (per query block) and
+            `bwd_dkdv_kernel` (per key block and key/value head, looping over
             the query heads of its group, so dk/dv accumulate in registers
             with no per-query-head copies and no atomics) run on dO_eff as in
             ungated attention.
@@ -91,7 +91,7 @@ DECODE_MAX_SPLITS = 64
 # --------------------------------------------------------------------------------------------
 
 
-def _configs(gpu: list[tuple[int, int, int, int]], interpret: tuple[int, int]) -> list:
+def launch_configs(gpu: list[tuple[int, int, int, int]], interpret: tuple[int, int]) -> list:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) candidates: all of `gpu` when autotuning, else its first;
     one config of its own under the interpreter."""
     if INTERPRET:
@@ -105,17 +105,17 @@ def _configs(gpu: list[tuple[int, int, int, int]], interpret: tuple[int, int]) -
 # sm_90's 228 KB of shared memory and wgmma (a config that does not fit a smaller GPU fails its trial launch
 # and the autotuner drops it). The interpreter configs use different BLOCK_M and BLOCK_N so that the tests
 # exercise the causal-boundary logic with unequal tiles, as on the GPU.
-_FWD_CONFIGS = _configs(
+FWD_CONFIGS = launch_configs(
     [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
      (128, 128, 8, 2), (128, 128, 4, 3), (128, 64, 4, 4)],  # Hopper
     (64, 32),
 )
-_DQ_CONFIGS = _configs(
+DQ_CONFIGS = launch_configs(
     [(64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 2), (128, 32, 4, 3),
      (128, 128, 8, 2), (128, 64, 8, 4)],  # Hopper
     (64, 32),
 )
-_DKDV_CONFIGS = _configs(
+DKDV_CONFIGS = launch_configs(
     [(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3),
      (32, 128, 4, 4), (64, 128, 8, 3)],  # Hopper
     (32, 64),
@@ -211,9 +211,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, o
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=_AUTOTUNE_KEY)
+@triton.autotune(configs=FWD_CONFIGS, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "S"])
-def _fwd_kernel(
+def fwd_kernel(
     Q, K, V, G, O, OU, LSE, CU_SEQLENS,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -465,9 +465,9 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, o
     return dq
 
 
-@triton.autotune(configs=_DQ_CONFIGS, key=_AUTOTUNE_KEY)
+@triton.autotune(configs=DQ_CONFIGS, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "S"])
-def _bwd_dq_kernel(
+def bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -557,9 +557,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, stride_qt, stride_ot,
     return dk, dv
 
 
-@triton.autotune(configs=_DKDV_CONFIGS, key=_AUTOTUNE_KEY)
+@triton.autotune(configs=DKDV_CONFIGS, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "S"])
-def _bwd_dkdv_kernel(
+def bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -736,7 +736,7 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
         rows = T if cu_seqlens is None else max_seqlen
         keys = S if cu_seqlens is None else max_seqlen
         grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]), n_seq * HQ)  # noqa: E731
-        _fwd_kernel[grid](
+        fwd_kernel[grid](
             q, k, v, g, out, o_u, lse, cu_seqlens,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_gate_strides(gate), *out.stride()[:3],
             *lse.stride()[:2], T, S, HQ, group, qk_scale, seq_bucket(rows), seq_bucket(keys),
@@ -777,10 +777,10 @@ def _backward(do, q, k, v, gate, o_u, lse, causal, scale, cu_seqlens, max_seqlen
                   DOT=_dot_dtype(q.dtype), PRECISION=_precision(q.dtype))
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dq.stride()[:3], *lse.stride()[:2])
     scalars = (scale, scale * LOG2E, seq_bucket(rows_q), seq_bucket(rows_k))  # sm_scale, qk_scale, T/S_BUCKET
-    _bwd_dq_kernel[lambda META: (triton.cdiv(rows_q, META["BLOCK_M"]), n_seq * HQ)](
+    bwd_dq_kernel[lambda META: (triton.cdiv(rows_q, META["BLOCK_M"]), n_seq * HQ)](
         q, k, v, do_eff, lse, delta, dq, cu_seqlens, *strides, T, S, HQ, group, *scalars, **common,
     )
-    _bwd_dkdv_kernel[lambda META: (triton.cdiv(rows_k, META["BLOCK_N"]), n_seq * HKV)](
+    bwd_dkdv_kernel[lambda META: (triton.cdiv(rows_k, META["BLOCK_N"]), n_seq * HKV)](
         q, k, v, do_eff, lse, delta, dk, dv, cu_seqlens, *strides, *dk.stride()[:3],
         T, S, HKV, group, *scalars, **common,
     )
