@@ -26,6 +26,7 @@ import torch
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
 from gated_attention.analysis.analyze import reduce_record
 from gated_attention.analysis.capture import Capture
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 
 def build(args) -> torch.nn.Module:
@@ -72,12 +73,12 @@ def time_once(fn, model, ids) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=bounded(int, 1), default=4)
+    parser.add_argument("--hidden", type=bounded(int, 1), default=512)
+    parser.add_argument("--seq", type=bounded(int, 1), default=512)
+    parser.add_argument("--vocab", type=bounded(int, 1), default=32000)
+    parser.add_argument("--repeats", type=bounded(int, 1), default=7)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 

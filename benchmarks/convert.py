@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
+
 REPO = Path(__file__).resolve().parents[1]
 # TinyLlama-1.1B: 1.1e9 parameters, 2.2 GB in bf16.
 LLAMA = dict(
@@ -122,9 +124,9 @@ def folder_bytes(folder: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where the ~7 GB of scratch space is")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=bounded(int, 1), default=2)
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--build-only", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -22,6 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 
 def build(args):
@@ -55,12 +56,12 @@ def time_once(model, ids, backward: bool) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=bounded(int, 1), default=4)
+    parser.add_argument("--hidden", type=bounded(int, 1), default=512)
+    parser.add_argument("--seq", type=bounded(int, 1), default=1024)
+    parser.add_argument("--vocab", type=bounded(int, 1), default=32000)
+    parser.add_argument("--repeats", type=bounded(int, 1), default=15)
     args = parser.parse_args()
 
     models = build(args)

@@ -47,6 +47,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
+
 DENSE_BF16_PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}
 
 
@@ -312,16 +314,16 @@ def csv_writer(path: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--tokens", type=int, default=16384, help="B * T per configuration")
-    parser.add_argument("--width", type=int, default=2048, help="HQ * D")
-    parser.add_argument("--group", type=int, default=4, help="HQ / HKV")
-    parser.add_argument("--decode-cache", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqlens", type=bounded(int, 1), nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--head-dims", type=bounded(int, 1), nargs="+", default=[64, 128])
+    parser.add_argument("--tokens", type=bounded(int, 1), default=16384, help="B * T per configuration")
+    parser.add_argument("--width", type=bounded(int, 1), default=2048, help="HQ * D")
+    parser.add_argument("--group", type=bounded(int, 1), default=4, help="HQ / HKV")
+    parser.add_argument("--decode-cache", type=bounded(int, 1), nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--csv", help="also write every row to this CSV file")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: checks the script, not speed")
-    parser.add_argument("--compile-only", type=int, metavar="SM", help="compile the kernels for sm_SM, no GPU needed")
+    parser.add_argument("--compile-only", type=bounded(int, 1), metavar="SM", help="compile the kernels for sm_SM, no GPU needed")
     parser.add_argument("--all-configs", action="store_true", help="with --compile-only: every autotune config too")
     args = parser.parse_args(argv)
 

@@ -13,12 +13,12 @@ wrong answer cannot pass unnoticed.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 import torch.nn.functional as F
 
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 from gated_attention.kernels.gated_delta_rule import torch_gated_delta_rule
 
 
@@ -45,10 +45,10 @@ def inputs(T: int, B: int = 1, H: int = 4, D: int = 128):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=bounded(int, 1), default=7)
+    parser.add_argument("--threads", type=bounded(int, 1), default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--lengths", type=bounded(int, 1), nargs="+", default=[1024, 4096])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

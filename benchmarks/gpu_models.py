@@ -36,6 +36,8 @@ import traceback
 
 import torch
 
+from gated_attention.hub.command_line import OneLineErrorParser
+
 PARTS = ("train", "agree", "generate", "moe", "hybrid", "compile")
 IMPLEMENTATIONS = ("sdpa", "gated_triton")
 
@@ -312,7 +314,7 @@ def empty_cache(setup):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU: checks the script, not speed")
     args = parser.parse_args(argv)

@@ -46,7 +46,6 @@ Checkpoints go to `--work` (default: a temporary folder, removed at the end).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -58,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -421,14 +422,14 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineErrorParser(description=__doc__.split("\n")[0])
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--only", nargs="+", metavar="NAME", help="built-in checkpoints to check (default: all); "
                    "'variants' for every gate variant")
     p.add_argument("--routes", metavar="TEXT", help="only the routes whose label contains TEXT (e.g. 'TP=2')")
     p.add_argument("--checkpoint", type=Path, help="check this checkpoint instead of the built-in ones")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--prompts", type=bounded(int, 1), default=4)
+    p.add_argument("--max-tokens", type=bounded(int, 1), default=32)
     p.add_argument("--work", type=Path, help="where checkpoints and GGUF files go (default: a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the table's rows as JSON")
     p.add_argument("--vllm-python")

@@ -8,20 +8,19 @@ sink, so the gated twin need not be trained while searching. Every setting tried
 is written down, with its numbers, in `benchmarks/sink_search.md`.
 """
 
-import argparse
 import platform
 import sys
 import time
 
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 from gated_attention.recipes import cli
-from gated_attention.hub.command_line import bounded
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser()
+    parser = OneLineErrorParser()
     sub = parser.add_subparsers()
     cli.register(sub)
-    ours = argparse.ArgumentParser(add_help=False)
+    ours = OneLineErrorParser(add_help=False)
     ours.add_argument("--ungated-only", action="store_true")
     ours.add_argument("--probe-every", type=bounded(int, 0))
     ours.add_argument("--corpus-chars", type=bounded(int, 1))

@@ -17,7 +17,6 @@ hits every command alike; the fastest run of each counts (noise only slows down)
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ["convert", "extend", "export", "analyze", "quickstart"]
@@ -49,8 +50,8 @@ def command_prefix() -> tuple[list[str], str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=bounded(int, 1), default=7)
     parser.add_argument("--convert", action="store_true", help="also run benchmarks/convert.py (minutes, ~7 GB scratch)")
     args = parser.parse_args()
 

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 from gated_attention.training import data
 
 
@@ -73,13 +74,13 @@ def measure(corpus: str, steps: int, batch_size: int, seq_len: int, vocab_size: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes-mb", type=int, nargs=2, default=[100, 1000])
+    p = OneLineErrorParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes-mb", type=bounded(int, 1), nargs=2, default=[100, 1000])
     p.add_argument("--folder", default="/tmp/gated-attention-stream-bench")
-    p.add_argument("--steps", type=int, default=5000)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--vocab-size", type=int, default=1024, help="the embedded tokenizer's (quickstart's default)")
+    p.add_argument("--steps", type=bounded(int, 1), default=5000)
+    p.add_argument("--batch-size", type=bounded(int, 1), default=8)
+    p.add_argument("--seq-len", type=bounded(int, 1), default=1024)
+    p.add_argument("--vocab-size", type=bounded(int, 1), default=1024, help="the embedded tokenizer's (quickstart's default)")
     p.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the child process
     args = p.parse_args()
     if args.measure:

@@ -18,13 +18,14 @@ has more parameters, e.g. a gate, and then its share is what to compare).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 SHAPE = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, head_dim=32, max_position_embeddings=512)
@@ -88,8 +89,8 @@ def worker(folders: list[str], out: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tp", type=int, default=2, help="ranks (CPU processes); default 2")
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=bounded(int, 1), default=2, help="ranks (CPU processes); default 2")
     args = parser.parse_args()
     import transformers
 

@@ -34,6 +34,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # it runs from a checkout without the package installed, as its children do
+
+from gated_attention.hub.command_line import OneLineErrorParser, bounded  # noqa: E402
+
 MODES = ("default", "1", "torch")
 
 
@@ -91,19 +95,16 @@ def start_load(n: int) -> list[subprocess.Popen]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30, help="training steps per measurement (first 3 untimed)")
-    parser.add_argument("--repeats", type=int, default=2, help="measurements per setting and phase (median counts)")
-    parser.add_argument("--load", type=int, help="busy processes in the loaded phase (default: one per usable core)")
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=bounded(int, 4), default=30, help="training steps per measurement (first 3 untimed)")
+    parser.add_argument("--repeats", type=bounded(int, 1), default=2, help="measurements per setting and phase (median counts)")
+    parser.add_argument("--load", type=bounded(int, 1), help="busy processes in the loaded phase (default: one per usable core)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.steps < 4 or args.repeats < 1:
-        parser.error("--steps must be at least 4 and --repeats at least 1")
     if args.child:
         child(args.child, args.steps)
         return 0
 
-    sys.path.insert(0, str(REPO))
     import torch
 
     from gated_attention.recipes.settings import Settings

@@ -69,8 +69,7 @@ from accelerate.utils import set_seed
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.cli import OneLineErrorParser
-from gated_attention.hub.command_line import bounded, first_line
+from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
 from gated_attention.training.streaming import (
     DataError,

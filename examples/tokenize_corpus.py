@@ -18,8 +18,7 @@ import sys
 import time
 from typing import NoReturn
 
-from gated_attention.cli import OneLineErrorParser
-from gated_attention.hub.command_line import bounded, first_line
+from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.recipes.settings import MIN_VOCAB
 from gated_attention.training.data import tokenizer_for
 from gated_attention.training.streaming import DataError, write_token_shards

@@ -26,19 +26,13 @@ import sys
 import warnings
 
 from . import CLIError, GatedAttentionWarning, __version__
+from .hub.command_line import OneLineErrorParser
 
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",
     "gated_attention.analysis.cli",
     "gated_attention.recipes.cli",
 ]
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line (the usage block is what `--help` is for)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _Version(argparse.Action):

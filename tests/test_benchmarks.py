@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 def load(name: str):
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -65,3 +67,39 @@ def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsy
     assert "wall time" in capsys.readouterr().out
     with open(tmp_path / "out" / "layers.csv") as f:
         assert {row["model"] for row in csv.DictReader(f)} == {"no gate"}
+
+
+# A value out of range for each script's own flags (serving_engines is the serving check's library: no flags).
+OUT_OF_RANGE = {
+    "analysis_overhead": ["--repeats", "0"],
+    "convert": ["--repeats", "0"],
+    "gate_overhead": ["--layers", "0"],
+    "gated_sdpa": ["--seqlens", "1024", "0"],
+    "gdn_cpu": ["--lengths", "-5"],
+    "gpu_models": ["--parts", "everything"],
+    "serving_check": ["--prompts", "0"],
+    "sink_search": ["--probe-every", "-1"],
+    "startup": ["--repeats", "0"],
+    "stream_memory": ["--steps", "0"],
+    "tensor_parallel_memory": ["--tp", "0"],
+    "threads": ["--steps", "3"],  # the first three steps are not timed
+}
+
+
+def test_every_benchmark_with_flags_is_listed_here():
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py") if "\ndef main(" in p.read_text(encoding="utf-8")}
+    assert scripts - {"serving_engines"} == set(OUT_OF_RANGE)
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
+def test_a_bad_flag_value_is_one_line_before_anything_runs(name, monkeypatch, capsys):
+    """The benchmarks share the commands' parser (`hub.command_line`): a range error names the flag in one line,
+    exit 2, and nothing is measured."""
+    monkeypatch.setattr("sys.argv", [f"{name}.py", *OUT_OF_RANGE[name]])
+    with pytest.raises(SystemExit) as exit_info:
+        load(name).main()
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and not captured.out, captured.out
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and f"error: argument {OUT_OF_RANGE[name][0]}" in lines[0], lines
+    assert lines[0].endswith(f"(see {name}.py --help)"), lines

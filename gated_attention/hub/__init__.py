@@ -10,9 +10,10 @@ and the small helpers every command line shares.
 - `repo_ids`: whether a model argument is a local folder or could be a Hub repo
   id, without the network, and `cached_or_downloaded`, the one policy for
   fetching an id: huggingface_hub's cache first, then the Hub.
-- `command_line`: what every command line shares: `bounded` (an argparse
-  type for a number in a range) and `first_line` (an exception as one line).
-  Standard library only.
+- `command_line`: what every command line shares (the `gated-attention`
+  commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
+  with a usage error as one line), `bounded` (an argparse type for a number in
+  a range) and `first_line` (an exception as one line). Standard library only.
 - `output_folders`: which output folders a command may write or replace
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check

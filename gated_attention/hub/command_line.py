@@ -1,4 +1,5 @@
-"""Small pieces every command line of the package shares: flag values in a range, an exception as one line.
+"""Small pieces every command line of the package shares: a parser whose usage errors are one line, flag
+values in a range, an exception as one line.
 
 `cli`, `analysis`, `convert`, `recipes`, `training`, the examples and the
 benchmarks use these, so a range or a one-line error reads the same in every
@@ -38,3 +39,10 @@ def bounded(kind: type = int, low: float = 1, *, strict: bool = False, high: flo
         return value
 
     return parse
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (the usage block is what `--help` is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
