@@ -13,10 +13,11 @@ from .plan import GATE_BIAS_INIT
 from .rope import RopeChange
 
 
-def write_conversion_card(stage, src, family_name, gate, init, dtype_name, rope: RopeChange, config, command: str) -> None:
+def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str) -> None:
     options = {"source": src}
     changed = []
     if command == "convert":
+        gate = config.attn_gate["granularity"]  # the gate as the config holds it, never the flag's text
         options.update({"--gate": gate, "--init": init})
         granularity = "one score per channel" if gate == "elementwise" else "one score per head"
         changed.append(

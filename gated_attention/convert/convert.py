@@ -118,7 +118,7 @@ def convert_checkpoint(
             announce=f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})",
             desc="converting",
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
-            write_card=partial(write_conversion_card, src=src, family_name=family.name, gate=gate, init=init,
+            write_card=partial(write_conversion_card, src=src, family_name=family.name, init=init,
                                dtype_name=dtype_name, rope=rope, config=config, command="convert"),
             verify=check,
         )  # fmt: skip
@@ -170,7 +170,7 @@ def extend_checkpoint(
             announce=f"extending {src} -> {dst}: {rope.describe()}",
             desc="copying",
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
-            write_card=partial(write_conversion_card, src=src, family_name=config.model_type, gate=None, init=None,
+            write_card=partial(write_conversion_card, src=src, family_name=config.model_type, init=None,
                                dtype_name=dtype_name, rope=rope, config=config, command="extend"),
             verify=check if verify else None,
             done=[f"rope: {rope_parameters['rope_type']}, attention factor {attention_factor:g}, max positions {max_positions}"],
