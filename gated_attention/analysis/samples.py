@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DOMAINS = ("prose", "code", "math")
 _CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
 _MATH_MODULES = ("statistics", "fractions", "math", "cmath")
 
