@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-cache", type=bounded(int, 1), nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--csv", help="also write every row to this CSV file")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: checks the script, not speed")
-    parser.add_argument("--compile-only", type=bounded(int, 1), metavar="SM", help="compile the kernels for sm_SM, no GPU needed")
+    parser.add_argument("--compile-only", type=bounded(int, 1), metavar="SM",
+                        help="compile the kernels for sm_SM, no GPU needed")
     parser.add_argument("--all-configs", action="store_true", help="with --compile-only: every autotune config too")
     args = parser.parse_args(argv)
 

@@ -80,7 +80,8 @@ def main() -> None:
     p.add_argument("--steps", type=bounded(int, 1), default=5000)
     p.add_argument("--batch-size", type=bounded(int, 1), default=8)
     p.add_argument("--seq-len", type=bounded(int, 1), default=1024)
-    p.add_argument("--vocab-size", type=bounded(int, 1), default=1024, help="the embedded tokenizer's (quickstart's default)")
+    p.add_argument("--vocab-size", type=bounded(int, 1), default=1024,
+                   help="the embedded tokenizer's (quickstart's default)")
     p.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the child process
     args = p.parse_args()
     if args.measure:

@@ -96,9 +96,12 @@ def start_load(n: int) -> list[subprocess.Popen]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=bounded(int, 4), default=30, help="training steps per measurement (first 3 untimed)")
-    parser.add_argument("--repeats", type=bounded(int, 1), default=2, help="measurements per setting and phase (median counts)")
-    parser.add_argument("--load", type=bounded(int, 1), help="busy processes in the loaded phase (default: one per usable core)")
+    parser.add_argument("--steps", type=bounded(int, 4), default=30,
+                        help="training steps per measurement (first 3 untimed)")
+    parser.add_argument("--repeats", type=bounded(int, 1), default=2,
+                        help="measurements per setting and phase (median counts)")
+    parser.add_argument("--load", type=bounded(int, 1),
+                        help="busy processes in the loaded phase (default: one per usable core)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -219,12 +219,14 @@ def test_token_shards_of_no_text_or_interrupted_leave_nothing_behind(tokenizer, 
             return tokenizer(texts, **kwargs)
 
     with pytest.raises(KeyboardInterrupt):
-        write_token_shards(spec, InterruptedAtTheThirdChunk(), tmp_path / "new" / "tokens", shard_tokens=1000, chunk_docs=8)
+        write_token_shards(spec, InterruptedAtTheThirdChunk(), tmp_path / "new" / "tokens",
+                           shard_tokens=1000, chunk_docs=8)
     assert len(chunks) == 3 and not (tmp_path / "new").exists()
     (tmp_path / "kept").mkdir()
     chunks.clear()
     with pytest.raises(KeyboardInterrupt):
-        write_token_shards(spec, InterruptedAtTheThirdChunk(), tmp_path / "kept" / "tokens", shard_tokens=1000, chunk_docs=8)
+        write_token_shards(spec, InterruptedAtTheThirdChunk(), tmp_path / "kept" / "tokens",
+                           shard_tokens=1000, chunk_docs=8)
     assert (tmp_path / "kept").exists() and not any((tmp_path / "kept").iterdir())  # it was there before
 
 

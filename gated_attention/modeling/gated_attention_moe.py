@@ -129,8 +129,8 @@ class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationM
     ) -> GatedAttentionMoeCausalLMOutput:
         r"""
         load_balancer (`GlobalLoadBalancer`, *optional*):
-            Computes the load-balancing loss over the global batch (see `gated_attention.modeling.load_balancing`) instead
-            of over this batch alone.
+            Computes the load-balancing loss over the global batch instead of over this batch alone (see
+            `gated_attention.modeling.load_balancing`).
         """
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
