@@ -1,4 +1,5 @@
-"""The example scripts (`examples/*.py`) imported as modules, so tests call their `main(argv)` in process."""
+"""The example scripts (`examples/*.py`) imported as modules, so tests call their `main(argv)` in process, and the
+tiny checkpoint they train."""
 
 from __future__ import annotations
 
@@ -20,3 +21,20 @@ def import_example(name: str) -> ModuleType:
         return module
     finally:
         sys.path.remove(str(EXAMPLES))
+
+
+def save_tiny_model(folder: Path, max_chars: int, **sizes) -> Path:
+    """A tiny random G1-gated model with the embedded tokenizer (trained on `max_chars` of the corpus), saved
+    like a converted checkpoint; `sizes` are config fields (hidden_size, num_hidden_layers, ...)."""
+    import torch
+
+    import gated_attention
+    from gated_attention.training import data
+
+    tokenizer = data.load_tokenizer(300, max_chars=max_chars)
+    config = gated_attention.GatedAttentionConfig(vocab_size=len(tokenizer), num_attention_heads=2,
+                                                  attn_gate={"position": "G1"}, **sizes)
+    torch.manual_seed(0)
+    gated_attention.GatedAttentionForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -27,7 +27,7 @@ import gated_attention
 from gated_attention.training import data
 from gated_attention.training import evaluate_loss
 
-from example_helpers import import_example
+from example_helpers import import_example, save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -53,16 +53,8 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_model(env, tmp_path_factory) -> Path:
     """A tiny random G1-gated model with the embedded tokenizer, saved like a converted checkpoint."""
-    folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = data.load_tokenizer(300, max_chars=MAX_CHARS)
-    config = gated_attention.GatedAttentionConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, max_position_embeddings=64, attn_gate={"position": "G1"},
-    )
-    torch.manual_seed(0)
-    gated_attention.GatedAttentionForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"), MAX_CHARS, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, max_position_embeddings=64)
 
 
 def launch_two_processes(script: str, args: list[str], env: dict) -> str:

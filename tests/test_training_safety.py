@@ -19,8 +19,7 @@ import pytest
 import torch
 
 import gated_attention
-from gated_attention.training import data
-from example_helpers import import_example
+from example_helpers import import_example, save_tiny_model
 
 MAX_CHARS = 150_000
 COMMON = ["--seq-len", "16", "--batch-size", "2", "--max-chars", str(MAX_CHARS), "--eval-sequences", "2",
@@ -32,16 +31,8 @@ def tiny_model(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("GATED_ATTENTION_CACHE")
     os.environ["GATED_ATTENTION_CACHE"] = str(cache)
-    folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = data.load_tokenizer(300, max_chars=MAX_CHARS)
-    config = gated_attention.GatedAttentionConfig(
-        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, max_position_embeddings=32, attn_gate={"position": "G1"},
-    )
-    torch.manual_seed(0)
-    gated_attention.GatedAttentionForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    yield folder
+    yield save_tiny_model(tmp_path_factory.mktemp("tiny"), MAX_CHARS, hidden_size=16, intermediate_size=32,
+                          num_hidden_layers=1, max_position_embeddings=32)
     if old is None:
         os.environ.pop("GATED_ATTENTION_CACHE")
     else:
