@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -68,11 +68,16 @@ WORKER = textwrap.dedent("""
         full = {k: v.full_tensor() for k, v in model.state_dict().items()}
         if rank == 0:
             torch.save(full, out)
-            json.dump(lrs, open(out + ".json", "w"))
-        # Without the barrier rank 1 tears gloo down while rank 0 still saves; 1 run in 15 then aborted
-        # with "terminate called without an active exception" (0 in 30 with it, on a loaded 2-core machine).
+            with open(out + ".json", "w") as f:
+                json.dump(lrs, f)
         dist.barrier()
         dist.destroy_process_group()
+        # The sharded model keeps the gloo group alive past destroy_process_group, and one of gloo's worker
+        # threads may still be freeing a finished collective (it holds tensors) when the interpreter shuts
+        # down: taking the GIL then aborts the process, "terminate called without an active exception"
+        # (torch's decref during finalization, pytorch/pytorch#190489; 2 runs in 20 on a loaded 2-core
+        # machine, with the barrier). Everything is written, so the worker leaves without the teardown.
+        os._exit(0)
 """)
 
 
