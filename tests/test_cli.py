@@ -176,7 +176,7 @@ REFUSED_BEFORE_IMPORTS = {
     "src-missing": (["convert", "./nope", "out"], "SRC ./nope: no such folder"),
     "src-no-repo-id": (["export", "a/b/c", "out", "--format", "qwen3_5"], "SRC a/b/c: no such folder"),
     "src-a-file": (["convert", "afile", "out"], "SRC afile is a file"),
-    "src-empty": (["convert", "", "x"], "SRC is empty: give a checkpoint folder or a Hub repo id"),  # issue 27
+    "src-empty": (["convert", "", "x"], "SRC is empty: give a checkpoint folder or a Hub repo id"),
     "analyze-model-empty": (["analyze", "", "--out", "o"], "MODEL is empty"),
     "revision-of-a-folder": (["convert", "src", "out", "--revision", "v1"], "--revision is for a Hub repo id"),
     "dst-exists": (["extend", "src", "existing", "--rope-theta", "1e6"], "DST existing already exists; pass --overwrite"),

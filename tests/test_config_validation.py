@@ -1,4 +1,4 @@
-"""Absurd configs fail fast (issue 27, Deliver 3): one line naming the field and its value, exit 2, before
+"""Absurd configs fail fast: one line naming the field and its value, exit 2, before
 any model or weight plan is built, from every command and example; nothing is silently reinterpreted."""
 
 from __future__ import annotations

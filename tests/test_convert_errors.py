@@ -123,7 +123,7 @@ def test_existing_dst_needs_overwrite(src, tmp_path, capsys):
     refuse(["convert", str(src), str(dst)], capsys, dst, src, "holds 'keep.txt' and is not a model checkpoint")
     assert (dst / "keep.txt").read_text() == "old"
 
-    # --overwrite replaces a checkpoint only: a folder of the user's files is refused, naming one (issue 27)
+    # --overwrite replaces a checkpoint only: a folder of the user's files is refused, naming one
     refuse(["convert", str(src), str(dst), "--overwrite"], capsys, dst, src, "holds 'keep.txt' and is not a model checkpoint")
     assert (dst / "keep.txt").read_text() == "old"
 

@@ -1,4 +1,4 @@
-"""Full disks and long names (issue 27, Deliver 2): a DST that does not fit is refused before writing, in
+"""Full disks and long names: a DST that does not fit is refused before writing, in
 one line naming DST, the bytes needed and those free; a file system that fills up while writing is one line
 too, with nothing left behind; no shard is left sparse (a hole read back through mmap on a full tmpfs was a
 SIGBUS); and the staging folder's name fits beside any valid DST name."""

@@ -279,7 +279,7 @@ def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model,
     (tmp_path / "kept" / "notes.txt").write_text("mine")
     expected = {
         tmp_path / "runs" / "e1": f"error: {tmp_path / 'kept'} is not a complete checkpoint (no step.json)",
-        # a folder of the user's files is no run's output folder: refused before anything (issue 27)
+        # a folder of the user's files is no run's output folder: refused before anything
         tmp_path / "kept": f"error: --output-dir {tmp_path / 'kept'} holds 'notes.txt' and is not a run",
     }
     for out, line in expected.items():

@@ -1,4 +1,4 @@
-"""Messages that said less, or other, than what happened (issue 27, Deliver 6)."""
+"""Messages that said less, or other, than what happened."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`--overwrite` (and every output folder) replaces only what the package writes (issue 27, Deliver 1).
+"""`--overwrite` (and every output folder) replaces only what the package writes.
 
 The output folder, resolved, may not be the working folder or above it, nor an input; a non-empty one that
 is not the package's own (a checkpoint for convert/extend/export, an earlier analysis for analyze, an

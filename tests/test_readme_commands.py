@@ -1,4 +1,4 @@
-"""The README's example commands run as written after the commands before them (issue 27, Deliver 7).
+"""The README's example commands run as written after the commands before them.
 
 The LoRA line relied on the default `--seq-len 512`, longer than quickstart's model (refused), and the
 try-out line did not say it needs the full quickstart's model (`--smoke`'s has 32 positions)."""

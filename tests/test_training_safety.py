@@ -1,4 +1,4 @@
-"""Training loses nothing and saves no broken model (issue 27, Deliver 4 and 5).
+"""Training loses nothing and saves no broken model.
 
 - A run whose weights stop being finite exits non-zero in one line naming the step, and writes no `final/`
   (nor a checkpoint of those weights).
