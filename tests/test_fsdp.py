@@ -75,7 +75,7 @@ WORKER = textwrap.dedent("""
         # The sharded model keeps the gloo group alive past destroy_process_group, and one of gloo's worker
         # threads may still be freeing a finished collective (it holds tensors) when the interpreter shuts
         # down: taking the GIL then aborts the process, "terminate called without an active exception"
-        # (torch's decref during finalization, pytorch/pytorch#190489; 2 runs in 20 on a loaded 2-core
+        # (torch's decref during finalization, pytorch/pytorch#190489; 4 runs in 42 on a loaded 2-core
         # machine, with the barrier). Everything is written, so the worker leaves without the teardown.
         os._exit(0)
 """)
