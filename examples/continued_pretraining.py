@@ -71,15 +71,8 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
 from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
-from gated_attention.training.streaming import (
-    DataError,
-    TokenShards,
-    check_has_text,
-    check_text_field,
-    is_token_shards,
-    open_text_dataset,
-    text_stream,
-)
+from gated_attention.hub.datasets import DataError, check_has_text, check_text_field, open_text_dataset
+from gated_attention.training.streaming import TokenShards, is_token_shards, text_stream
 from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
 from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any

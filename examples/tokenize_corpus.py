@@ -21,7 +21,8 @@ from typing import NoReturn
 from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.recipes.settings import MIN_VOCAB
 from gated_attention.training.data import tokenizer_for
-from gated_attention.training.streaming import DataError, write_token_shards
+from gated_attention.hub.datasets import DataError
+from gated_attention.training.streaming import write_token_shards
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -20,10 +20,9 @@ import pytest
 import torch
 
 from gated_attention.training import data
+from gated_attention.hub.datasets import DataError, open_text_dataset
 from gated_attention.training.streaming import (
-    DataError,
     TokenShards,
-    open_text_dataset,
     text_stream,
     token_dtype,
     write_token_shards,

@@ -1,5 +1,5 @@
 """Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders,
-and the small helpers every command line shares.
+the `--dataset` reader, and the small helpers every command line shares.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -14,6 +14,9 @@ and the small helpers every command line shares.
   commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
   with a usage error as one line), `bounded` (an argparse type for a number in
   a range) and `first_line` (an exception as one line). Standard library only.
+- `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
+  jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
+  as a stream, with `DataError` as one line.
 - `output_folders`: which output folders a command may write or replace
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check
@@ -21,5 +24,5 @@ and the small helpers every command line shares.
 
 Imports: nothing else of this package (it sits on the layer of
 `configuration` and `kernels`, see docs/architecture.md); `modeling`,
-`convert` and `analysis` use it.
+`convert`, `training` and `analysis` use it.
 """

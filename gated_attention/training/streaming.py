@@ -2,7 +2,7 @@
 
 Two ways to feed `gated_attention.training.train` a corpus that does not fit in memory:
 
-- **A text stream** (`PackedStream`): `open_text_dataset` opens local files
+- **A text stream** (`PackedStream`): `hub.datasets.open_text_dataset` opens local files
   (txt, jsonl/json, parquet, csv), a dataset saved with `save_to_disk`, or a
   Hub dataset from the local cache, always as a streaming `IterableDataset`.
   Each process reads its own part (`datasets.distributed.split_dataset_by_node`:
@@ -39,121 +39,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..hub.command_line import first_line
-from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
+from ..hub.datasets import DataError, check_text_field, open_text_dataset
 from .folders import output_folder
 
-# file suffix -> `datasets` packaged builder
-BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 CHUNK_DOCS = 256  # documents read and tokenized at a time
 INDEX = "index.json"  # marks a token-shard folder
 _SHARDS_FORMAT = 1
-
-
-class DataError(ValueError):
-    """A corpus that cannot be read as asked; the message is one line meant for the user."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Opening a corpus as a stream
-
-
-def _builder_kwargs(builder: str) -> dict:
-    # A .txt file is one document, as with `--text-files` (the text builder would make every line one).
-    return {"sample_by": "document"} if builder == "text" else {}
-
-
-def _data_files(folder: Path) -> dict[str, list[str]]:
-    """The corpus files under `folder` (hidden ones skipped), grouped by builder."""
-    found: dict[str, list[str]] = {}
-    for f in sorted(folder.rglob("*")):
-        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts):
-            builder = BUILDERS.get(f.suffix.lower())
-            if builder:
-                found.setdefault(builder, []).append(str(f))
-    return found
-
-
-def _from_files(files: list[str], builder: str):
-    from datasets import load_dataset
-
-    return load_dataset(builder, data_files=files, split="train", streaming=True, **_builder_kwargs(builder))
-
-
-def _from_folder(folder: Path, split: str, spec: str):
-    from datasets import load_dataset, load_from_disk
-
-    if (folder / "state.json").exists() or (folder / "dataset_dict.json").exists():  # save_to_disk
-        ds = load_from_disk(str(folder))
-        if hasattr(ds, "keys"):  # a DatasetDict
-            if split not in ds:
-                raise DataError(f"--dataset {spec}: no split {split!r} (it has {', '.join(ds.keys())})")
-            ds = ds[split]
-        return ds.to_iterable_dataset()
-    found = _data_files(folder)
-    if not found:
-        raise DataError(f"--dataset {spec}: no {'/'.join(sorted(BUILDERS))} files in {folder}")
-    if len(found) > 1:
-        raise DataError(f"--dataset {spec}: mixed file kinds ({', '.join(sorted(found))}); give one kind")
-    (builder,) = found
-    try:  # datasets picks the split from file names (train*.jsonl, data/validation-*.parquet, ...)
-        return load_dataset(builder, data_dir=str(folder), split=split, streaming=True, **_builder_kwargs(builder))
-    except ValueError as e:
-        raise DataError(f"--dataset {spec}: {first_line(e)}") from None
-
-
-def _cached_hub_dataset(repo_id: str) -> Path:
-    """A Hub dataset repo's files from huggingface_hub's cache (downloaded only when not offline)."""
-    try:
-        return cached_or_downloaded(repo_id, repo_type="dataset")
-    except HubUnavailable as e:
-        raise DataError(f"--dataset {repo_id}: no such file or folder, and {e}") from None
-
-
-def open_text_dataset(spec: str | list[str], split: str = "train"):
-    """A streaming `datasets.IterableDataset` of documents, not yet split across processes.
-
-    `spec` is one or more files (`BUILDERS` suffixes, one kind), a folder of such
-    files, a folder written by `save_to_disk`, or a Hub dataset id (`owner/name`,
-    read from the local cache when there, so offline once cached). Raises
-    `DataError` with a one-line message when it cannot.
-    """
-    specs = [spec] if isinstance(spec, str) else list(spec)
-    paths = [Path(s).expanduser() for s in specs]
-    if len(paths) == 1 and paths[0].is_dir():
-        return _from_folder(paths[0], split, specs[0])
-    if all(p.is_file() for p in paths):
-        kinds = {BUILDERS.get(p.suffix.lower()) for p in paths}
-        if None in kinds:
-            bad = next(s for s, p in zip(specs, paths) if p.suffix.lower() not in BUILDERS)
-            raise DataError(f"--dataset {bad}: unknown file kind (expected {', '.join(sorted(BUILDERS))})")
-        if len(kinds) > 1:
-            raise DataError(f"--dataset: mixed file kinds ({', '.join(sorted(kinds))}); give one kind")
-        return _from_files([str(p) for p in paths], kinds.pop())
-    missing = next(s for s, p in zip(specs, paths) if not p.exists())
-    if len(specs) == 1 and "/" in missing and not missing.startswith((".", "/", "~")) and missing.count("/") == 1:
-        return _from_folder(_cached_hub_dataset(missing), split, missing)
-    raise DataError(f"--dataset {missing}: no such file or folder")
-
-
-def check_text_field(ds, text_field: str, spec) -> None:
-    """`DataError` unless `text_field` is a column of `ds` (known from its features or first document)."""
-    columns = ds.column_names
-    if columns is None:  # features unknown until read: look at the first document
-        first = next(iter(ds.take(1)), None)
-        if first is None:
-            raise DataError(f"--dataset {spec}: the dataset is empty")
-        columns = list(first)
-    if text_field not in columns:
-        raise DataError(f"--text-field {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
-
-
-def check_has_text(ds, text_field: str, spec) -> None:
-    """`DataError` unless some document of `ds` has text in `text_field` (reads up to the first that has)."""
-    for doc in ds.select_columns([text_field]):
-        if doc[text_field]:
-            return
-    raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
 
 
 # ---------------------------------------------------------------------------------------------
