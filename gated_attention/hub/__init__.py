@@ -21,6 +21,9 @@ the `--dataset` reader, and the small helpers every command line shares.
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check
   before importing torch.
+- `staging`: output folders that appear whole or not at all (`staged_folder`: written beside the
+  output, renamed into place; renameat2 without replacing; what killed runs leave behind). Standard
+  library only.
 
 Imports: nothing else of this package (it sits on the layer of
 `configuration` and `kernels`, see docs/architecture.md); `modeling`,
