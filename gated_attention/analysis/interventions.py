@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .capture import Capture, model_layout, residual_hooks, torch_linear_attention
+from .capture import Capture, residual_hooks, torch_linear_attention
+from .layout import model_layout
 
 KINDS = ("deletion", "connection")
 Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]

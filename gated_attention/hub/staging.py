@@ -180,11 +180,11 @@ def staging_leftovers(dst: Path) -> tuple[list[Path], list[tuple[Path, int]]]:
     return dead, running
 
 
-def _handle_leftovers(dst: Path, overwrite: bool, log, warn, flag: str, overwrite_flag: str) -> None:
-    """Name what killed runs left beside `dst` (or, with `overwrite`, remove it); folders of running processes stay."""
+def _handle_leftovers(dst: Path, clear: bool, log, warn, flag: str, overwrite_flag: str) -> None:
+    """Name what killed runs left beside `dst` (or, with `clear`, remove it); folders of running processes stay."""
     dead, running = staging_leftovers(dst)
     notes = []
-    if dead and overwrite:
+    if dead and clear:
         for path in dead:
             _remove(path)
         log(f"removed {len(dead)} folder(s) left beside {flag} by an interrupted run: {', '.join(p.name for p in dead)}")
@@ -225,9 +225,17 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def refuse_running(dst: Path, flag: str) -> None:
-    """OutputFolderError when a running process is writing `dst` now (its staging folder is there)."""
+def refuse_running(dst: Path, flag: str, own: Path | None = None) -> None:
+    """OutputFolderError when another running process is writing `dst` (its staging folder is there).
+
+    With `own`, this process's staging folder, only a run that made its staging folder first counts:
+    two runs that start at the same moment both get past the check made before they staged, and then
+    exactly one of them (the later, by creation time, then process id) gives way.
+    """
     _, running = staging_leftovers(Path(dst))
+    if own is not None:
+        mine = (os.stat(own).st_mtime_ns, os.getpid())
+        running = [(path, pid) for path, pid in running if (os.stat(path).st_mtime_ns, pid) < mine]
     if running:
         path, pid = running[0]
         raise OutputFolderError(
@@ -244,7 +252,8 @@ def staged_folder(
     *,
     size: int = 0,
     flag: str = "DST",
-    overwrite_flag: str = "--overwrite",
+    overwrite_flag: str | None = "--overwrite",
+    clear_leftovers: bool | None = None,
     warn=lambda message: warnings.warn(message, stacklevel=3),
 ) -> Iterator[Path]:
     """Yield a fresh staging folder beside `dst`; on success it becomes `dst`, on any failure it is removed.
@@ -253,13 +262,14 @@ def staged_folder(
     otherwise, and what is at `dst` stays as it is). `size`, the bytes about to be written, must fit in the
     free space (an old output is removed only once the new one is in place, so it counts as taken); a file
     system that fills up anyway is one line naming `dst`, not an OSError. `flag` names the output in
-    messages, `overwrite_flag` the option that replaces it; `warn` says what killed runs left behind.
+    messages, `overwrite_flag` the option that replaces it (None: none, a rerun does). Staging folders that killed runs left behind
+    are removed when `clear_leftovers` (default: `overwrite`), else named through `warn`.
     """
     dst = Path(dst)
     check_free_space(dst, size, flag)
     made = [p for p in [dst.parent, *dst.parent.parents] if not p.exists()]  # removed again on failure
     dst.parent.mkdir(parents=True, exist_ok=True)
-    _handle_leftovers(dst, overwrite, log, warn, flag, overwrite_flag)
+    _handle_leftovers(dst, overwrite if clear_leftovers is None else clear_leftovers, log, warn, flag, overwrite_flag)
     stage = staging_path(dst, "incomplete")
     if stage.exists():  # an earlier process with this id was killed (see `_running`)
         shutil.rmtree(stage)
@@ -271,9 +281,10 @@ def staged_folder(
                 rename_noreplace(stage, dst)
             except FileExistsError:
                 if not overwrite:
+                    again = f"pass {overwrite_flag} to replace it" if overwrite_flag else "run again to replace it"
                     raise OutputFolderError(
                         f"{flag} {dst} appeared while writing (made by another process?); it was left as it is "
-                        f"and nothing was written; pass {overwrite_flag} to replace it"
+                        f"and nothing was written; {again}"
                     ) from None
                 _replace(stage, dst, flag)
     except BaseException as e:
