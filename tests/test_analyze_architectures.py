@@ -79,6 +79,27 @@ ARCHITECTURES = {
         [2, 4], ["linear_attention", "full_attention"] * 2, 4,
     ),
 }
+# Hybrids that were read right before the layout came from declarations: kept exact (name -> config, attention layers).
+HYBRID_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+MOE = dict(num_experts_per_tok=1)
+ALSO_EXACT = {
+    "jamba": dict(model_type="jamba", num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                  expert_layer_offset=1, num_experts=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                  mamba_d_state=8, mamba_dt_rank=8, mamba_expand=2, use_mamba_kernels=False, **MOE),
+    "bamba": dict(model_type="bamba", num_hidden_layers=4, attn_layer_indices=[1, 3], num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=64, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8,
+                  mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2),
+    "granitemoehybrid": dict(model_type="granitemoehybrid", num_hidden_layers=4, layer_types=["mamba", "attention"] * 2,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, num_local_experts=2,
+                             mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16,
+                             mamba_expand=2, **MOE),
+    "lfm2": dict(model_type="lfm2", num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=64),
+    "qwen3_5_moe_text": dict(model_type="qwen3_5_moe_text", num_hidden_layers=4, layer_types=HYBRID_TYPES,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=2,
+                             moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_value_heads=4,
+                             linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, **MOE),
+}
 M, A = 1000.0, 4.0  # BOS's channel, every token's query channel
 C, Q, S = 5, 9, 13  # residual channels: BOS only, queries, the spike
 
@@ -215,6 +236,24 @@ def test_capture_reads_transformers_own_maps_and_layer_types(name):
         a = reference[0].double()
         torch.testing.assert_close(reduced.first_token_attention[f][0], a[:, 1:, 0].mean(-1), rtol=0, atol=1e-12)
         torch.testing.assert_close(reduced.received[f][0], torch.tril(a, -1).sum(-2).mean(0), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(ALSO_EXACT))
+@torch.no_grad()
+def test_the_other_hybrids_stay_exact(name):
+    kwargs = dict(ALSO_EXACT[name])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **BASE, **kwargs)).eval()
+    layout = model_layout(model)
+    assert layout.full_attention_layers == [2, 4]
+    ids = torch.randint(3, VOCAB, (1, 11))
+    with Capture(model) as cap:
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    assert sorted(cap.records[-1].attentions) == [2, 4] and len(out.attentions) == 2
+    for f, reference in zip([2, 4], out.attentions):
+        assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
+    if name == "qwen3_5_moe_text":  # its output gate: sigmoid of q_proj's second half per head
+        assert sorted(cap.records[-1].gates) == [2, 4]
 
 
 def _csv(path) -> list[dict]:
