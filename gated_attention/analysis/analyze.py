@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from .. import GatedAttentionWarning
 from . import metrics as M
-from .capture import Capture, Record
+from .capture import Capture, Record, input_device
 from .layout import ModelLayout, model_layout
 from .interventions import intervene
 from .samples import Sample
@@ -80,7 +80,7 @@ class GateAccumulator:
 
 def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
     """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`)."""
-    token_max = torch.stack(record.token_max)[:, b].cpu().numpy()
+    token_max = torch.stack([x[b].cpu() for x in record.token_max]).numpy()  # the layers may sit on several devices
     fa = layout.full_attention_layers
     sink = M.consensus_sink_of(record.received[f][b].cpu().numpy() for f in fa)
     first = np.stack([record.first_token_attention[f][b].cpu().numpy() for f in fa]) if fa else np.zeros((0, 0))
@@ -352,7 +352,7 @@ def run_analysis(
     from .plots import plot_all
 
     out_dir = Path(out_dir)
-    device = next(model.parameters()).device
+    device = input_device(model)
     context = getattr(model.config, "max_position_embeddings", None)
     inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) else None)
     if not inputs:

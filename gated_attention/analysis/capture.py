@@ -72,9 +72,27 @@ class CaptureError(ValueError):
 # ---------------------------------------------------------------- small context managers
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+def execution_devices(model: nn.Module) -> set[torch.device]:
+    """The devices `model`'s modules compute on. Under accelerate's big-model dispatch a module's weights
+    may wait on the meta device (offloaded to CPU memory or disk) and its hook names where it runs."""
+    devices = set()
+    for module in model.modules():
+        hook = getattr(module, "_hf_hook", None)
+        device = getattr(hook, "execution_device", None)
+        if device is not None:
+            devices.add(torch.device(device if not isinstance(device, int) else f"cuda:{device}"))
+        devices.update(p.device for p in module.parameters(recurse=False) if p.device.type != "meta")
+    return devices or {torch.device("cpu")}
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where `model` takes its input ids: the execution device of its input embeddings."""
+    embedding = model.get_input_embeddings()
+    hook = getattr(embedding, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return embedding.weight.device
 
 
 @contextlib.contextmanager
@@ -98,9 +116,9 @@ def torch_linear_attention(model: nn.Module) -> Iterator[None]:
     transformers wraps `torch_chunk_gated_delta_rule`, `chunk_kimi_delta_attention`
     (and their recurrent twins) so that they dispatch to fla whenever fla
     imports, and fla's Triton kernels fail on CPU tensors ("0 active drivers").
-    The unwrapped function is transformers' own torch reference. No-op off CPU.
+    The unwrapped function is transformers' own torch reference. No-op where no module runs on the CPU.
     """
-    if _model_device(model).type != "cpu":
+    if all(device.type != "cpu" for device in execution_devices(model)):
         yield
         return
     restore: list[Callable[[], None]] = []

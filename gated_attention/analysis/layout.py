@@ -174,31 +174,38 @@ def text_config(model: nn.Module):
 
 
 def _decoder_layers(model: nn.Module, specs: list[Spec], num_layers: int | None) -> list[nn.Module]:
-    """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it."""
-    found: list[nn.Module] = []
-    lists = {id(m): m for m in model.modules() if isinstance(m, nn.ModuleList)}
+    """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it.
+
+    Declared modules may sit in more than one list (a multi-token-prediction head reuses the layer
+    class): the list that holds `num_layers` of them is the decoder's.
+    """
+    groups: dict[str, list[nn.Module]] = {}  # list name ("" for none) -> its layers, in order
     names = dict(model.named_modules())
     for name, module in model.named_modules():
         if not any(s.matches(name, module) for s in specs):
             continue
         # The outermost entry of a ModuleList on the way down to the module stands for it.
-        parts = name.split(".")
-        layer = module
+        parts, owner, layer = name.split("."), "", module
         for i in range(1, len(parts)):
             parent = names.get(".".join(parts[:i]))
-            if parent is not None and id(parent) in lists and parts[i].isdigit():
-                layer = parent[int(parts[i])]
+            if isinstance(parent, nn.ModuleList) and parts[i].isdigit():
+                owner, layer = ".".join(parts[:i]), parent[int(parts[i])]
                 break
-        if all(layer is not seen for seen in found):
-            found.append(layer)
-    if not found:
+        group = groups.setdefault(owner, [])
+        if all(layer is not seen for seen in group):
+            group.append(layer)
+    if not groups:
         raise LayoutError(f"cannot find the decoder layers of {type(model).__name__} (nothing matches its declared hidden-state modules)")
-    if num_layers is not None and len(found) != num_layers:
-        raise LayoutError(
-            f"{type(model).__name__}: found {len(found)} decoder layers of its declared class, but its config has "
-            f"num_hidden_layers={num_layers}"
-        )
-    return found
+    if num_layers is None:
+        return max(groups.values(), key=len)
+    for layers in groups.values():
+        if len(layers) == num_layers:
+            return layers
+    found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
+    raise LayoutError(
+        f"{type(model).__name__}: its config has num_hidden_layers={num_layers}, and the modules of its declared "
+        f"decoder-layer class are {found}"
+    )
 
 
 def _softmax_attention(specs: list[Spec]):
