@@ -73,12 +73,13 @@ class MemoryBudget:
         return {**{device: free for device, free in get_max_memory().items() if device != "cpu"}, "cpu": self.size}
 
     @contextlib.contextmanager
-    def placement(self, *, gpus: bool = False, dir: str | Path | None = None) -> Iterator[dict]:
+    def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None) -> Iterator[dict]:
         """`from_pretrained`'s keyword arguments that load a model within the budget, while inside.
 
-        The offload folder is a new temporary directory under `dir` (the system's default when None),
-        removed on leaving; a model loaded with these arguments must not be used after that. Give a `dir` on
-        a disk when the system's temporary directory may be in memory (tmpfs).
+        `device_map` is accelerate's (`"auto"`: fill the devices of `max_memory` in order, then disk). The
+        offload folder is a new temporary directory under `dir` (the system's default when None), removed on
+        leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
+        when the system's temporary directory may be in memory (tmpfs).
         """
         # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
         # point, and the caller says how much stayed on disk.
@@ -87,7 +88,7 @@ class MemoryBudget:
         dispatch_log.setLevel(logging.ERROR)
         try:
             with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
-                yield {"device_map": "auto", "max_memory": self.max_memory(gpus=gpus), "offload_folder": folder}
+                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus), "offload_folder": folder}
         finally:
             dispatch_log.setLevel(level)
 
