@@ -77,10 +77,6 @@ def check_budget(budget: MemoryBudget, config, dtype: torch.dtype) -> None:
     register_auto_classes()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
-    check_model_budget(budget, model)
-
-
-def check_model_budget(budget: MemoryBudget, model) -> None:
     try:
         budget.check_holds(model, BUDGET_REMEDY)
     except MemoryBudgetError as e:
