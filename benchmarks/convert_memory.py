@@ -159,7 +159,7 @@ def convert_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Ro
             continue
         within = re.search(r"verifying within (\S+ \S+)", result.out)
         exact = "bit-identical after every layer" in result.out
-        placements = re.findall(r"verify: (?:SRC|DST) ran with (.*)", result.out)
+        placements = re.findall(r"verifying: (?:SRC|DST) ran with (.*)", result.out)
         name = f"convert, verify within {format_size(budget) if budget else f'free memory ({within[1]})'}"
         rows.append(Row(name, result, f"{'bit-identical' if exact else 'NOT bit-identical'}; " + "; ".join(
             f"{side}: {p.replace(' of weights', '').replace(' as it ran', '')}" for side, p in zip(("SRC", "DST"), placements))))

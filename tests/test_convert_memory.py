@@ -20,7 +20,7 @@ from gated_attention.hub.memory_budget import MemoryBudget
 # Between each tiny model's largest layer and its size in bf16, so that both sides run partly from disk.
 BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "200KB"}
 # Weights read from disk while the prompt ran, as the verification's log line says: one for SRC, one for DST.
-FROM_DISK = re.compile(r"verify: (?:SRC|DST|the ungated reference) ran with ([\d.]+ \w+) of ([\d.]+ \w+) of weights read from disk")
+FROM_DISK = re.compile(r"verifying: (?:SRC|DST|the ungated reference) ran with ([\d.]+ \w+) of ([\d.]+ \w+) of weights read from disk")
 
 
 @pytest.fixture(autouse=True)

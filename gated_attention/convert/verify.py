@@ -165,9 +165,9 @@ def verify_against_source(
     _announce(budget, reference_name, log)
     prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
     reference = run_prompt(src_folder, budget, **prompt, **overrides)
-    log(f"verify: SRC ran with {reference.placement()}")
+    log(f"verifying: SRC ran with {reference.placement()}")
     result = run_prompt(stage, budget, **prompt)
-    log(f"verify: DST ran with {result.placement()}")
+    log(f"verifying: DST ran with {result.placement()}")
     # What a reader of "0" would otherwise take for "the RoPE change did nothing":
     note = "; DST's logits differ from SRC's own, as the RoPE change makes them" if overrides else ""
     return _log_and_check(compare_runs(reference, result), reference_name, exact, log, note)
@@ -188,7 +188,7 @@ def verify_against_ungated(
     prompt = dict(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
     reference = run_prompt(ckpt.folder, budget, dtype=target_dtype, config=ref_config, key_mapping=key_mapping,
                            strict=True, **prompt)  # fmt: skip
-    log(f"verify: the ungated reference ran with {reference.placement()}")
+    log(f"verifying: the ungated reference ran with {reference.placement()}")
     result = run_prompt(stage, budget, dtype=dtype, **prompt)
-    log(f"verify: DST ran with {result.placement()}")
+    log(f"verifying: DST ran with {result.placement()}")
     return _log_and_check(compare_runs(reference, result), "ungated", exact, log)
