@@ -73,6 +73,7 @@ def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsy
 OUT_OF_RANGE = {
     "analysis_overhead": ["--repeats", "0"],
     "convert": ["--repeats", "0"],
+    "convert_memory": ["--budgets", "1GB", "0GB"],
     "gate_overhead": ["--layers", "0"],
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],

@@ -1,5 +1,5 @@
 """Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders,
-the `--dataset` reader, and the small helpers every command line shares.
+the `--dataset` reader, the memory budget, and the small helpers every command line shares.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -13,7 +13,13 @@ the `--dataset` reader, and the small helpers every command line shares.
 - `command_line`: what every command line shares (the `gated-attention`
   commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
   with a usage error as one line), `bounded` (an argparse type for a number in
-  a range) and `first_line` (an exception as one line). Standard library only.
+  a range), `memory_size` / `parse_size` / `format_size` (`--max-memory 4GB`)
+  and `first_line` (an exception as one line). Standard library only.
+- `memory_budget`: `MemoryBudget`, what `--max-memory` (or, by default, the
+  free memory) turns into for accelerate's big-model inference: its
+  `max_memory` dict, `from_pretrained`'s placement arguments with a temporary
+  offload folder, and the one-line refusal of a budget below one layer.
+  `convert` verifies within it and `analysis` runs within it.
 - `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
   jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
   as a stream, with `DataError` as one line.
