@@ -77,6 +77,7 @@ from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_
 from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
+from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
     CheckpointError,
@@ -240,11 +241,11 @@ def load_tokenizer(args, config):
 
 
 def load_model(args, **overrides):
-    """`--model`'s weights (`overrides`: config fields, e.g. other RoPE parameters)."""
+    """`--model`'s weights (`overrides`: config fields, e.g. other RoPE parameters); weights that do not fit its
+    config (a tensor missing, unexpected or of another shape) are refused in one line, not trained."""
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=DTYPES[args.dtype], trust_remote_code=args.trust_remote_code, **overrides
-        )
+        return from_pretrained_checked(AutoModelForCausalLM, args.model, dtype=DTYPES[args.dtype],
+                                       trust_remote_code=args.trust_remote_code, **overrides)
     except (OSError, ValueError) as e:
         raise InputError(f"--model {args.model}: {first_line(e)}") from None
 

@@ -40,6 +40,7 @@ from continued_pretraining import (
 )
 from gated_attention.convert.rope import RopeChange, apply_rope_change
 from gated_attention.hub.command_line import bounded
+from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.training.folders import output_folder
 from gated_attention.training.data import packed_rows
 from gated_attention.training import evaluate_loss, finish_training, save_final, with_rope
@@ -103,8 +104,8 @@ def train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out: Pat
     save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
 
     # 3. Evaluation by length, without and with YaRN over the new training length.
-    trained = AutoModelForCausalLM.from_pretrained(out / "final", dtype=DTYPES[args.dtype],
-                                                   trust_remote_code=args.trust_remote_code).to(device)
+    trained = from_pretrained_checked(AutoModelForCausalLM, out / "final", dtype=DTYPES[args.dtype],
+                                      trust_remote_code=args.trust_remote_code).to(device)
     after = perplexities(trained, tokenizer, args, accelerator, lengths)
     yarn = apply_rope_change(trained.config.rope_parameters, args.seq_len,
                              RopeChange(yarn_factor=yarn_factor, original_max_position_embeddings=args.seq_len))

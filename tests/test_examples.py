@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -296,8 +297,9 @@ def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model,
 
 
 @pytest.fixture(scope="module")
-def bad_inputs(env, tmp_path_factory) -> Path:
-    """A folder of inputs the examples must refuse: an empty text file, an empty folder, a masked LM."""
+def bad_inputs(env, tiny_model, tmp_path_factory) -> Path:
+    """A folder of inputs the examples must refuse: an empty text file, an empty folder, a masked LM, the tiny
+    model under configs that do not fit its 2 layers."""
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
     folder = tmp_path_factory.mktemp("bad")
@@ -308,6 +310,11 @@ def bad_inputs(env, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     DistilBertForMaskedLM(config).save_pretrained(folder / "distilbert")  # random weights, built here
     tokenizer.save_pretrained(folder / "distilbert")
+    for layers in (1, 3):
+        shutil.copytree(tiny_model, folder / f"{layers}-layer-config")
+        config = json.loads((tiny_model / "config.json").read_text())
+        config.pop("layer_types", None)
+        (folder / f"{layers}-layer-config" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
     return folder
 
 
@@ -315,6 +322,13 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
     "missing model": (["--model", "./nope"], "error: --model ./nope: no such folder"),
     "masked LM": (["--model", "{bad}/distilbert"], "error: --model {bad}/distilbert: a 'distilbert' model "
                   "(DistilBertConfig) is not a causal LM"),
+    "config says 3 layers, weights 2": (["--model", "{bad}/3-layer-config"],
+                                        "error: --model {bad}/3-layer-config: its weights lack tensor "
+                                        "model.layers.2.input_layernorm.weight (and 9 more), which its config implies"),
+    "config says 1 layer, weights 2": (["--model", "{bad}/1-layer-config"],
+                                       "error: --model {bad}/1-layer-config: its weights hold tensor "
+                                       "model.layers.1.input_layernorm.weight (and 9 more), which a gated_attention "
+                                       "model with its config does not have"),
     "empty text file": (["--text-files", "{bad}/empty.txt"],
                         "error: --text-files {bad}/empty.txt: too little text for one row of 32 tokens"),
     "empty folder": (["--text-files", "{bad}/empty_folder"],
@@ -327,6 +341,7 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
                       "error: --dataset {bad}/empty.txt: no document has text in its 'text' column"),
     "missing dataset": (["--dataset", "{bad}/missing.jsonl"], "error: --dataset {bad}/missing.jsonl: no such file"),
 }
+PROGRESS_BAR = re.compile(r"^[\w ]+: +\d+%\|")  # transformers' "Loading weights: 100%|███..."
 SCRIPTS = {"continued_pretraining": [], "lora_finetune": ["--rank", "2"],
            "long_context": ["--rope-theta", "50000"]}
 
@@ -343,7 +358,7 @@ def test_bad_input_is_one_line_and_leaves_no_output_folder(env, tiny_model, bad_
     with pytest.raises(SystemExit) as exit_info:
         import_example(script).main([*argv, "--output-dir", "runs/e1", "--steps", "2", *COMMON, *SCRIPTS[script]])
     assert exit_info.value.code == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not PROGRESS_BAR.match(line)]
     assert len(err) == 1 and err[0].startswith(expected.format(bad=bad_inputs)), err
     assert not any(tmp_path.iterdir())  # no runs/e1, no runs/
 

@@ -1,5 +1,6 @@
 """Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders,
-the `--dataset` reader, and the small helpers every command line shares.
+the `--dataset` reader, loading a checkpoint whose weights fit its config, and the small helpers every
+command line shares.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -17,6 +18,11 @@ the `--dataset` reader, and the small helpers every command line shares.
 - `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
   jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
   as a stream, with `DataError` as one line.
+- `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
+  refuses, as `WeightsMismatch` in one line, weights that do not fit their
+  config (a tensor missing, unexpected or of another shape), where
+  transformers would print a table and go on with random or dropped tensors.
+  `analyze` and the training examples load models through it.
 - `output_folders`: which output folders a command may write or replace
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check
