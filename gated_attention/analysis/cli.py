@@ -152,13 +152,15 @@ def _load(args, where: dict[str, str]):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .. import register_auto_classes
+    from ..hub.loading import from_pretrained_checked
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
     tokenizer_name = args.tokenizer or args.model
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(where[args.model], dtype=dtype, trust_remote_code=args.trust_remote_code)
+    try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
+        model = from_pretrained_checked(AutoModelForCausalLM, where[args.model], dtype=dtype,
+                                        trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
         raise CLIError(f"cannot load model {args.model!r}: {first_line(e)}") from e
     try:
