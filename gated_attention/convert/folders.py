@@ -27,13 +27,13 @@ import glob
 import hashlib
 import os
 import shutil
-import signal
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from .. import GatedAttentionWarning
+from ..hub.command_line import sigterm_as_interrupt
 from ..hub.output_folders import OutputFolderError, check_output_folder, is_checkpoint
 from ..hub.repo_ids import missing_folder
 from .errors import ConversionError
@@ -240,24 +240,6 @@ def _handle_leftovers(dst: Path, overwrite: bool, log) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """`kill PID` unwinds like Ctrl-C, so the staging folder is removed."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
 def staged_folder(dst: Path, overwrite: bool, log=print, *, size: int = 0) -> Iterator[Path]:
     """Yield a fresh staging folder beside `dst`; on success it becomes `dst`, on any failure it is removed.
 
@@ -276,7 +258,7 @@ def staged_folder(dst: Path, overwrite: bool, log=print, *, size: int = 0) -> It
         shutil.rmtree(stage)
     stage.mkdir()
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():  # `kill PID` unwinds like Ctrl-C, so the staging folder is removed
             yield stage
             try:
                 rename_noreplace(stage, dst)

@@ -14,7 +14,8 @@ command line shares.
 - `command_line`: what every command line shares (the `gated-attention`
   commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
   with a usage error as one line), `bounded` (an argparse type for a number in
-  a range) and `first_line` (an exception as one line). Standard library only.
+  a range), `first_line` (an exception as one line) and `sigterm_as_interrupt`
+  (`kill PID` unwinds like Ctrl-C). Standard library only.
 - `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
   jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
   as a stream, with `DataError` as one line.
