@@ -43,7 +43,7 @@ from gated_attention.hub.command_line import bounded
 from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.training.folders import output_folder
 from gated_attention.training.data import packed_rows
-from gated_attention.training import evaluate_loss, finish_training, save_final, with_rope
+from gated_attention.training import evaluate_loss, finish_training, reporting_interruption, save_final, with_rope
 
 
 def perplexities(model, tokenizer, args, accelerator, lengths: list[int], yarn_params=None) -> dict[int, float]:
@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None):
     yarn_factor = args.yarn_factor or max(lengths) / args.seq_len
     if yarn_factor <= 1:
         parser.error("no --eval-lengths is longer than --seq-len, so there is no YaRN factor above 1: give --yarn-factor")
+    with reporting_interruption(args.output_dir):
+        return long_context(args, lengths, yarn_factor)
+
+
+def long_context(args, lengths: list[int], yarn_factor: float) -> list[dict]:
+    """The run, once the flags are parsed (`main` adds what Ctrl-C prints)."""
     # Training beyond the model's positions is the point here: the RoPE base change comes first.
     config = check_inputs(args, rope_change=True)
     accelerator = make_accelerator()
