@@ -29,11 +29,18 @@ starts one process unless MPI is set up): `accelerate launch --multi_gpu
 CPU and gloo itself).
 
 Checkpoints (`--save-every`) are `accelerator.save_state` folders under
-OUTPUT/checkpoints; `--resume latest` (or a checkpoint folder) continues at the
+OUTPUT/checkpoints, each written as checkpoints/.step-N.incomplete-PID and
+renamed when whole, so a Ctrl-C or a crash during a save leaves the earlier
+checkpoints as they were (`gated_attention.training.checkpoints`). `--resume
+latest` (the newest complete checkpoint) or a checkpoint folder continues at the
 saved step with the same data order: in memory and from token shards the batch
 of step s is a function of (seed, s) only (see `gated_attention.training.StepBatches`);
 a stream's position (not its data) is saved in the checkpoint, one small JSON
-per process. Every line of OUTPUT/log.jsonl has the step's batch digest. Run
+per process. A damaged checkpoint file (cut short) is one line naming it and an
+earlier checkpoint. Every line of OUTPUT/log.jsonl has the step's batch digest,
+one line per step: a resume from an earlier step replaces the records of the
+steps it trains again. Ctrl-C prints `interrupted; the last complete checkpoint
+is ...` and exits with status 130. Run
 with the same number of processes, batch size and accumulation to keep the order. The final model is
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
 gated models) together with the tokenizer, written as OUTPUT/.final.incomplete-PID
@@ -57,7 +64,6 @@ the cores the load average leaves free (`--threads` to choose).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -77,9 +83,12 @@ from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_
 from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
+from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
     CheckpointError,
+    Interrupted,
+    RunLog,
     TrainConfig,
     evaluate_loss,
     finish_training,
@@ -87,6 +96,7 @@ from gated_attention.training import (
     load_checkpoint,
     make_optimizer,
     make_scheduler,
+    reporting_interruption,
     save_checkpoint,
     save_final,
     train,
@@ -240,11 +250,11 @@ def load_tokenizer(args, config):
 
 
 def load_model(args, **overrides):
-    """`--model`'s weights (`overrides`: config fields, e.g. other RoPE parameters)."""
+    """`--model`'s weights (`overrides`: config fields, e.g. other RoPE parameters); weights that do not fit its
+    config (a tensor missing, unexpected or of another shape) are refused in one line, not trained."""
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=DTYPES[args.dtype], trust_remote_code=args.trust_remote_code, **overrides
-        )
+        return from_pretrained_checked(AutoModelForCausalLM, args.model, dtype=DTYPES[args.dtype],
+                                       trust_remote_code=args.trust_remote_code, **overrides)
     except (OSError, ValueError) as e:
         raise InputError(f"--model {args.model}: {first_line(e)}") from None
 
@@ -300,7 +310,9 @@ def describe_data(train_rows, seq_len: int) -> str:
 
 def exit_on_input_error(main):
     """Run `main`; a model, corpus or `--resume` checkpoint that cannot be used ends the process with one
-    line on stderr and exit status 2, and so does a loss that stops being finite."""
+    line on stderr and exit status 2, and so does a loss that stops being finite. Ctrl-C (or SIGTERM) ends
+    it with one line, `interrupted; the last complete checkpoint is ...` (`training.reporting_interruption`),
+    and exit status 130, as a shell reports a process ended by SIGINT; other processes of the run say nothing."""
 
     def run(argv: list[str] | None = None):
         try:
@@ -308,6 +320,10 @@ def exit_on_input_error(main):
         except (InputError, DataError, CheckpointError, FloatingPointError) as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
+        except KeyboardInterrupt as e:
+            if int(os.environ.get("RANK", "0")) == 0:  # torchrun's global rank; one process alone has none
+                print(str(e) if isinstance(e, Interrupted) else "interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
 
     return run
 
@@ -351,12 +367,12 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
             start = load_checkpoint(accelerator, folder, data=train_rows)
             accelerator.print(f"resumed from {folder} at step {start}")
 
-    log_path = out / "log.jsonl"
+    # One record per step: a resume from an earlier checkpoint replaces the records of the steps it trains again.
+    log = RunLog(out / "log.jsonl") if accelerator.is_main_process else None
 
     def on_step(step: int, record: dict) -> None:
         if accelerator.is_main_process:
-            with open(log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            log.write(record)
             if step % args.log_every == 0 or step == config.steps:
                 gate = "" if math.isnan(record["gate_score"]) else f"  gate {record['gate_score']:.4f}"
                 print(f"step {step}/{config.steps}  loss {record['loss']:.4f}{gate}  lr {record['lr']:.3g}  "
@@ -372,6 +388,12 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
 @exit_on_input_error
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
+    with reporting_interruption(args.output_dir):
+        return continued_pretraining(args)
+
+
+def continued_pretraining(args):
+    """The run, once the flags are parsed (`main` adds what Ctrl-C prints)."""
     config = check_inputs(args)
     accelerator = make_accelerator()
     set_threads(args, accelerator)

@@ -40,9 +40,10 @@ from continued_pretraining import (
 )
 from gated_attention.convert.rope import RopeChange, apply_rope_change
 from gated_attention.hub.command_line import bounded
+from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.training.folders import output_folder
 from gated_attention.training.data import packed_rows
-from gated_attention.training import evaluate_loss, finish_training, save_final, with_rope
+from gated_attention.training import evaluate_loss, finish_training, reporting_interruption, save_final, with_rope
 
 
 def perplexities(model, tokenizer, args, accelerator, lengths: list[int], yarn_params=None) -> dict[int, float]:
@@ -71,6 +72,12 @@ def main(argv: list[str] | None = None):
     yarn_factor = args.yarn_factor or max(lengths) / args.seq_len
     if yarn_factor <= 1:
         parser.error("no --eval-lengths is longer than --seq-len, so there is no YaRN factor above 1: give --yarn-factor")
+    with reporting_interruption(args.output_dir):
+        return long_context(args, lengths, yarn_factor)
+
+
+def long_context(args, lengths: list[int], yarn_factor: float) -> list[dict]:
+    """The run, once the flags are parsed (`main` adds what Ctrl-C prints)."""
     # Training beyond the model's positions is the point here: the RoPE base change comes first.
     config = check_inputs(args, rope_change=True)
     accelerator = make_accelerator()
@@ -103,8 +110,8 @@ def train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out: Pat
     save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
 
     # 3. Evaluation by length, without and with YaRN over the new training length.
-    trained = AutoModelForCausalLM.from_pretrained(out / "final", dtype=DTYPES[args.dtype],
-                                                   trust_remote_code=args.trust_remote_code).to(device)
+    trained = from_pretrained_checked(AutoModelForCausalLM, out / "final", dtype=DTYPES[args.dtype],
+                                      trust_remote_code=args.trust_remote_code).to(device)
     after = perplexities(trained, tokenizer, args, accelerator, lengths)
     yarn = apply_rope_change(trained.config.rope_parameters, args.seq_len,
                              RopeChange(yarn_factor=yarn_factor, original_max_position_embeddings=args.seq_len))

@@ -40,7 +40,7 @@ from continued_pretraining import (
 )
 from gated_attention.hub.command_line import bounded
 from gated_attention.training.folders import output_folder, staged_output
-from gated_attention.training import check_finite_weights, evaluate_loss, finish_training
+from gated_attention.training import check_finite_weights, evaluate_loss, finish_training, reporting_interruption
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--alpha", type=bounded(float, 0, strict=True), default=32)
     parser.add_argument("--lora-dropout", type=bounded(float, 0, high=1), default=0.0)
     args = parser.parse_args(argv)
+    with reporting_interruption(args.output_dir):
+        return lora_finetune(args)
+
+
+def lora_finetune(args):
+    """The run, once the flags are parsed (`main` adds what Ctrl-C prints)."""
     config = check_inputs(args)
     accelerator = make_accelerator()
     set_threads(args, accelerator)

@@ -78,6 +78,7 @@ OUT_OF_RANGE = {
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],
     "gpu_models": ["--parts", "everything"],
+    "long_document": ["--mb", "0"],
     "serving_check": ["--prompts", "0"],
     "sink_search": ["--probe-every", "-1"],
     "startup": ["--repeats", "0"],

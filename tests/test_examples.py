@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -296,18 +297,29 @@ def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model,
 
 
 @pytest.fixture(scope="module")
-def bad_inputs(env, tmp_path_factory) -> Path:
-    """A folder of inputs the examples must refuse: an empty text file, an empty folder, a masked LM."""
+def bad_inputs(env, tiny_model, tmp_path_factory) -> Path:
+    """A folder of inputs the examples must refuse: empty files and folders, files that are not (whole) JSON
+    lines or lack the text field, a masked LM, the tiny model under configs that do not fit its 2 layers."""
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
     folder = tmp_path_factory.mktemp("bad")
     (folder / "empty.txt").write_text("")
+    (folder / "empty.jsonl").write_text("")
+    (folder / "not_json.jsonl").write_text("one line of plain text\nand another\n")
+    (folder / "truncated.jsonl").write_text('{"text": "a whole document"}\n{"text": "cut off in the mid')
+    (folder / "other_field.jsonl").write_text('{"body": "a document under another name"}\n')
+    (folder / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
     (folder / "empty_folder").mkdir()
     tokenizer = data.load_tokenizer(300, max_chars=MAX_CHARS)
     config = DistilBertConfig(vocab_size=len(tokenizer), dim=32, hidden_dim=64, n_layers=1, n_heads=2)
     torch.manual_seed(0)
     DistilBertForMaskedLM(config).save_pretrained(folder / "distilbert")  # random weights, built here
     tokenizer.save_pretrained(folder / "distilbert")
+    for layers in (1, 3):
+        shutil.copytree(tiny_model, folder / f"{layers}-layer-config")
+        config = json.loads((tiny_model / "config.json").read_text())
+        config.pop("layer_types", None)
+        (folder / f"{layers}-layer-config" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
     return folder
 
 
@@ -315,6 +327,13 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
     "missing model": (["--model", "./nope"], "error: --model ./nope: no such folder"),
     "masked LM": (["--model", "{bad}/distilbert"], "error: --model {bad}/distilbert: a 'distilbert' model "
                   "(DistilBertConfig) is not a causal LM"),
+    "config says 3 layers, weights 2": (["--model", "{bad}/3-layer-config"],
+                                        "error: --model {bad}/3-layer-config: its weights lack tensor "
+                                        "model.layers.2.input_layernorm.weight (and 9 more), which its config implies"),
+    "config says 1 layer, weights 2": (["--model", "{bad}/1-layer-config"],
+                                       "error: --model {bad}/1-layer-config: its weights hold tensor "
+                                       "model.layers.1.input_layernorm.weight (and 9 more), which a gated_attention "
+                                       "model with its config does not have"),
     "empty text file": (["--text-files", "{bad}/empty.txt"],
                         "error: --text-files {bad}/empty.txt: too little text for one row of 32 tokens"),
     "empty folder": (["--text-files", "{bad}/empty_folder"],
@@ -323,10 +342,19 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
                           "error: --text-files {bad}/missing.txt: no such file or folder"),
     "empty validation file": (["--valid-files", "{bad}/empty.txt"],
                               "error: --valid-files {bad}/empty.txt: too little text for one row of 32 tokens"),
-    "empty dataset": (["--dataset", "{bad}/empty.txt"],
-                      "error: --dataset {bad}/empty.txt: no document has text in its 'text' column"),
+    "empty dataset": (["--dataset", "{bad}/empty.txt"], "error: --dataset {bad}/empty.txt: the file is empty"),
+    "blank documents": (["--dataset", "{bad}/blank.jsonl"],
+                        "error: --dataset {bad}/blank.jsonl: no document has text in its 'text' column"),
     "missing dataset": (["--dataset", "{bad}/missing.jsonl"], "error: --dataset {bad}/missing.jsonl: no such file"),
+    "empty jsonl": (["--dataset", "{bad}/empty.jsonl"], "error: --dataset {bad}/empty.jsonl: the file is empty"),
+    "not JSON": (["--dataset", "{bad}/not_json.jsonl"],
+                 "error: --dataset {bad}/not_json.jsonl: cannot be read (JSON parse error: Invalid value."),
+    "truncated JSON": (["--dataset", "{bad}/truncated.jsonl"],
+                       "error: --dataset {bad}/truncated.jsonl: cannot be read (JSON parse error: Missing a closing"),
+    "other field": (["--dataset", "{bad}/other_field.jsonl"],
+                    "error: --text-field 'text': {bad}/other_field.jsonl has no such column (its columns: body)"),
 }
+PROGRESS_BAR = re.compile(r"^[\w ]+: +\d+%\|")  # transformers' "Loading weights: 100%|███..."
 SCRIPTS = {"continued_pretraining": [], "lora_finetune": ["--rank", "2"],
            "long_context": ["--rope-theta", "50000"]}
 
@@ -343,9 +371,32 @@ def test_bad_input_is_one_line_and_leaves_no_output_folder(env, tiny_model, bad_
     with pytest.raises(SystemExit) as exit_info:
         import_example(script).main([*argv, "--output-dir", "runs/e1", "--steps", "2", *COMMON, *SCRIPTS[script]])
     assert exit_info.value.code == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not PROGRESS_BAR.match(line)]
     assert len(err) == 1 and err[0].startswith(expected.format(bad=bad_inputs)), err
     assert not any(tmp_path.iterdir())  # no runs/e1, no runs/
+
+
+def test_a_file_that_breaks_during_training_is_one_line_naming_it(env, tiny_model, bad_inputs, tmp_path, capsys):
+    """A stream reads its second file only when the rows reach it, after the inputs were checked and steps were
+    saved: the read error is still one line, naming that file, exit 2, and the saved checkpoint stays."""
+    from gated_attention.training.streaming import CHUNK_DOCS
+
+    first = tmp_path / "first.jsonl"  # the stream's first chunk of documents: a few steps' tokens
+    first.write_text("".join(json.dumps({"text": "x"}) + "\n" for _ in range(CHUNK_DOCS)))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        import_example("continued_pretraining").main(
+            ["--model", str(tiny_model), "--dataset", str(first), str(bad_inputs / "not_json.jsonl"), "--output-dir",
+             str(out), "--steps", "20", "--save-every", "1", *COMMON])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in err if "error" in line.lower() or "Traceback" in line]  # not the progress bars
+    assert len(errors) == 1 and err[-1] == errors[0], err
+    assert errors[0].startswith(f"error: --dataset {first} {bad_inputs / 'not_json.jsonl'}: "
+                                f"{bad_inputs / 'not_json.jsonl'} cannot be read (JSON parse error"), errors
+    saved = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert saved and all((out / "checkpoints" / name / "step.json").exists() for name in saved), saved
+    assert [r["step"] for r in read_log(out)] == list(range(1, len(saved) + 1))
 
 
 @pytest.mark.parametrize("script", ["continued_pretraining", "lora_finetune"])
@@ -376,7 +427,10 @@ def test_tokenize_corpus_bad_input_is_one_line_and_leaves_nothing(env, tiny_mode
     tokenize = import_example("tokenize_corpus")
     for argv, expected in (
         (["--model", str(tiny_model), "--dataset", str(bad_inputs / "empty.txt")],
-         f"error: {bad_inputs / 'empty.txt'}: no text to tokenize"),
+         f"error: --dataset {bad_inputs / 'empty.txt'}: the file is empty"),
+        *[(["--model", str(tiny_model), *[a.format(bad=bad_inputs) for a in BAD_INPUTS[case][0]]],
+           BAD_INPUTS[case][1].format(bad=bad_inputs))
+          for case in ("empty jsonl", "not JSON", "truncated JSON", "other field")],
         (["--model", str(tmp_path / "nope"), "--dataset", str(bad_inputs / "empty.txt")],
          f"error: --model {tmp_path / 'nope'}: no usable tokenizer"),
     ):

@@ -197,8 +197,8 @@ def test_token_shards_of_no_text_or_interrupted_leave_nothing_behind(tokenizer, 
     (tmp_path / "empty.txt").write_text("")
     write_jsonl(tmp_path / "blank.jsonl", ["", "", ""])
     spec = write_corpus("jsonl", tmp_path, docs)
-    for empty in ("empty.txt", "blank.jsonl"):
-        with pytest.raises(DataError, match="no text to tokenize"):
+    for empty, message in (("empty.txt", "the file is empty"), ("blank.jsonl", "no text to tokenize")):
+        with pytest.raises(DataError, match=message):
             write_token_shards(str(tmp_path / empty), tokenizer, tmp_path / "new" / "tokens")
         assert not (tmp_path / "new").exists()
 
@@ -240,3 +240,95 @@ def test_bad_text_field_exits_with_one_line(tokenizer, docs, tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [f"error: --text-field 'content': {spec} has no such column (its columns: text, id)"], proc.stderr
+
+
+# ---------------------------------------------------------------- documents of any length: tokenized in pieces
+
+
+class RecordingTokenizer:
+    """The tokenizer, noting how many characters each call is given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __len__(self):
+        return len(self.tokenizer)
+
+    def __call__(self, texts, **kwargs):
+        self.calls.append(sum(map(len, texts)) if isinstance(texts, list) else len(texts))
+        return self.tokenizer(texts, **kwargs)
+
+
+def test_text_pieces_cut_before_a_space_and_hard_only_without_one():
+    text = "alpha  beta\tgamma\n  delta " * 40 + "x" * 500 + " tail"
+    pieces = list(data.text_pieces(text, 100))
+    assert "".join(pieces) == text and all(len(p) <= 100 for p in pieces)
+    starts = [sum(map(len, pieces[:i])) for i in range(1, len(pieces))]
+    at_space = [c for c in starts if text[c] == " " and not text[c - 1].isspace()]
+    hard = [c for c in starts if c not in at_space]
+    assert at_space and hard and all(text[c - 1] == "x" and text[c] == "x" for c in hard)  # only in the x run
+    assert list(data.text_pieces("short", 100)) == ["short"] and list(data.text_pieces("", 100)) == [""]
+
+
+def test_documents_cut_into_pieces_give_the_whole_documents_tokens(tokenizer):
+    """The embedded byte-level BPE: every cut before a space is exact, so pieces of 1,000 characters give,
+    token for token, what each whole document gives (code and prose: indentation, runs of spaces, tabs)."""
+    assert data.cuts_are_exact(tokenizer)
+    texts = [d.text for d in data.corpus_split("train", MAX_CHARS)]
+    cuts = [(text, len("".join(pieces[:i]))) for text in texts
+            for pieces in [list(data.text_pieces(text, 1_000))] for i in range(1, len(pieces))]
+    assert len(cuts) > 50 and all(text[c] == " " for text, c in cuts)  # no hard cut in this text
+    eos = tokenizer.eos_token_id
+    whole = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]]
+    recording = RecordingTokenizer(tokenizer)
+    pieces = np.concatenate(list(data.encode_documents(recording, texts, max_chars=1_000)))
+    assert pieces.tolist() == whole
+    assert max(recording.calls) <= 1_000
+
+
+def test_text_without_spaces_is_cut_hard_and_still_encodes_the_same_text(tokenizer):
+    text = "x=" + "abcdefgh" * 200
+    tokens = np.concatenate(list(data.encode_documents(tokenizer, [text], max_chars=300)))
+    assert tokens[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(tokens[:-1].tolist()) == text
+
+
+def test_a_long_document_streams_in_pieces_with_the_whole_documents_rows(tokenizer, tmp_path):
+    """A 60,000-character document between two short ones, streamed with 1,000-character pieces: no tokenizer
+    call is given more than 1,000 characters (the whole document in one call took 200 bytes of memory per
+    character), the rows are those of the whole documents, and a resume inside the long document
+    re-tokenizes only its chunk."""
+    long_doc = " ".join(d.text for d in data.corpus_split("train", MAX_CHARS))[:60_000]
+    texts = ["a short one", long_doc, "the last one"]
+    spec = str(write_jsonl(tmp_path / "long.jsonl", texts))
+    eos = tokenizer.eos_token_id
+    whole = np.asarray([t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]])
+    reference = data.pack(whole, SEQ_LEN, tokenizer.bos_token_id)
+    recording = RecordingTokenizer(tokenizer)
+    stream = text_stream(spec, recording, SEQ_LEN, piece_chars=1_000)
+    first = stream.next_rows(10)
+    state = json.loads(json.dumps(stream.state_dict()))
+    assert torch.equal(torch.cat([first, stream.next_rows(len(reference) - 10)]), reference)
+    assert recording.calls and max(recording.calls) <= 1_000
+
+    resumed = text_stream(spec, tokenizer, SEQ_LEN, piece_chars=1_000)
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.next_rows(len(reference) - 10), reference[10:])
+
+
+def test_a_tokenizer_that_adds_a_token_per_call_is_warned_about(tokenizer, tmp_path):
+    """Llama 2's SentencePiece tokenizer prepends "▁" to every call; cut documents then get an extra token at
+    each cut, which the stream says once."""
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    prepending = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer.__class__.from_str(
+        tokenizer.backend_tokenizer.to_str()), bos_token="<|bos|>", eos_token="<|eos|>")
+    prepending.backend_tokenizer.normalizer = normalizers.Prepend("▁")
+    assert not data.cuts_are_exact(prepending)
+    spec = str(write_jsonl(tmp_path / "long.jsonl", ["word " * 2_000]))
+    with pytest.warns(UserWarning, match="tokenized in pieces"):
+        text_stream(spec, prepending, SEQ_LEN, piece_chars=1_000).next_rows(2)

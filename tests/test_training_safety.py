@@ -126,3 +126,116 @@ def test_final_appears_only_when_whole(tiny_model, tmp_path, capsys, monkeypatch
     monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", original)
     cpt.main([*argv, "--overwrite"])
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "final").iterdir()}
+
+
+# ---------------------------------------------------------------- checkpoints: whole or absent, checked on resume
+
+
+def _checkpoint_files(out: Path, step: int) -> dict[str, bytes]:
+    folder = out / "checkpoints" / f"step-{step:07d}"
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model, tmp_path_factory) -> Path:
+    """Four steps with checkpoints after steps 2 and 4, and final/."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    import_example("continued_pretraining").main(["--model", str(tiny_model), "--output-dir", str(out), "--steps", "4",
+                                                  "--save-every", "2", *COMMON])
+    assert _steps(out) == [1, 2, 3, 4]
+    return out
+
+
+def _copy_run(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+DAMAGE = {  # file of the step-4 checkpoint: how it is damaged
+    "optimizer.bin": "cut in half",
+    "model.safetensors": "cut in half",
+    "custom_checkpoint_0.pkl": "cut in half",  # the scheduler
+    "random_states_0.pkl": "cut in half",  # accelerate loaded this one without a word
+    "step.json": '{"step": ',
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGE))
+def test_resume_latest_from_a_damaged_checkpoint_is_one_line_naming_the_file(finished_run, tiny_model, tmp_path,
+                                                                            capsys, name):
+    """A checkpoint cut short (a full disk, a copy that stopped) was a traceback from inside torch, safetensors
+    or json; it is one line naming the file, with the earlier checkpoint to resume from, and exit status 2."""
+    out = _copy_run(finished_run, tmp_path)
+    path = out / "checkpoints" / "step-0000004" / name
+    if DAMAGE[name] == "cut in half":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    else:
+        path.write_text(DAMAGE[name])
+    line = _fails(import_example("continued_pretraining").main,
+                  ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "6", "--resume", "latest", *COMMON],
+                  capsys)
+    assert line.startswith(f"error: checkpoint {out / 'checkpoints' / 'step-0000004'}: {name} is damaged: "), line
+    assert line.endswith(f"resume from an earlier one: --resume {out / 'checkpoints' / 'step-0000002'}"), line
+    assert _steps(out) == [1, 2, 3, 4]
+
+
+def test_a_step_json_that_names_another_step_is_refused(finished_run, tiny_model, tmp_path, capsys):
+    out = _copy_run(finished_run, tmp_path)
+    (out / "checkpoints" / "step-0000004" / "step.json").write_text('{"step": 3}')
+    line = _fails(import_example("continued_pretraining").main,
+                  ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "6", "--resume", "latest", *COMMON],
+                  capsys)
+    assert "step.json is damaged: it says step 3, and the folder is step-0000004" in line, line
+
+
+def test_ctrl_c_while_a_resumed_run_saves_an_existing_step_loses_nothing(finished_run, tiny_model, tmp_path, capsys,
+                                                                          monkeypatch):
+    """Resumed from step 2, the run saves step 4 again: Ctrl-C arrives once accelerate has written the weights
+    and the optimizer. The step-4 checkpoint was overwritten in place (a new model.safetensors, a 680-byte
+    optimizer.bin beside the old step.json), and `--resume latest` then failed. The save goes to a staging
+    folder: step 4 stays as it was, the staging folder goes, the run says which checkpoint is the last complete
+    one and exits 130, and the log holds each step once."""
+    from accelerate import Accelerator
+
+    out = _copy_run(finished_run, tmp_path)
+    before = _checkpoint_files(out, 4)
+    original = Accelerator.save_state
+
+    def interrupted_save(self, output_dir=None, **kwargs):
+        result = original(self, output_dir, **kwargs)
+        if "step-0000004" in str(output_dir):
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(Accelerator, "save_state", interrupted_save)
+    cpt = import_example("continued_pretraining")
+    argv = ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "4", "--save-every", "2", *COMMON]
+    with pytest.raises(SystemExit) as exit_info:
+        cpt.main([*argv, "--resume", str(out / "checkpoints" / "step-0000002")])
+    assert exit_info.value.code == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "%|" not in line]
+    latest = out / "checkpoints" / "step-0000004"
+    assert err == [f"interrupted; the last complete checkpoint is {latest} (--resume latest continues from it)"], err
+    assert _checkpoint_files(out, 4) == before
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
+    assert _steps(out) == [1, 2, 3, 4]
+
+    monkeypatch.setattr(Accelerator, "save_state", original)
+    cpt.main([*argv, "--steps", "5", "--resume", "latest"])  # continues from the untouched step 4
+    assert _steps(out) == [1, 2, 3, 4, 5]
+
+
+def test_resuming_from_an_earlier_step_replaces_the_log_records_it_trains_again(finished_run, tiny_model, tmp_path):
+    """`log.jsonl` held steps 3 and 4 twice after a resume from step 2 into the same folder. The records of the
+    steps trained again replace the earlier ones, in step order; the checkpoint of step 4 is replaced whole."""
+    out = _copy_run(finished_run, tmp_path)
+    first = (out / "log.jsonl").read_text().splitlines()
+    import_example("continued_pretraining").main(
+        ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "4", "--save-every", "2", *COMMON,
+         "--resume", str(out / "checkpoints" / "step-0000002")])
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert [r["batch"] for r in log] == [json.loads(line)["batch"] for line in first]  # the same batches again
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]

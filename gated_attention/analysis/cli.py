@@ -225,16 +225,17 @@ def _load(args, model_name: str, where: dict[str, str]):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .. import register_auto_classes
+    from ..hub.loading import from_pretrained_checked
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
     tokenizer_name = args.tokenizer or model_name
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    try:
+    try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
         config_file = Path(where[model_name]) / "config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
-        model = cls.from_pretrained(where[model_name], dtype=dtype, trust_remote_code=args.trust_remote_code)
+        model = from_pretrained_checked(cls, where[model_name], dtype=dtype, trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
         raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
     try:

@@ -1,5 +1,6 @@
 """Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders,
-the `--dataset` reader, the memory budget, and the small helpers every command line shares.
+the `--dataset` reader, the memory budget, loading a checkpoint whose weights fit its config, and the
+small helpers every command line shares.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -13,8 +14,9 @@ the `--dataset` reader, the memory budget, and the small helpers every command l
 - `command_line`: what every command line shares (the `gated-attention`
   commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
   with a usage error as one line), `bounded` (an argparse type for a number in
-  a range), `memory_size` / `parse_size` / `format_size` (`--max-memory 4GB`)
-  and `first_line` (an exception as one line). Standard library only.
+  a range), `memory_size` / `parse_size` / `format_size` (`--max-memory 4GB`),
+  `first_line` (an exception as one line) and `sigterm_as_interrupt` (`kill PID`
+  unwinds like Ctrl-C). Standard library only.
 - `memory_budget`: `MemoryBudget`, what `--max-memory` (or, by default, the
   free memory) turns into for accelerate's big-model inference: its
   `max_memory` dict, `from_pretrained`'s placement arguments with a temporary
@@ -23,6 +25,11 @@ the `--dataset` reader, the memory budget, and the small helpers every command l
 - `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
   jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
   as a stream, with `DataError` as one line.
+- `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
+  refuses, as `WeightsMismatch` in one line, weights that do not fit their
+  config (a tensor missing, unexpected or of another shape), where
+  transformers would print a table and go on with random or dropped tensors.
+  `analyze` and the training examples load models through it.
 - `output_folders`: which output folders a command may write or replace
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check

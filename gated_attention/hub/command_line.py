@@ -1,5 +1,5 @@
 """Small pieces every command line of the package shares: a parser whose usage errors are one line, flag
-values in a range, memory sizes (`--max-memory 4GB`), an exception as one line.
+values in a range, memory sizes (`--max-memory 4GB`), an exception as one line, SIGTERM handled as Ctrl-C.
 
 `cli`, `analysis`, `convert`, `recipes`, `training`, the examples and the
 benchmarks use these, so a range or a one-line error reads the same in every
@@ -9,9 +9,12 @@ command. Standard library only: the parsers build without importing torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
+import signal
+from collections.abc import Iterator
 
 
 def first_line(error: BaseException) -> str:
@@ -97,3 +100,25 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block, SIGTERM (`kill PID`, and what launchers send their workers) raises KeyboardInterrupt,
+    so it unwinds like Ctrl-C: staging folders are removed, the command says it was interrupted.
+
+    Signals belong to the main thread: elsewhere nothing changes.
+    """
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

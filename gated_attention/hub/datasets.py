@@ -9,6 +9,8 @@ Every failure is a `DataError` whose message is one line for the user.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 from .command_line import first_line
@@ -22,9 +24,68 @@ class DataError(ValueError):
     """A corpus that cannot be read as asked; the message is one line meant for the user."""
 
 
-def _builder_kwargs(builder: str) -> dict:
-    # A .txt file is one document, as with `--text-files` (the text builder would make every line one).
-    return {"sample_by": "document"} if builder == "text" else {}
+class _QuotedFiles(logging.Handler):
+    """Keeps the first quoted name of each error record: `datasets`' builders log "Failed to read file '...'"."""
+
+    QUOTED = re.compile(r"'([^']+)'")
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.names: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self.QUOTED.search(record.getMessage())
+        if match:
+            self.names.append(match.group(1))
+
+
+class reading:  # noqa: N801 - used as `with reading(spec):`, like a function
+    """Inside the block, any failure of `datasets` or pyarrow to read the corpus `spec` is a `DataError`
+    naming the file.
+
+    A streamed file is read while its documents are iterated, not when it is
+    opened, so every place that reads documents reads them inside this block.
+    The exceptions (pyarrow's `ArrowInvalid`, a `StopIteration` for an empty
+    file, ...) name no file; `datasets`' builders log it instead, as an error
+    ("Failed to read file '...'"). Those records are taken here rather than
+    printed, and the file they name goes into the one line.
+    """
+
+    _BUILDERS = "datasets.packaged_modules"  # the loggers of datasets' json, csv, parquet, text, arrow builders
+
+    def __init__(self, spec):
+        self.spec = spec if isinstance(spec, str) else " ".join(spec)
+        self._files = _QuotedFiles()
+
+    def __enter__(self) -> reading:
+        self._logger = logging.getLogger(self._BUILDERS)
+        self._propagate, self._logger.propagate = self._logger.propagate, False
+        self._logger.addHandler(self._files)
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        self._logger.removeHandler(self._files)
+        self._logger.propagate = self._propagate
+        if error is None or isinstance(error, DataError) or not isinstance(error, Exception):
+            return False  # Ctrl-C and the like pass
+        where, files = "", self._files.names
+        if files and Path(files[0]).resolve() != Path(self.spec).expanduser().resolve():
+            where = f"{files[0]} "
+        if isinstance(error, StopIteration):  # datasets' builders read the first file on opening
+            raise DataError(f"--dataset {self.spec}: {where}holds no documents") from error
+        raise DataError(f"--dataset {self.spec}: {where}cannot be read ({first_line(error)})") from error
+
+
+def _load_streaming(builder: str, spec: str, **kwargs):
+    """`datasets.load_dataset(builder, streaming=True, **kwargs)`, its read errors as `DataError`s (`reading`).
+
+    A .txt file is one document, as with `--text-files` (the text builder would make every line one).
+    """
+    from datasets import load_dataset
+
+    extra = {"sample_by": "document"} if builder == "text" else {}
+    with reading(spec):  # builders read the first file already, to learn its columns
+        return load_dataset(builder, streaming=True, **extra, **kwargs)
 
 
 def _data_files(folder: Path) -> dict[str, list[str]]:
@@ -38,17 +99,16 @@ def _data_files(folder: Path) -> dict[str, list[str]]:
     return found
 
 
-def _from_files(files: list[str], builder: str):
-    from datasets import load_dataset
-
-    return load_dataset(builder, data_files=files, split="train", streaming=True, **_builder_kwargs(builder))
+def _from_files(files: list[str], builder: str, spec: str):
+    return _load_streaming(builder, spec, data_files=files, split="train")
 
 
 def _from_folder(folder: Path, split: str, spec: str):
-    from datasets import load_dataset, load_from_disk
+    from datasets import load_from_disk
 
     if (folder / "state.json").exists() or (folder / "dataset_dict.json").exists():  # save_to_disk
-        ds = load_from_disk(str(folder))
+        with reading(spec):
+            ds = load_from_disk(str(folder))
         if hasattr(ds, "keys"):  # a DatasetDict
             if split not in ds:
                 raise DataError(f"--dataset {spec}: no split {split!r} (it has {', '.join(ds.keys())})")
@@ -61,9 +121,11 @@ def _from_folder(folder: Path, split: str, spec: str):
         raise DataError(f"--dataset {spec}: mixed file kinds ({', '.join(sorted(found))}); give one kind")
     (builder,) = found
     try:  # datasets picks the split from file names (train*.jsonl, data/validation-*.parquet, ...)
-        return load_dataset(builder, data_dir=str(folder), split=split, streaming=True, **_builder_kwargs(builder))
-    except ValueError as e:
-        raise DataError(f"--dataset {spec}: {first_line(e)}") from None
+        return _load_streaming(builder, spec, data_dir=str(folder), split=split)
+    except DataError as e:
+        if not isinstance(e.__cause__, ValueError) or type(e.__cause__).__module__.startswith("pyarrow"):
+            raise
+        raise DataError(f"--dataset {spec}: {first_line(e.__cause__)}") from None
 
 
 def _cached_hub_dataset(repo_id: str) -> Path:
@@ -93,7 +155,10 @@ def open_text_dataset(spec: str | list[str], split: str = "train"):
             raise DataError(f"--dataset {bad}: unknown file kind (expected {', '.join(sorted(BUILDERS))})")
         if len(kinds) > 1:
             raise DataError(f"--dataset: mixed file kinds ({', '.join(sorted(kinds))}); give one kind")
-        return _from_files([str(p) for p in paths], kinds.pop())
+        empty = next((s for s, p in zip(specs, paths) if p.stat().st_size == 0), None)
+        if empty is not None:
+            raise DataError(f"--dataset {empty}: the file is empty")
+        return _from_files([str(p) for p in paths], kinds.pop(), " ".join(specs))
     missing = next(s for s, p in zip(specs, paths) if not p.exists())
     if len(specs) == 1 and "/" in missing and not missing.startswith((".", "/", "~")) and missing.count("/") == 1:
         return _from_folder(_cached_hub_dataset(missing), split, missing)
@@ -105,7 +170,8 @@ def check_text_field(ds, text_field: str, spec, flag: str = "--text-field") -> N
     `flag` names the option that gave the column."""
     columns = ds.column_names
     if columns is None:  # features unknown until read: look at the first document
-        first = next(iter(ds.take(1)), None)
+        with reading(spec):
+            first = next(iter(ds.take(1)), None)
         if first is None:
             raise DataError(f"--dataset {spec}: the dataset is empty")
         columns = list(first)
@@ -115,7 +181,8 @@ def check_text_field(ds, text_field: str, spec, flag: str = "--text-field") -> N
 
 def check_has_text(ds, text_field: str, spec) -> None:
     """`DataError` unless some document of `ds` has text in `text_field` (reads up to the first that has)."""
-    for doc in ds.select_columns([text_field]):
-        if doc[text_field]:
-            return
+    with reading(spec):
+        for doc in ds.select_columns([text_field]):
+            if doc[text_field]:
+                return
     raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")

@@ -28,12 +28,12 @@ import glob
 import hashlib
 import os
 import shutil
-import signal
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from .command_line import sigterm_as_interrupt
 from .output_folders import OutputFolderError
 
 # renameat2(2) flags, from <linux/fs.h>
@@ -206,25 +206,6 @@ def _handle_leftovers(dst: Path, clear: bool, log, warn, flag: str, overwrite_fl
 # --- the staging folder ---------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """`kill PID` unwinds like Ctrl-C, so the staging folder is removed."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
 def refuse_running(dst: Path, flag: str, own: Path | None = None) -> None:
     """OutputFolderError when another running process is writing `dst` (its staging folder is there).
 
@@ -275,7 +256,7 @@ def staged_folder(
         shutil.rmtree(stage)
     stage.mkdir()
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             yield stage
             try:
                 rename_noreplace(stage, dst)

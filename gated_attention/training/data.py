@@ -28,7 +28,7 @@ import json
 import os
 import sysconfig
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,11 +309,89 @@ def load_tokenizer(vocab_size: int = 4096, max_chars: int | None = None, cache: 
 # Token streams and packing
 
 
-def token_stream(tokenizer, documents: Sequence[Document]) -> np.ndarray:
-    """All documents' token ids, each followed by EOS, as one int32 array."""
+# Characters of text tokenized in one call, at most (give or take one short document). A fast tokenizer
+# holds about 200 bytes per character while it runs (offsets, alignments, Python ints), so a 50 MB document
+# tokenized whole took 12 GB; 64K characters take about 13 MB.
+PIECE_CHARS = 1 << 16
+
+
+def text_pieces(text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `max_chars` characters (their concatenation is `text`).
+
+    Each cut is made just before a space that follows a character other than
+    whitespace, the last such space in the piece. A tokenizer that
+    pre-tokenizes with a regex in which a space can only begin a match (GPT-2's,
+    Llama 3's and Qwen's byte-level BPE, the embedded tokenizer) never merges
+    across that point, so the pieces' tokens, concatenated, are exactly the
+    whole text's (`cuts_are_exact` checks a tokenizer for it). A piece that
+    holds no such space (text without spaces: a long word, CJK, base64) is cut
+    at `max_chars` characters; there the tokens may differ from the whole
+    text's, though they still encode the same text.
+    """
+    start = 0
+    while len(text) - start > max_chars:
+        end = start + max_chars
+        cut = text.rfind(" ", start + 1, end + 1)
+        while cut != -1 and text[cut - 1].isspace():  # the first space of a run, where a match may begin
+            cut = text.rfind(" ", start + 1, cut)
+        cut = end if cut == -1 else cut
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+# Texts whose cuts before a space (`text_pieces`) cover letters, digits, punctuation, runs of spaces and
+# tabs, newlines and non-ASCII text.
+_CUT_PROBES = ("The quick brown fox, jumping 12345 times: x = f(y) + 3.0;",
+               "def f(a,  b):\n    return a\t+ b  # 'sum' of them",
+               "Ünïcode café naïve — “quoted” text 日本語 ok")
+
+
+def cuts_are_exact(tokenizer) -> bool:
+    """Whether `tokenizer`'s tokens of the probe texts cut by `text_pieces`' rule (before a space that follows
+    a character other than whitespace) are exactly those of the whole texts. False for a tokenizer that adds
+    something at the start of each call (Llama 2's SentencePiece prepends "▁") or merges across spaces."""
+    for text in _CUT_PROBES:
+        whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for cut in (i for i in range(1, len(text)) if text[i] == " " and not text[i - 1].isspace()):
+            parts = tokenizer([text[:cut], text[cut:]], add_special_tokens=False)["input_ids"]
+            if parts[0] + parts[1] != whole:
+                return False
+    return True
+
+
+def encode_documents(tokenizer, texts: Iterable[str], max_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
+    """The token ids of `texts`, every document followed by EOS, as consecutive int32 arrays.
+
+    Documents are cut into `text_pieces` of at most `max_chars` characters, and
+    consecutive pieces are tokenized together, one batched call per `max_chars`
+    characters at most. So memory holds the tokens of `max_chars` characters at
+    a time, whatever a document's length. An empty document is its EOS alone.
+    """
     eos = tokenizer.eos_token_id
-    encoded = tokenizer([d.text for d in documents], add_special_tokens=False)["input_ids"]
-    pieces = [np.asarray(ids + [eos], dtype=np.int32) for ids in encoded]
+    batch, ends, size = [], [], 0  # pieces, whether each ends its document, their characters
+
+    def encode() -> np.ndarray:
+        ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        return np.concatenate([np.asarray(x + [eos] if end else x, dtype=np.int32) for x, end in zip(ids, ends)])
+
+    for text in texts:
+        done = 0
+        for piece in text_pieces(text, max_chars):
+            if batch and size + len(piece) > max_chars:
+                yield encode()
+                batch, ends, size = [], [], 0
+            done += len(piece)
+            batch.append(piece)
+            ends.append(done == len(text))
+            size += len(piece)
+    if batch:
+        yield encode()
+
+
+def token_stream(tokenizer, documents: Sequence[Document]) -> np.ndarray:
+    """All documents' token ids, each followed by EOS, as one int32 array (see `encode_documents`)."""
+    pieces = list(encode_documents(tokenizer, (d.text for d in documents)))
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
 
 

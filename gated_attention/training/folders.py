@@ -1,5 +1,6 @@
 """Output folders: made so that a failed run does not leave them behind empty, written so that a killed
-save leaves nothing that looks complete, and cleared for a rerun only of what a run writes."""
+save leaves nothing that looks complete (`final/`, `merged/` and every checkpoint are staged beside their
+place and renamed into it), and cleared for a rerun only of what a run writes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 # What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing
-# else in it is the run's to replace). `.final.incomplete-PID` and the like are `staged_folder`'s.
+# else in it is the run's to replace). `.final.incomplete-PID` and the like are `staging_path`'s.
 RUN_ENTRIES = ("log.jsonl", "checkpoints", "final", "merged", "final-yarn", "perplexity_by_length.csv")
 
 
@@ -34,25 +35,40 @@ def output_folder(path) -> Iterator[Path]:
         raise
 
 
+def staging_path(path, pid: int | None = None) -> Path:
+    """`.NAME.incomplete-PID` beside `path`: where `path` is written before it is renamed into place."""
+    path = Path(path)
+    return path.parent / f".{path.name}.incomplete-{os.getpid() if pid is None else pid}"
+
+
+def publish(stage: Path, path) -> None:
+    """Rename the whole folder `stage` to `path`. An earlier `path` (a checkpoint saved again after a resume,
+    `final/` of an earlier run) is moved aside first and removed once the new one is in place: it is never
+    written into, so a process killed at any moment leaves either it or the new one at `path`, whole (or, in
+    the instant between the two renames, both under their hidden names and nothing at `path`)."""
+    path = Path(path)
+    if os.path.lexists(path):
+        old = path.parent / f".{path.name}.replaced-{os.getpid()}"
+        os.rename(path, old)
+        os.rename(stage, path)
+        shutil.rmtree(old)
+    else:
+        os.rename(stage, path)
+
+
 @contextlib.contextmanager
 def staged_output(path) -> Iterator[Path]:
-    """Yield an empty staging folder beside `path` (`.NAME.incomplete-PID`); when the block ends without an
-    error it is renamed to `path` (replacing an earlier one), on any error it is removed. A process killed
+    """Yield an empty staging folder beside `path` (`staging_path`); when the block ends without an error it
+    is renamed to `path` (`publish`, replacing an earlier one), on any error it is removed. A process killed
     meanwhile leaves only the staging folder, incomplete by its name, never a `path` that looks whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    stage = path.parent / f".{path.name}.incomplete-{os.getpid()}"
+    stage = staging_path(path)
     shutil.rmtree(stage, ignore_errors=True)  # an earlier process with this id was killed
     stage.mkdir()
     try:
         yield stage
-        if os.path.lexists(path):  # an earlier save of the same run (--resume), moved aside, then removed
-            old = path.parent / f".{path.name}.replaced-{os.getpid()}"
-            os.rename(path, old)
-            os.rename(stage, path)
-            shutil.rmtree(old)
-        else:
-            os.rename(stage, path)
+        publish(stage, path)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -28,7 +28,6 @@ import contextlib
 import copy
 import gc
 import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -346,17 +345,7 @@ def evaluate_loss(model: nn.Module, rows: torch.Tensor, batch_size: int, acceler
 
 
 # ---------------------------------------------------------------------------------------------
-# accelerate: checkpoints, resume and the final save (used by examples/)
-
-
-def checkpoint_dir(output_dir, step: int):
-    return Path(output_dir) / "checkpoints" / f"step-{step:07d}"
-
-
-def latest_checkpoint(output_dir):
-    """The newest complete checkpoint under `output_dir/checkpoints` (one with its `step.json`), or None."""
-    done = sorted(p.parent for p in (Path(output_dir) / "checkpoints").glob("step-*/step.json"))
-    return done[-1] if done else None
+# accelerate: the final save (used by examples/; checkpoints and resume are in `checkpoints`)
 
 
 def check_finite_weights(model: nn.Module, accelerator=None, *, step: int | None = None, saving: str = "the model") -> None:
@@ -381,50 +370,6 @@ def check_finite_weights(model: nn.Module, accelerator=None, *, step: int | None
         where = f" ({bad})" if bad else " (on another process)"
         raise FloatingPointError(f"the weights are not finite (NaN or inf){after}{where}: {saving} was not saved; "
                                  "the run diverged (a lower --lr or --max-grad-norm?)")
-
-
-def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.Module | None = None):
-    """`accelerator.save_state` (model, optimizer, registered scheduler, RNG), then `step.json` last.
-
-    With `model` (the prepared one), weights that are not finite are refused first (`check_finite_weights`).
-
-    In-memory and token-shard data are ordered by (seed, step), so the step is all a resume needs
-    besides the state. A stream (`data`, a `streaming.PackedStream`) also saves its position, one
-    `data_state_{rank}.json` per process (each reads its own part), as accelerate does for RNG states.
-    """
-    folder = checkpoint_dir(output_dir, step)
-    if model is not None:
-        check_finite_weights(model, accelerator, step=step, saving=f"checkpoint {folder.name}")
-    accelerator.save_state(str(folder))
-    if data is not None and hasattr(data, "state_dict"):
-        path = folder / f"data_state_{accelerator.process_index}.json"
-        path.write_text(json.dumps(data.state_dict()), encoding="utf-8")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (folder / "step.json").write_text(json.dumps({"step": step}), encoding="utf-8")
-    accelerator.wait_for_everyone()
-    return folder
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from; the message is one readable line."""
-
-
-def load_checkpoint(accelerator, folder, data=None) -> int:
-    """Restore a `save_checkpoint` folder into the prepared objects (and the position of a stream
-    `data`); returns the step to continue from."""
-    folder = Path(folder)
-    if not (folder / "step.json").exists():
-        raise CheckpointError(f"{folder} is not a complete checkpoint (no step.json); resume from a "
-                              "checkpoints/step-* folder that has one, or 'latest'")
-    accelerator.load_state(str(folder))
-    if data is not None and hasattr(data, "load_state_dict"):
-        path = folder / f"data_state_{accelerator.process_index}.json"
-        if not path.exists():
-            raise CheckpointError(f"{folder} has no stream position for process {accelerator.process_index} "
-                                  "(saved with other data or another number of processes)")
-        data.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
-    return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])
 
 
 def save_final(accelerator, model, folder, tokenizer=None, *, step: int | None = None) -> None:

@@ -7,9 +7,13 @@ Two ways to feed `gated_attention.training.train` a corpus that does not fit in 
   Hub dataset from the local cache, always as a streaming `IterableDataset`.
   Each process reads its own part (`datasets.distributed.split_dataset_by_node`:
   whole files when their number divides the world size, else every world-th
-  document), tokenizes documents as they arrive and cuts BOS-led rows exactly
-  as `data.pack` does (documents joined by EOS). Memory holds one chunk of
-  documents and one row, whatever the corpus size.
+  document), tokenizes documents as rows need them and cuts BOS-led rows
+  exactly as `data.pack` does (documents joined by EOS). Memory holds one
+  chunk of documents, the tokens of one piece of `data.PIECE_CHARS`
+  characters (a longer document is tokenized in pieces: `data.text_pieces`)
+  and one row, whatever the corpus size or a document's length. A file that
+  cannot be read, when it is opened or when the rows reach it, is a
+  `DataError` naming it (`hub.datasets.reading`).
 - **Token shards** (`write_token_shards`, `TokenShards`): the token stream
   written once as flat uint16/uint32 files with an `index.json`; training
   memory-maps them and reads any row at random, so the in-memory path's
@@ -18,8 +22,8 @@ Two ways to feed `gated_attention.training.train` a corpus that does not fit in 
 
 Resuming a stream: `PackedStream.state_dict()` is the position of the next
 unread token, as (epoch, the `datasets` state before the chunk of documents
-holding it, token offset in that chunk). Restoring it re-reads and re-tokenizes
-one chunk and continues with the same rows. The position is small JSON; no
+holding it, token offset in that chunk). Restoring it re-reads one chunk and
+re-tokenizes it up to the offset, and continues with the same rows. The position is small JSON; no
 data is saved. Chunks are read with `IterableDataset.iter(batch_size=...)`, so
 a resume must use the same `chunk_docs` (checked).
 
@@ -33,13 +37,16 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..hub.datasets import DataError, check_text_field, open_text_dataset
+from .. import GatedAttentionWarning
+from ..hub.datasets import DataError, check_text_field, open_text_dataset, reading
+from .data import PIECE_CHARS, cuts_are_exact, encode_documents
 from .folders import output_folder
 
 CHUNK_DOCS = 256  # documents read and tokenized at a time
@@ -51,26 +58,62 @@ _SHARDS_FORMAT = 1
 # Packing a stream into rows, with a resumable position
 
 
+class _Chunk:
+    """One chunk of this process's documents, tokenized piece by piece as rows need its tokens."""
+
+    def __init__(self, state: dict | None, pieces: Iterator[np.ndarray]):
+        self.state = state  # the `datasets` state before the chunk was read
+        self.pieces = pieces  # `data.encode_documents` of the chunk's texts
+        self.tokens = np.zeros(0, dtype=np.int32)  # the current piece
+        self.used = 0  # tokens of the current piece taken
+        self.taken = 0  # tokens of the chunk taken: the position within it
+
+    def take(self, n: int) -> np.ndarray:
+        """Up to `n` of the next tokens (fewer at a piece's end; none when the chunk is used up)."""
+        while self.used == len(self.tokens):
+            self.tokens, self.used = next(self.pieces, None), 0
+            if self.tokens is None:
+                self.tokens = np.zeros(0, dtype=np.int32)
+                return self.tokens
+        out = self.tokens[self.used : self.used + n]
+        self.used += len(out)
+        self.taken += len(out)
+        return out
+
+
 class PackedStream:
     """This process's rows `[T]` of a text stream: BOS, then T-1 tokens of documents joined by EOS.
 
-    `make_dataset()` returns a fresh, unsplit `IterableDataset`; this process
-    reads its part of it (`split_dataset_by_node(rank, world)`). At the end of
-    the part a new epoch starts from its beginning, so the stream never ends.
+    `dataset` is the whole, unsplit `IterableDataset`, opened once (opening a
+    json file reads its first batch of lines to learn the columns); this
+    process reads its part of it (`split_dataset_by_node(rank, world)`). At the
+    end of the part a new epoch starts from its beginning, so the stream never ends.
     `next_rows(n)` returns `[n, T]` int64; `state_dict()` / `load_state_dict()`
     save and restore the position (see the module docstring).
+
+    Documents are tokenized only as rows need their tokens, in pieces of
+    `data.PIECE_CHARS` characters (`data.encode_documents`), so a document of
+    any length costs the memory of one piece's tokens besides its text. Cut
+    where `data.text_pieces` cuts, the tokens are those of the whole document
+    for byte-level BPE tokenizers; for a tokenizer where they are not
+    (`data.cuts_are_exact`), a warning says so once, the first time a document
+    is cut.
     """
 
-    def __init__(self, make_dataset: Callable, tokenizer, seq_len: int, *, text_field: str = "text",
-                 rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS, name: str = "dataset"):
+    def __init__(self, dataset, tokenizer, seq_len: int, *, text_field: str = "text",
+                 rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS, name: str = "dataset",
+                 piece_chars: int = PIECE_CHARS):
         if seq_len < 2:
             raise ValueError("seq_len must be at least 2 (BOS plus one token)")
-        self.make_dataset, self.tokenizer, self.seq_len = make_dataset, tokenizer, seq_len
+        self.dataset, self.tokenizer, self.seq_len = dataset, tokenizer, seq_len
         self.text_field, self.rank, self.world, self.chunk_docs, self.name = text_field, rank, world, chunk_docs, name
+        self.piece_chars = piece_chars
         self.eos = tokenizer.eos_token_id
         self.bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else self.eos
         if self.bos is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
+        self._cuts_checked = False
+        check_text_field(dataset, text_field, name)
         self._start(epoch=0, chunk_state=None, offset=0)
 
     # -- position ---------------------------------------------------------------------------
@@ -78,27 +121,29 @@ class PackedStream:
     def _start(self, epoch: int, chunk_state: dict | None, offset: int) -> None:
         from datasets.distributed import split_dataset_by_node
 
-        ds = self.make_dataset()
-        check_text_field(ds, self.text_field, self.name)
-        ds = split_dataset_by_node(ds.select_columns([self.text_field]), rank=self.rank, world_size=self.world)
+        ds = self.dataset.select_columns([self.text_field])
+        ds = split_dataset_by_node(ds, rank=self.rank, world_size=self.world)
         if chunk_state is not None:
             ds.load_state_dict(chunk_state)
         self._ds, self._epoch = ds, epoch
         self._chunks = ds.iter(batch_size=self.chunk_docs)
         self._next_chunk_state = chunk_state  # the datasets state before the next chunk is read
-        self._pending: list[list] = []  # [state before the chunk, its tokens, how many are consumed]
+        self._chunk: _Chunk | None = None
         self._read_in_epoch = 0  # tokens read this epoch (an empty part is an error, not an endless loop)
         self._whole_epoch = chunk_state is None and not offset
         if chunk_state is not None or offset:
-            self._read_chunk()
-            if not self._pending or offset > len(self._pending[0][1]):
+            if not self._read_chunk():
                 raise DataError(f"{self.name}: the saved stream position is past the data; is it the same corpus?")
-            self._pending[0][2] = offset
+            while offset:  # the tokens before the position are tokenized again and dropped
+                skipped = len(self._chunk.take(offset))
+                if not skipped:
+                    raise DataError(f"{self.name}: the saved stream position is past the data; is it the same corpus?")
+                offset -= skipped
 
     def state_dict(self) -> dict:
         """The position of the next unread token (JSON-able)."""
-        if self._pending:
-            chunk_state, _, offset = self._pending[0]
+        if self._chunk is not None:
+            chunk_state, offset = self._chunk.state, self._chunk.taken
         else:
             chunk_state, offset = self._next_chunk_state, 0
         return {"epoch": self._epoch, "chunk": chunk_state, "offset": int(offset), "seq_len": self.seq_len,
@@ -113,45 +158,52 @@ class PackedStream:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _tokenize(self, texts: list) -> np.ndarray:
+    def _texts(self, texts: list) -> list[str]:
         texts = [t for t in texts if t]  # missing (None) or empty documents add nothing
-        if not texts:  # (a tokenizer called on no texts raises IndexError)
-            return np.zeros(0, dtype=np.int32)
-        if not isinstance(texts[0], str):
+        wrong = next((t for t in texts if not isinstance(t, str)), None)
+        if wrong is not None:
             raise DataError(f"--text-field {self.text_field!r}: {self.name}'s column holds "
-                            f"{type(texts[0]).__name__}, not text")
-        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        pieces = [np.asarray(x + [self.eos], dtype=np.int32) for x in ids]
-        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+                            f"{type(wrong).__name__}, not text")
+        if not self._cuts_checked and any(len(t) > self.piece_chars for t in texts):
+            self._cuts_checked = True
+            if not cuts_are_exact(self.tokenizer):
+                warnings.warn(f"{self.name}: documents longer than {self.piece_chars:,} characters are tokenized in "
+                              f"pieces, and this tokenizer ({type(self.tokenizer).__name__}) gives other tokens at "
+                              "the cuts than for the whole text (it adds a token at the start of each call, or "
+                              "merges across spaces)", GatedAttentionWarning, stacklevel=2)
+        return texts
 
     def _read_chunk(self) -> bool:
-        """Append the next chunk of this process's documents; False at the end of the epoch."""
+        """Make the next chunk of this process's documents current; False at the end of the epoch."""
         state = self._next_chunk_state
-        batch = next(self._chunks, None)
+        with reading(self.name):
+            batch = next(self._chunks, None)
         if batch is None:
             return False
         self._next_chunk_state = self._ds.state_dict()
-        tokens = self._tokenize(batch[self.text_field])
-        self._read_in_epoch += len(tokens)
-        self._pending.append([state, tokens, 0])
+        texts = self._texts(batch[self.text_field])
+        self._chunk = _Chunk(state, self._pieces(texts))
         return True
+
+    def _pieces(self, texts: list[str]) -> Iterator[np.ndarray]:
+        for tokens in encode_documents(self.tokenizer, texts, self.piece_chars):
+            self._read_in_epoch += len(tokens)
+            yield tokens
 
     def _take(self, n: int) -> np.ndarray:
         out = []
         while n:
-            if not self._pending and not self._read_chunk():
+            if self._chunk is None and not self._read_chunk():
                 if self._whole_epoch and not self._read_in_epoch:
                     raise DataError(f"{self.name}: no text to train on in this process's part of the data")
                 self._start(self._epoch + 1, None, 0)
                 continue
-            head = self._pending[0]
-            chunk_state, tokens, used = head
-            k = min(n, len(tokens) - used)
-            out.append(tokens[used : used + k])
-            head[2] += k
-            n -= k
-            if head[2] == len(tokens):
-                self._pending.pop(0)
+            tokens = self._chunk.take(n)
+            if not len(tokens):  # the chunk is used up
+                self._chunk = None
+                continue
+            out.append(tokens)
+            n -= len(tokens)
         return np.concatenate(out)
 
     def next_rows(self, n: int) -> torch.Tensor:
@@ -160,17 +212,25 @@ class PackedStream:
         bos = torch.full((n, 1), self.bos, dtype=torch.int64)
         return torch.cat([bos, rows], dim=1)  # [n, T]
 
+    def epoch_tokens(self) -> Iterator[np.ndarray]:
+        """The tokens of the documents from the next unread chunk to the end of this epoch, as consecutive
+        arrays (documents joined by EOS, as the rows hold them): a new stream's whole part, for token shards."""
+        while self._read_chunk():
+            yield from self._chunk.pieces
+        self._chunk = None
+
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
             yield self.next_rows(1)[0]
 
 
 def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str = "train",
-                rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS) -> PackedStream:
+                rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS,
+                piece_chars: int = PIECE_CHARS) -> PackedStream:
     """`PackedStream` of a `--dataset` spec (see `open_text_dataset`); checks the text field at once."""
     name = spec if isinstance(spec, str) else " ".join(spec)
-    return PackedStream(lambda: open_text_dataset(spec, split), tokenizer, seq_len, text_field=text_field,
-                        rank=rank, world=world, chunk_docs=chunk_docs, name=name)
+    return PackedStream(open_text_dataset(spec, split), tokenizer, seq_len, text_field=text_field,
+                        rank=rank, world=world, chunk_docs=chunk_docs, name=name, piece_chars=piece_chars)
 
 
 def rows_digest(rows: torch.Tensor) -> int:
@@ -203,7 +263,7 @@ def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", sp
         raise DataError(f"{out_dir} exists; token shards are written to a new folder")
     vocab = len(tokenizer)
     dtype = token_dtype(vocab)
-    stream = PackedStream(lambda: open_text_dataset(spec, split), tokenizer, 2, text_field=text_field,
+    stream = PackedStream(open_text_dataset(spec, split), tokenizer, 2, text_field=text_field,
                           chunk_docs=chunk_docs, name=spec if isinstance(spec, str) else " ".join(spec))
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     with output_folder(out_dir.parent):
@@ -226,8 +286,8 @@ def _write_shards(stream: PackedStream, folder: Path, dtype, shard_tokens: int) 
     """Read `stream`'s whole corpus once into token files of `shard_tokens` tokens; returns their index entries."""
     shards, current, written = [], None, 0
     try:
-        while stream._read_chunk():
-            tokens = stream._pending.pop()[1].astype(dtype)
+        for tokens in stream.epoch_tokens():
+            tokens = tokens.astype(dtype)
             while len(tokens):
                 if current is None or written == shard_tokens:
                     if current is not None:
