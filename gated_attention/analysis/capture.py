@@ -47,7 +47,7 @@ from torch import nn
 from transformers.utils import logging
 
 from . import metrics as M
-from .layout import GateSite, ModelLayout, model_layout
+from .layout import GateSite, model_layout
 
 logger = logging.get_logger(__name__)
 
