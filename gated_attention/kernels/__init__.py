@@ -12,7 +12,9 @@
 - `attention_interface`: registers `attn_implementation="gated_triton"` with
   transformers' attention and mask interfaces.
 - `gated_delta_rule`: `gated_delta_rule(q, k, v, g, beta)` in fla's layout:
-  fla's kernels on CUDA tensors, a chunked torch implementation elsewhere.
+  fla's kernels on CUDA tensors, a chunked torch implementation elsewhere
+  (a recurrent step for a single position).
+- `chunking`: chunk sizes, the chunk-major layout, packed sequences.
 
 Imports: `compat` at most, never a model (see docs/architecture.md). triton
 and fla are imported inside `try:`, so the remote-code copies load where they

@@ -14,17 +14,16 @@ l2-normalises them (or passes `use_qk_l2norm_in_kernel=True`).
 The torch path follows the chunked (WY / UT-transform) form of fla's naive
 chunk reference and transformers' `torch_chunk_gated_delta_rule`, with the
 triangular solve replaced by a blocked inverse made of batched matmuls and the
-diagonal scalings folded into [C, C] factors: see `_chunked_gated_delta_rule`
+diagonal scalings folded into [C, C] factors: see `chunked_gated_delta_rule`
 and benchmarks/gdn_cpu.py.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from transformers.utils import logging
+
+from .chunking import chunk_length, each_sequence, pad_time, to_chunks
 
 logger = logging.get_logger(__name__)
 
@@ -148,41 +147,53 @@ def torch_gated_delta_rule(
     """The torch path of `gated_delta_rule` (same arguments); differentiable, computes in fp32."""
     if scale is None:
         scale = k.shape[-1] ** -0.5
-    if cu_seqlens is None:
-        return _chunked_gated_delta_rule(
-            q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
+    if cu_seqlens is not None:
+        # Packed sequences: each runs alone from its own initial state (fla's semantics).
+        return each_sequence(
+            lambda q, k, v, g, beta, h0: torch_gated_delta_rule(
+                q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size,
+            ),
+            cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state,
         )
-    # Packed sequences: each runs alone from its own initial state (fla's semantics).
-    bounds = cu_seqlens.tolist()
-    outputs, states = [], []
-    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        h0 = None if initial_state is None else initial_state[i : i + 1]
-        o, s = _chunked_gated_delta_rule(
-            q[:, start:end],
-            k[:, start:end],
-            v[:, start:end],
-            g[:, start:end],
-            beta[:, start:end],
-            scale,
-            h0,
-            output_final_state,
-            use_qk_l2norm_in_kernel,
-            chunk_size,
-        )
-        outputs.append(o)
-        states.append(s)
-    return torch.cat(outputs, dim=1), torch.cat(states) if output_final_state else None
+    if q.shape[1] == 1:
+        return _recurrent_step(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
+    return chunked_gated_delta_rule(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
+    )
 
 
-def _to_chunks(x: torch.Tensor, n: int, chunk: int) -> torch.Tensor:
-    """`[B, T, H, D]` (T = n * chunk) -> fp32 `[n, B * H, chunk, D]`, chunk-major so chunk i is contiguous."""
-    B, _, H, D = x.shape
-    out = x.new_empty(n, B, H, chunk, D, dtype=torch.float32)
-    out.copy_(x.view(B, n, chunk, H, D).permute(1, 0, 3, 2, 4))  # one copy, converting the dtype on the way
-    return out.view(n, B * H, chunk, D)
+def _recurrent_step(q, k, v, g, beta, scale, initial_state, output_final_state, l2):
+    """One position (a decode step): the chunk path's arithmetic for a chunk of one, without its set-up.
+
+    For C = 1 the chunk path's decay matrix, triangular inverse and key decay
+    are all exactly 1, so what remains is the three matmuls below, on the
+    same shapes and in the same order: the numbers are the chunk path's, bit
+    for bit (tests/test_gated_delta_rule.py checks it), and the dozen small
+    kernels that build the unit factors are skipped.
+    """
+    B, _, H, K = k.shape
+    HV, V = v.shape[-2:]
+    if HV != H:
+        q = q.repeat_interleave(HV // H, dim=2)
+        k = k.repeat_interleave(HV // H, dim=2)
+    BH, out_dtype = B * HV, v.dtype
+    q, k, v = (x.to(torch.float32).reshape(BH, 1, x.shape[-1]) for x in (q, k, v))  # [BH, 1, D]
+    g, beta = (x.to(torch.float32).reshape(BH, 1, 1) for x in (g, beta))
+    if l2:
+        q, k = l2norm(q), l2norm(k)
+    decay = g.exp()
+    state = q.new_zeros(BH, K, V) if initial_state is None else initial_state.to(torch.float32).reshape(BH, K, V)
+    v_new = torch.baddbmm(beta * v, (beta * decay) * k, state, alpha=-1)  # beta (v - exp(g) S^T k)
+    o = torch.baddbmm(torch.bmm(q * decay, state), q @ k.transpose(-1, -2), v_new, beta=scale, alpha=scale)
+    state = torch.baddbmm(state * decay, k.transpose(-1, -2), v_new)
+    final_state = state.view(B, HV, K, V) if output_final_state else None
+    return o.view(B, 1, HV, V).to(out_dtype), final_state
 
 
-def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chunk_size):
+def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chunk_size):
+    """The chunked torch path for any T (`torch_gated_delta_rule` takes `_recurrent_step` for T = 1); positional
+    arguments in the order of `torch_gated_delta_rule`'s, `l2` for `use_qk_l2norm_in_kernel`."""
     B, T, H, K = k.shape
     HV, V = v.shape[-2:]
     out_dtype = v.dtype
@@ -193,16 +204,11 @@ def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fin
         q = q.repeat_interleave(HV // H, dim=2)
         k = k.repeat_interleave(HV // H, dim=2)
 
-    # A short input (a decode step) is one short chunk. Padded steps have
-    # k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-    C = min(chunk_size, 1 << (T - 1).bit_length())  # a power of two, for unit_lower_inverse
-    n = math.ceil(T / C)
-    pad = n * C - T
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
-    q, k, v = (_to_chunks(x, n, C) for x in (q, k, v))  # [n, BH, C, D]
-    g, beta = (_to_chunks(x.unsqueeze(-1), n, C).squeeze(-1) for x in (g, beta))  # [n, BH, C]
+    # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
+    C, n = chunk_length(T, chunk_size)
+    q, k, v, g, beta = (pad_time(x, n * C) for x in (q, k, v, g, beta))
+    q, k, v = (to_chunks(x, n, C) for x in (q, k, v))  # [n, BH, C, D]
+    g, beta = (to_chunks(x.unsqueeze(-1), n, C).squeeze(-1) for x in (g, beta))  # [n, BH, C]
     if l2:
         q, k = l2norm(q), l2norm(k)
 
