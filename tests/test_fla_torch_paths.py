@@ -206,6 +206,20 @@ def test_prefill_then_decode_equals_one_pass(family, attn):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_left_padded_row_equals_the_row_alone(family):
+    """fla unpads a padded batch into packed sequences (cu_seqlens): the torch paths run each alone, and the
+    attention masks the padding. Equal to rounding (the unpadded row is batched differently)."""
+    model = build(family, HYBRID)
+    x = ids(T=20)
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[0, :5] = 0
+    with fla_torch_paths(), torch.no_grad():
+        padded = model(x, attention_mask=mask, use_cache=False).logits
+        alone = model(x[:1, 5:], use_cache=False).logits
+    torch.testing.assert_close(padded[:1, 5:], alone, atol=1e-6, rtol=0)
+
+
 def rotate_by_hand(x, theta):
     """GPT-NeoX rotary over the whole head: position t turns the pair (i, i + D/2) by t / theta^(2i/D)."""
     T, D = x.shape[1], x.shape[-1]
