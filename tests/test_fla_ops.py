@@ -336,3 +336,109 @@ def test_softmax_attention_decode_padding_and_packing():
     packed, _ = softmax_attention(q.reshape(1, 12, 2, 8), k.reshape(1, 12, 2, 8), v.reshape(1, 12, 2, 8),
                                   cu_seqlens=torch.tensor([0, 6, 12]))
     close(packed.view(2, 6, 2, 8), full)
+
+
+# ------------------------------------------------------------------ on a GPU: fla's own kernels against the torch paths
+
+
+def _cuda_cases():
+    """name -> (fla's kernel call, the torch path's call), each taking the same CUDA tensors."""
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+    from fla.ops.gla import chunk_gla, fused_recurrent_gla
+    from fla.ops.hgrn import chunk_hgrn, fused_recurrent_hgrn
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    from fla.ops.retention import chunk_retention
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    from gated_attention.kernels.norms import torch_rms_norm_gated
+
+    def linear(H=4, K=64, V=64, T=300, B=2):
+        q, k, v = qkv(B=B, T=T, H=H, K=K, V=V)
+        return [x.cuda() for x in (q, k, v)], torch.randn(B, H, K, V, device="cuda")
+
+    def gla():
+        (q, k, v), h0 = linear()
+        g = F.logsigmoid(torch.randn(*q.shape, device="cuda")) / 16
+        return (lambda: chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True),
+                lambda: torch_gla(q, k, v, g, initial_state=h0, output_final_state=True))
+
+    def gla_recurrent():
+        (q, k, v), h0 = linear(T=20)
+        g = F.logsigmoid(torch.randn(*q.shape, device="cuda"))
+        return (lambda: fused_recurrent_gla(q, k, v, gk=g, initial_state=h0, output_final_state=True),
+                lambda: torch_gla(q, k, v, g, initial_state=h0, output_final_state=True))
+
+    def simple_gla():
+        (q, k, v), h0 = linear()
+        g = F.logsigmoid(torch.randn(*q.shape[:3], device="cuda"))
+        return (lambda: chunk_simple_gla(q, k, v, g=g, initial_state=h0, output_final_state=True),
+                lambda: torch_simple_gla(q, k, v, g, initial_state=h0, output_final_state=True))
+
+    def retention():
+        (q, k, v), h0 = linear()
+        return (lambda: chunk_retention(q, k, v, initial_state=h0, output_final_state=True),
+                lambda: torch_retention(q, k, v, initial_state=h0, output_final_state=True))
+
+    def hgrn(recurrent=False):
+        x, g = torch.randn(2, 300, 128, device="cuda"), F.logsigmoid(torch.randn(2, 300, 128, device="cuda"))
+        h0 = torch.randn(2, 128, device="cuda")
+        kernel = fused_recurrent_hgrn if recurrent else chunk_hgrn
+        return (lambda: kernel(x, g, initial_state=h0, output_final_state=True),
+                lambda: torch_hgrn(x, g, initial_state=h0, output_final_state=True))
+
+    def delta_rule():
+        (q, k, v), h0 = linear()
+        beta = torch.rand(*q.shape[:3], device="cuda")
+        return (lambda: fused_recurrent_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True),
+                lambda: torch_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True))
+
+    def delta_rule_chunk_bf16():  # fla's chunk kernel refuses fp32 inputs
+        (q, k, v), h0 = linear()
+        q, k, v = (x.bfloat16() for x in (q, k, v))
+        beta = torch.rand(*q.shape[:3], device="cuda").bfloat16()
+        return (lambda: chunk_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True),
+                lambda: torch_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True))
+
+    def kda(recurrent=False):
+        (q, k, v), h0 = linear(T=20 if recurrent else 300)
+        g = F.logsigmoid(torch.randn(*q.shape, device="cuda"))
+        beta = torch.rand(*q.shape[:3], device="cuda")
+        kernel = fused_recurrent_kda if recurrent else chunk_kda
+        return (lambda: kernel(q, k, v, g, beta, initial_state=h0, output_final_state=True),
+                lambda: torch_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True))
+
+    def conv():
+        x, w, b, h0 = (torch.randn(*s, device="cuda") for s in ((2, 300, 64), (64, 4), (64,), (2, 64, 4)))
+        return (lambda: causal_conv1d(x, w, b, initial_state=h0, output_final_state=True, activation="silu"),
+                lambda: torch_causal_conv1d(x, w, b, initial_state=h0, output_final_state=True, activation="silu"))
+
+    def norm_gated():
+        x, g, w = torch.randn(2, 300, 64, device="cuda"), torch.randn(2, 300, 64, device="cuda"), torch.randn(64, device="cuda")
+        return (lambda: (rms_norm_gated(x, g, w, None, eps=1e-5),), lambda: (torch_rms_norm_gated(x, g, w, None, eps=1e-5),))
+
+    return {"gla": gla, "gla-recurrent": gla_recurrent, "simple-gla": simple_gla, "retention": retention,
+            "hgrn": hgrn, "hgrn-recurrent": lambda: hgrn(True), "delta-rule": delta_rule,
+            "delta-rule-chunk-bf16": delta_rule_chunk_bf16, "kda": kda, "kda-recurrent": lambda: kda(True),
+            "short-convolution": conv, "rms-norm-gated": norm_gated}
+
+
+CUDA_CASES = ["gla", "gla-recurrent", "simple-gla", "retention", "hgrn", "hgrn-recurrent", "delta-rule",
+              "delta-rule-chunk-bf16", "kda", "kda-recurrent", "short-convolution", "rms-norm-gated"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's Triton kernels need a CUDA GPU")
+@pytest.mark.parametrize("case", CUDA_CASES)
+def test_fla_kernels_on_cuda_match_the_torch_paths(case):
+    """fla's kernel and the torch path on the same CUDA tensors, outputs and final states. Tolerance 5e-3
+    (2e-2 for bf16 inputs): fla's kernels run fp32 matmuls on TF32 tensor cores (~1e-3 relative), and bf16
+    inputs round to 2^-8 relative; the torch path computes in fp32."""
+    pytest.importorskip("fla")
+    torch.manual_seed(0)
+    fla_call, torch_call = _cuda_cases()[case]()
+    expected, actual = fla_call(), torch_call()
+    tolerance = 2e-2 if "bf16" in case else 5e-3
+    for a, e in zip(actual, expected):
+        if e is not None:
+            torch.testing.assert_close(a.float(), e.float(), atol=tolerance, rtol=tolerance)

@@ -291,3 +291,23 @@ def test_without_the_context_fla_cannot_build_its_attention_without_flash_attn()
         Attention(hidden_size=32, num_heads=2)
     with fla_torch_paths():
         Attention(hidden_size=32, num_heads=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's Triton kernels need a CUDA GPU")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_on_cuda_fla_kernels_run_and_the_attention_still_returns_weights(family):
+    """On a GPU the context keeps fla's kernels for the mixers and runs the torch attention, whose weights a
+    hook reads there too; the logits equal the CPU torch paths' to 5e-3 (TF32 matmuls in fla's kernels)."""
+    model = build(family, HYBRID)
+    x = ids(T=70)
+    with fla_torch_paths(), torch.no_grad():
+        cpu = model(x).logits
+        model.cuda()
+        seen = []
+        handle = model.model.layers[1].attn.register_forward_hook(lambda m, a, out: seen.append(out[1]))
+        try:
+            gpu = model(x.cuda()).logits
+        finally:
+            handle.remove()
+    assert seen and seen[0].is_cuda and seen[0].shape == (2, 4, 70, 70)
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=5e-3, rtol=5e-3)
