@@ -3,7 +3,8 @@
 fla's layout throughout: `[B, T, H, D]` in, `[B, T, H, D]` out. Inside, a
 sequence is cut into `n` chunks of `C` positions and laid out chunk-major,
 `[n, B * H, C, D]` in fp32, so that chunk i is one contiguous batch of `[C, D]`
-matrices for `torch.bmm`. The last chunk is padded with zeros; each op says
+matrices for `torch.bmm`; the chunks are taken a few at a time
+(`chunk_groups`), so that temporaries stay small. The last chunk is padded with zeros; each op says
 why its zero padding changes neither the outputs nor the final state.
 """
 
@@ -20,11 +21,25 @@ def chunk_length(T: int, chunk_size: int) -> tuple[int, int]:
     """`(C, n)`: the chunk length and count for T positions.
 
     A short input (a decode step, a short prompt) is one short chunk, not a
-    chunk padded to `chunk_size`. C is a power of two, as
-    `gated_delta_rule.unit_lower_inverse` and the sub-blocks of `gla.decayed_scores` need.
+    chunk padded to `chunk_size`. C is a power of two, so that the paths that shorten
+    their chunks for fast decays (`chunk_size_for_decay`) can halve it.
     """
     C = min(chunk_size, 1 << max(T - 1, 0).bit_length())
     return C, math.ceil(T / C)
+
+
+# The largest temporary a chunked path builds at once, in fp32 elements (256 KB). Chunks are taken a group
+# at a time, so that no temporary outgrows this: a large fresh allocation costs more than the arithmetic
+# done on it (the kernel maps and zeroes its pages on first touch; many times the arithmetic on a
+# sandboxed VM), while a small one comes back from the allocator's free lists.
+GROUP_ELEMENTS = 1 << 16
+
+
+def chunk_groups(n: int, elements_per_chunk: int) -> list[tuple[int, int]]:
+    """`(first chunk, count)` of consecutive groups of the n chunks, each group's largest temporary at
+    most `GROUP_ELEMENTS` (one chunk at the least)."""
+    size = max(1, GROUP_ELEMENTS // max(1, elements_per_chunk))
+    return [(first, min(size, n - first)) for first in range(0, n, size)]
 
 
 def pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -41,6 +56,27 @@ def to_chunks(x: torch.Tensor, n: int, chunk: int) -> torch.Tensor:
     out = x.new_empty(n, B, H, chunk, D, dtype=torch.float32)
     out.copy_(x.reshape(B, n, chunk, H, D).permute(1, 0, 3, 2, 4))  # one copy, converting the dtype on the way
     return out.view(n, B * H, chunk, D)
+
+
+def chunk_size_for_decay(g: torch.Tensor, chunk_size: int, limit: float, smallest: int) -> tuple[int, bool]:
+    """`(C, within)`: the longest chunk length C (a power of two, at most `chunk_size` and the padded T, at
+    least `smallest`) over which no channel of the log decay g `[B, T, ...]` (g <= 0) falls by more than
+    `limit` after a chunk's first position; `within` is False where even `smallest` positions fall further.
+
+    Paths with a decay per channel write the decay between positions j <= i of a chunk as
+    `exp(c_i - c_0) * exp(c_0 - c_j)`, which stays in fp32's range only while that fall is bounded.
+    Measuring costs one pass over g per halving, and a host sync.
+    """
+    T = g.shape[1]
+    C, _ = chunk_length(T, chunk_size)
+    while True:
+        n = -(-T // C)
+        fall = -pad_time(g.to(torch.float32), n * C).unflatten(1, (n, C))[:, :, 1:].sum(2).min().item() if C > 1 else 0.0
+        if fall <= limit:
+            return C, True
+        if C <= smallest:
+            return C, False
+        C //= 2
 
 
 def cumsum_rows(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ Layout and meaning are fla's (`fla.ops.delta_rule`). Per head, with the state S
     o_t = scale * S_t^T q_t
 
 That is the gated delta rule with g = 0 (exp(g) = 1), so the chunked torch
-path is the package's own (`gated_delta_rule.torch_gated_delta_rule`). fla's
+path is the package's own (`gated_delta_rule.torch_gated_delta_rule`, given
+g = None, which skips the decay factors). fla's
 reference is `fla/ops/delta_rule/naive.py` (`delta_rule_recurrence`, in the
 older `[B, H, T, K]` layout).
 """
@@ -33,8 +34,7 @@ def torch_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the delta rule: q, k `[B, T, H, K]`, v `[B, T, H, V]`, beta `[B, T, H]`; returns
     `(o [B, T, H, V], final_state [N, H, K, V] or None)`, arguments as `torch_gated_delta_rule`'s."""
-    g = beta.new_zeros(beta.shape, dtype=torch.float32)
     return torch_gated_delta_rule(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        q, k, v, None, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )

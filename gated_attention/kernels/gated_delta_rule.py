@@ -13,9 +13,9 @@ l2-normalises them (or passes `use_qk_l2norm_in_kernel=True`).
 
 The torch path follows the chunked (WY / UT-transform) form of fla's naive
 chunk reference and transformers' `torch_chunk_gated_delta_rule`, with the
-triangular solve replaced by a blocked inverse made of batched matmuls and the
-diagonal scalings folded into [C, C] factors: see `chunked_gated_delta_rule`
-and benchmarks/gdn_cpu.py.
+triangular system solved in one batched call and the diagonal scalings folded
+into [C, C] factors: see `chunked_gated_delta_rule` and benchmarks/fla_cpu.py.
+A single position (a decode step) takes a recurrent step instead.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging
 
-from .chunking import chunk_length, each_sequence, pad_time, to_chunks
+from .chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
 
 logger = logging.get_logger(__name__)
 
@@ -144,7 +144,10 @@ def torch_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The torch path of `gated_delta_rule` (same arguments); differentiable, computes in fp32."""
+    """The torch path of `gated_delta_rule` (same arguments); differentiable, computes in fp32.
+
+    g may be None here: no decay (DeltaNet's delta rule), without computing decay factors of 1.
+    """
     if scale is None:
         scale = k.shape[-1] ** -0.5
     if cu_seqlens is not None:
@@ -157,6 +160,8 @@ def torch_gated_delta_rule(
             cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state,
         )
     if q.shape[1] == 1:
+        if g is None:
+            g = beta.new_zeros(beta.shape, dtype=torch.float32)
         return _recurrent_step(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
     return chunked_gated_delta_rule(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
@@ -196,7 +201,6 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fina
     arguments in the order of `torch_gated_delta_rule`'s, `l2` for `use_qk_l2norm_in_kernel`."""
     B, T, H, K = k.shape
     HV, V = v.shape[-2:]
-    out_dtype = v.dtype
     if T == 0:
         state = initial_state.float() if initial_state is not None else v.new_zeros(B, HV, K, V, dtype=torch.float32)
         return v.new_empty(B, 0, HV, V), state if output_final_state else None
@@ -204,74 +208,69 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fina
         q = q.repeat_interleave(HV // H, dim=2)
         k = k.repeat_interleave(HV // H, dim=2)
 
-    # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-    C, n = chunk_length(T, chunk_size)
-    q, k, v, g, beta = (pad_time(x, n * C) for x in (q, k, v, g, beta))
-    q, k, v = (to_chunks(x, n, C) for x in (q, k, v))  # [n, BH, C, D]
-    g, beta = (to_chunks(x.unsqueeze(-1), n, C).squeeze(-1) for x in (g, beta))  # [n, BH, C]
-    if l2:
-        q, k = l2norm(q), l2norm(k)
-
-    # c[i]: log decay from the chunk start through position i. Decays between positions
-    # j <= i are exp(c_i - c_j); the upper triangle is set to -inf *before* exp, where
-    # c_i - c_j > 0 could overflow.
-    c = g.cumsum(-1)
-    c_exp = c.exp()
-    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
-    decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()  # [n, BH, C, C]
-
-    # Intra-chunk: the delta rule within a chunk is the unit-lower-triangular system
-    # A [U | W] = [diag(beta) V | diag(beta exp(c)) K], A = I + tril(diag(beta) K K^T * decay, -1);
-    # U are the values to write before the old state's prediction is subtracted, W the
-    # keys through which the old state is read. The diagonal scalings are applied to the
-    # [C, C] factors rather than to the [C, D] operands: fewer passes over memory.
-    kk = k @ k.transpose(-1, -2)  # [n, BH, C, C]
-    t_inv = unit_lower_inverse(kk * (decay * beta.unsqueeze(-1)))
-    u = (t_inv * beta.unsqueeze(-2)) @ v  # [n, BH, C, V]
-    w = (t_inv * (beta * c_exp).unsqueeze(-2)) @ k  # [n, BH, C, K]
-    attn = (q @ k.transpose(-1, -2)) * decay  # causal intra-chunk scores (scale applied at the end)
-    q_decayed = q * c_exp.unsqueeze(-1)  # reads the state left by the previous chunk
-    k_decayed = (k * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [n, BH, K, C], writes the next one
-    chunk_decay = c_exp[..., -1, None, None]  # [n, BH, 1, 1]
-
     BH = B * HV
     if initial_state is None:
-        state = q.new_zeros(BH, K, V)
+        state = q.new_zeros(BH, K, V, dtype=torch.float32)
     else:
         state = initial_state.to(torch.float32).reshape(BH, K, V)
+    C, n = chunk_length(T, chunk_size)
+    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
+    out = v.new_empty(B, n * C, HV, V)
+    for first, m in chunk_groups(n, BH * C * max(C, K, V)):
+        # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
+        span = slice(first * C, (first + m) * C)
+        qc, kc, vc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v))  # [m, BH, C, D]
+        bc = to_chunks(pad_time(beta[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1)  # [m, BH, C]
+        if l2:
+            qc, kc = l2norm(qc), l2norm(kc)
+        kk = kc @ kc.transpose(-1, -2)  # [m, BH, C, C]
+        attn = qc @ kc.transpose(-1, -2)  # causal intra-chunk scores once masked (scale applied at the end)
 
-    # Inter-chunk: the sequential part, five small matmuls per chunk. Each chunk's output
-    # goes straight into its place in the [B, T, HV, V] result.
-    out = q.new_empty(B, n, C, HV, V)
-    for i in range(n):
-        v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: the part S does not predict
-        o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new, beta=scale, alpha=scale)
-        out[:, i] = o.view(B, HV, C, V).transpose(1, 2)
-        state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v_new)
-    o = out.view(B, n * C, HV, V)[:, :T]  # [B, T, HV, V]
+        if g is None:  # the delta rule without decay (DeltaNet): every decay factor below is 1
+            t_beta = unit_lower_inverse(kk.mul_(bc.unsqueeze(-1))).mul_(bc.unsqueeze(-2))
+            u, w = t_beta @ vc, t_beta @ kc
+            attn.masked_fill_(upper, 0.0)
+            q_decayed, k_decayed, chunk_decay = qc, kc.transpose(-1, -2), None
+        else:
+            # c[i]: log decay from the chunk start through position i. Decays between positions
+            # j <= i are exp(c_i - c_j); the upper triangle is set to -inf *before* exp, where
+            # c_i - c_j > 0 could overflow.
+            c = to_chunks(pad_time(g[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1).cumsum(-1)  # [m, BH, C]
+            c_exp = c.exp()
+            decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill_(upper, float("-inf")).exp_()  # [m, BH, C, C]
+
+            # Intra-chunk: the delta rule within a chunk is the unit-lower-triangular system
+            # A [U | W] = [diag(beta) V | diag(beta exp(c)) K], A = I + tril(diag(beta) K K^T * decay, -1);
+            # U are the values to write before the old state's prediction is subtracted, W the
+            # keys through which the old state is read. The diagonal scalings are applied to the
+            # [C, C] factors rather than to the [C, D] operands: fewer passes over memory.
+            t_inv = unit_lower_inverse(kk * (decay * bc.unsqueeze(-1)))
+            u = (t_inv * bc.unsqueeze(-2)) @ vc  # [m, BH, C, V]
+            w = (t_inv * (bc * c_exp).unsqueeze(-2)) @ kc  # [m, BH, C, K]
+            attn.mul_(decay)
+            q_decayed = qc * c_exp.unsqueeze(-1)  # reads the state left by the previous chunk
+            k_decayed = (kc * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [m, BH, K, C], writes the next
+            chunk_decay = c_exp[..., -1, None, None]  # [m, BH, 1, 1]
+
+        # Inter-chunk: the sequential part, five small matmuls per chunk. Each chunk's output
+        # goes straight into its place in the [B, T, HV, V] result.
+        for i in range(m):
+            v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: the part S does not predict
+            o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new, beta=scale, alpha=scale)
+            position = (first + i) * C
+            out[:, position : position + C] = o.view(B, HV, C, V).transpose(1, 2)
+            state = torch.baddbmm(state if chunk_decay is None else state * chunk_decay[i], k_decayed[i], v_new)
     final_state = state.view(B, HV, K, V) if output_final_state else None
-    return o.to(out_dtype), final_state
+    return out[:, :T], final_state
 
 
 def unit_lower_inverse(m: torch.Tensor) -> torch.Tensor:
-    """Inverse of `I + tril(m, -1)` for m `[..., C, C]`, C a power of two (the rest of m is not read).
+    """Inverse of `I + tril(m, -1)` for m `[..., C, C]` (the diagonal and the upper triangle of m are not read).
 
-    Merges diagonal blocks bottom-up, as fla's `solve_tril` kernel does:
-    `[[A, 0], [M, D]]^-1 = [[A^-1, 0], [-D^-1 M A^-1, D^-1]]`. Same numbers as
-    forward substitution up to rounding, in log2(C) rounds of batched matmuls,
-    where `torch.linalg.solve_triangular` solves one small system at a time on
-    the CPU and costs more than the rest of the torch path together.
+    One batched unit-lower-triangular solve against the identity. (An earlier
+    blocked inverse made of log2(C) rounds of batched matmuls, fla's `solve_tril`
+    scheme, measured 10-15% slower end to end with torch 2.13 on the CPU.)
     """
-    *batch, C, _ = m.shape
-    inv = m.new_ones(*batch, C, 1, 1)  # the 1x1 diagonal blocks of the inverse
-    b = 1
-    while b < C:
-        pairs = C // (2 * b)
-        diagonal_blocks = m.unflatten(-1, (pairs, 2 * b)).unflatten(-3, (pairs, 2 * b)).diagonal(dim1=-4, dim2=-2)
-        lower = diagonal_blocks[..., b:, :b, :].movedim(-1, -3)  # [..., pairs, b, b]
-        a, d = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-        top = torch.cat([a, torch.zeros_like(a)], dim=-1)
-        bottom = torch.cat([-(d @ lower @ a), d], dim=-1)
-        inv = torch.cat([top, bottom], dim=-2)  # [..., pairs, 2b, 2b]
-        b *= 2
-    return inv.squeeze(-3)
+    C = m.shape[-1]
+    eye = torch.eye(C, dtype=m.dtype, device=m.device).expand_as(m)
+    return torch.linalg.solve_triangular(m, eye, upper=False, unitriangular=True)

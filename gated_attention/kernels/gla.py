@@ -11,13 +11,14 @@ defaults to K ** -0.5. fla's reference is `fla/ops/gla/naive.py`
 (`naive_recurrent_gla`).
 
 Chunked like `simple_gla`, except that the decay between positions j <= i,
-exp(c_i - c_j), now differs per key channel and cannot be factored out of
-the score `sum_d q_id k_jd exp(c_id - c_jd)` as one [C, C] matrix. Writing it
-as `(q exp(c)) . (k exp(-c))` would overflow (exp(-c) grows without bound
-along a chunk). `decayed_scores` instead splits a chunk into sub-blocks of 16
-positions, as fla's kernels do: between blocks, both factors are taken
-relative to the first position of the query block, so every exponent is
-<= 0; within a block, the 16 x 16 scores are summed channel by channel.
+exp(c_i - c_j), now differs per key channel and cannot be one [C, C] matrix
+beside `Q K^T`. `decayed_scores` factors it through the chunk's first
+position, `(q exp(c - c_0)) . (k exp(c_0 - c))`, one matmul whose factors
+stay within fp32's range as long as no channel decays by more than
+exp(-SPAN_LIMIT) within the chunk: the chunk length is chosen for that
+(`chunking.chunk_size_for_decay`, 64 down to 16 positions). Only a decay
+faster still (beyond e^-2.5 a step on average over 16 steps) takes the exact
+form, the scores summed channel by channel, at K times the memory.
 """
 
 from __future__ import annotations
@@ -26,64 +27,41 @@ import math
 
 import torch
 
-from .chunking import chunk_length, cumsum_rows, each_sequence, pad_time, state_in, state_out, to_chunks
+from .chunking import (
+    chunk_groups,
+    chunk_size_for_decay,
+    cumsum_rows,
+    each_sequence,
+    pad_time,
+    state_in,
+    state_out,
+    to_chunks,
+)
 
 CHUNK_SIZE = 64
-SUB_BLOCK = 16
+SMALLEST_CHUNK = 16
 # Factors up to exp(40) ~ 2e17 leave fp32 room for |q k| up to ~1e21 before the dropped entries overflow.
 SPAN_LIMIT = 40.0
 
 
-def decayed_scores(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, strict: bool = False) -> torch.Tensor:
+def decayed_scores(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, strict: bool = False, factored: bool = True
+) -> torch.Tensor:
     """`A[i, j] = sum_d a[i, d] b[j, d] exp(c[i, d] - c[j, d])` for j <= i (j < i if strict), 0 above.
 
-    a, b, c: `[..., C, K]`, C a power of two; c non-increasing along C (a cumulative log decay).
-    Returns `[..., C, C]`.
-
-    The chunk is cut into blocks of s positions, s the longest power of two
-    (at least `SUB_BLOCK`, at most C) over which no channel decays by more
-    than exp(-`SPAN_LIMIT`). Within a block, relative to c at its first row
-    r: `(a exp(c - r)) @ (b exp(r - c))^T`, one matmul whose factors stay
-    within exp(+-SPAN_LIMIT) (the entries above the diagonal, which may be
-    large, are dropped). Between blocks, relative to c at the query block's
-    first row, every exponent is <= 0. Only where a channel decays faster than
-    that within `SUB_BLOCK` steps are a block's scores summed channel by
-    channel, exactly and at sixteen times the cost.
+    a, b, c: `[..., C, K]`, c non-increasing along C (a cumulative log decay). Returns `[..., C, C]`.
+    `factored`: one matmul through the first row, `(a exp(c - c_0)) @ (b exp(c_0 - c))^T`, for
+    `c_0 - c_last <= SPAN_LIMIT` in every channel (the entries above the diagonal, which may be large,
+    are dropped); otherwise the sum channel by channel, the exponents above the diagonal at -inf before exp.
     """
-    *batch, C, K = a.shape
-    s = C
-    while s > SUB_BLOCK and _largest_span(c, s) > SPAN_LIMIT:
-        s //= 2
-    s = min(s, C)
-    m = C // s
-    exact_within = _largest_span(c, s) > SPAN_LIMIT
-    r = c[..., ::s, :].unsqueeze(-2)  # [..., m, 1, K]: c at each block's first row
-    a_relative = a.unflatten(-2, (m, s)) * (c.unflatten(-2, (m, s)) - r).exp()  # [..., m, s, K], exponents <= 0
-    above = torch.ones(s, s, dtype=torch.bool, device=a.device).triu(0 if strict else 1)
-    if exact_within:
-        cd = c.unflatten(-2, (m, s))
-        exponent = (cd.unsqueeze(-2) - cd.unsqueeze(-3)).masked_fill(above.unsqueeze(-1), -math.inf)
-        within = (exponent.exp() * a.unflatten(-2, (m, s)).unsqueeze(-2) * b.unflatten(-2, (m, s)).unsqueeze(-3)).sum(-1)
-    else:
-        b_relative = b.unflatten(-2, (m, s)) * (r - c.unflatten(-2, (m, s))).exp()  # exponents in [0, SPAN_LIMIT]
-        within = (a_relative @ b_relative.transpose(-1, -2)).masked_fill_(above, 0.0)  # [..., m, s, s]
-    if m == 1:
-        return within.view(*batch, C, C)
-
-    # Keys before the query block I, relative to r_I: r_I - c_j <= 0. Keys at or after I's
-    # first row get -inf before exp, where their exponent could be positive and overflow.
-    before = torch.arange(C, device=a.device) < (torch.arange(m, device=a.device) * s).unsqueeze(-1)  # [m, C]
-    exponent = (r - c.unsqueeze(-3)).masked_fill(~before.unsqueeze(-1), -math.inf)  # [..., m, C, K]
-    scores = a_relative @ (b.unsqueeze(-3) * exponent.exp()).transpose(-1, -2)  # [..., m, s, C], 0 from I's first column
-    blocks = scores.view(*batch, m, s, m, s)
-    blocks.diagonal(dim1=-4, dim2=-2).add_(within.movedim(-3, -1))  # the diagonal blocks, [..., s, s, m]
-    return scores.view(*batch, C, C)
-
-
-def _largest_span(c: torch.Tensor, s: int) -> float:
-    """The largest log decay of any channel over blocks of s positions of c `[..., C, K]` (a host sync)."""
-    blocks = c.unflatten(-2, (c.shape[-2] // s, s))
-    return (blocks[..., 0, :] - blocks[..., -1, :]).max().item()
+    C = a.shape[-2]
+    above = torch.ones(C, C, dtype=torch.bool, device=a.device).triu(0 if strict else 1)
+    if factored:
+        relative = c - c[..., :1, :]  # <= 0
+        scores = (a * relative.exp()) @ (b * relative.neg().exp_()).transpose(-1, -2)
+        return scores.masked_fill_(above, 0.0)
+    exponent = (c.unsqueeze(-2) - c.unsqueeze(-3)).masked_fill_(above.unsqueeze(-1), -math.inf).exp_()
+    return (exponent.mul_(a.unsqueeze(-2)).mul_(b.unsqueeze(-3))).sum(-1)
 
 
 def torch_gla(
@@ -110,6 +88,7 @@ def torch_gla(
         output_final_state: also return the final state (fp32, same layout).
         state_v_first: fla's V-first state layout, which fla's layers use.
         cu_seqlens: `[N + 1]` bounds of packed sequences (B must be 1).
+        chunk_size: the longest chunk; shorter where the decay is fast (see the module's docstring).
 
     Returns:
         `(o, final_state)`: o `[B, T, H, V]` in v's dtype; final_state or None.
@@ -130,21 +109,26 @@ def torch_gla(
 def _chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    out_dtype = v.dtype
-    state = q.new_zeros(B * H, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(B * H, K, V)
+    BH = B * H
+    state = q.new_zeros(BH, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(BH, K, V)
     if T == 0:
         return v.new_empty(B, 0, H, V), state.view(B, H, K, V) if output_final_state else None
-    # Padded steps have k = 0 (they write nothing) and g = 0 (they do not decay the state).
-    C, n = chunk_length(T, chunk_size)
-    q, k, v, g = (to_chunks(pad_time(x, n * C), n, C) for x in (q, k, v, g))  # [n, BH, C, D]
-    q = q * scale
-    c = cumsum_rows(g)  # log decay since the chunk start, per key channel
-    out = decayed_scores(q, k, c) @ v  # intra-chunk part, [n, BH, C, V]
-    q_decayed = q * c.exp()  # reads the state the previous chunks left
-    k_decayed = (k * (c[..., -1:, :] - c).exp()).transpose(-1, -2)  # [n, BH, K, C], writes the next one
-    chunk_decay = c[..., -1, :].exp().unsqueeze(-1)  # [n, BH, K, 1]
-    for i in range(n):
-        out[i].baddbmm_(q_decayed[i], state)
-        state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v[i])
-    o = out.view(n, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, V)[:, :T]
-    return o.to(out_dtype), state.view(B, H, K, V) if output_final_state else None
+    C, factored = chunk_size_for_decay(g, chunk_size, SPAN_LIMIT, SMALLEST_CHUNK)
+    n = -(-T // C)
+    out = v.new_empty(B, n * C, H, V)
+    for first, m in chunk_groups(n, BH * C * max(C, K, V) * (1 if factored else K)):
+        # Padded steps have k = 0 (they write nothing) and g = 0 (they do not decay the state).
+        span = slice(first * C, (first + m) * C)
+        qc, kc, vc, gc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v, g))  # [m, BH, C, D]
+        qc.mul_(scale)
+        c = cumsum_rows(gc)  # log decay since the chunk start, per key channel
+        scores = decayed_scores(qc, kc, c, factored=factored)  # [m, BH, C, C], causal
+        q_decayed = qc.mul_(c.exp())  # reads the state the previous chunks left
+        k_decayed = (kc * (c[..., -1:, :] - c).exp_()).transpose(-1, -2)  # [m, BH, K, C], writes the next one
+        chunk_decay = c[..., -1, :].exp().unsqueeze(-1)  # [m, BH, K, 1]
+        for i in range(m):
+            o = torch.baddbmm(torch.bmm(scores[i], vc[i]), q_decayed[i], state)
+            position = (first + i) * C
+            out[:, position : position + C] = o.view(B, H, C, V).transpose(1, 2)
+            state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], vc[i])
+    return out[:, :T], state.view(B, H, K, V) if output_final_state else None

@@ -8,14 +8,16 @@ Layout and meaning are fla's (`fla.ops.hgrn`). Per channel, with h starting at
 x, g: `[B, T, D]`, g the log forget gate (g <= 0). fla's reference is
 `fla/ops/hgrn/naive.py` (`naive_recurrent_hgrn`).
 
-Chunked: the sequence is cut into blocks of s positions, s the longest power
-of two (at most 64) over which no channel decays by more than exp(-40).
-Within a block, with c the log decay since the block's first position,
-`h_i = exp(c_i) cumsum_j(exp(-c_j) x_j) + exp(c_i + g_first) h_before`: the
-factors exp(-c_j) stay below exp(40), and the cumulative sum's rounding is
-relative to its largest, most recent term. The blocks are then joined by a
-scan of the maps h -> A h + b over blocks, composed in log2(number of blocks)
-doubling steps; decays are only multiplied there, so nothing can overflow.
+Chunked: the sequence is cut into blocks of C positions (32), and the
+recurrence runs position by position *within* every block at once, each
+step one fused multiply-add over all blocks (`h = a h + x`, a = exp(g), in
+the reference's order); beside it, the products of a give each position's
+decay since its block began. The blocks are then joined by a scan of the
+maps h -> A h + b over blocks, composed in log2(number of blocks) doubling
+steps, and each position adds its decayed share of the state its block
+started from. Decays are only multiplied, never divided: nothing can
+overflow, whatever the gates. That is C + log2(T / C) steps of torch ops
+where the reference takes T.
 """
 
 from __future__ import annotations
@@ -23,12 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .chunking import chunk_length, cumsum_rows, each_sequence, pad_time
+from .chunking import chunk_length, each_sequence, pad_time
 
-CHUNK_SIZE = 64
-# exp(40) ~ 2e17: room to spare in fp32 for the factors exp(-c) of a block.
-SPAN_LIMIT = 40.0
-PIECE_ELEMENTS = 1 << 16  # 256 KB of fp32
+CHUNK_SIZE = 32
 
 
 def torch_hgrn(
@@ -61,46 +60,33 @@ def torch_hgrn(
 
 def _chunked(x, g, initial_state, output_final_state, chunk_size):
     B, T, D = x.shape
-    h = x.new_zeros(B, D, dtype=torch.float32) if initial_state is None else initial_state.to(torch.float32)
+    h0 = x.new_zeros(B, D, dtype=torch.float32) if initial_state is None else initial_state.to(torch.float32)
     if T == 0:
-        return x.new_empty(B, 0, D), h if output_final_state else None
-    s, _ = chunk_length(T, chunk_size)
-    while s > 1 and _largest_span(g, s) > SPAN_LIMIT:
-        s //= 2
-    # Pieces of several blocks, each one temporary of about PIECE_ELEMENTS floats: large fresh
-    # allocations cost more than the arithmetic on them (page faults), so the pieces are taken
-    # one after the other, the state h carried from one to the next.
-    piece = s * max(1, PIECE_ELEMENTS // (s * B * D))
-    out = x.new_empty(B, T, D)
-    for start in range(0, T, piece):
-        end = min(T, start + piece)
-        s_here, m = chunk_length(end - start, s)
-        # Padded steps have x = 0 and g = 0: they leave h as it is.
-        xp, gp = (pad_time(t[:, start:end].to(torch.float32), m * s_here).reshape(B, m, s_here, D) for t in (x, g))
-        first = gp[:, :, :1]
-        c = cumsum_rows(gp).sub_(first)  # [B, m, s, D]: log decay since each block's first position, <= 0
-        local = cumsum_rows(c.neg().exp_().mul_(xp))  # exp(-c) x, summed
-        into = c.exp_()
-        local.mul_(into)  # each block run from a zero state
-        into.mul_(first.exp())  # what is left at position i of the state the block started from
-        # Join the blocks: h_end[b] = into_end[b] h_end[b - 1] + local_end[b], from the piece's h.
-        a, b = into[:, :, -1], local[:, :, -1].clone()  # [B, m, D]
-        b[:, 0].addcmul_(a[:, 0], h)
-        shift = 1
-        while shift < m:  # afterwards, block j holds the map of blocks j - 2 * shift + 1 .. j
-            b = torch.addcmul(b, a, F.pad(b, (0, 0, shift, 0))[:, :m])
-            a = a * F.pad(a, (0, 0, shift, 0), value=1.0)[:, :m]
-            shift *= 2
-        h_before = torch.cat([h.unsqueeze(1), b[:, :-1]], dim=1)  # [B, m, D]: the state each block starts from
-        local.addcmul_(into, h_before.unsqueeze(2))
-        out[:, start:end] = local.view(B, m * s_here, D)[:, : end - start]
-        h = b[:, -1]
-    return out, h.clone() if output_final_state else None
-
-
-def _largest_span(g: torch.Tensor, s: int) -> float:
-    """The largest log decay of any channel over the positions after the first of a block of s (a host sync)."""
-    B, T, D = g.shape
-    n = -(-T // s)
-    blocks = pad_time(g.to(torch.float32), n * s).reshape(B, n, s, D)[:, :, 1:]
-    return -blocks.sum(2).min().item() if s > 1 else 0.0
+        return x.new_empty(B, 0, D), h0 if output_final_state else None
+    C, n = chunk_length(T, chunk_size)
+    # Padded steps have x = 0 and g = 0 (a = 1): they leave h as it is.
+    xs, gs = (pad_time(t, n * C).view(B, n, C, D) for t in (x, g))
+    out = torch.empty(B, n, C, D, dtype=torch.float32, device=x.device)
+    # Step t of every block at once: out[:, :, t] is each block's h from a zero state, decays[t] the
+    # decay since the block began. Each step touches one [B, n, D] slice, so nothing large is allocated.
+    decays = []
+    for t in range(C):
+        a = gs[:, :, t].to(torch.float32).exp()
+        if t == 0:
+            out[:, :, 0] = xs[:, :, 0]
+            decays.append(a)
+        else:
+            torch.addcmul(xs[:, :, t].to(torch.float32), a, out[:, :, t - 1], out=out[:, :, t])
+            decays.append(a.mul_(decays[-1]))
+    # Join the blocks: h_end[j] = a_end[j] h_end[j - 1] + local_end[j], from h_end[-1] = h0.
+    A, H = decays[-1], out[:, :, -1].clone()  # [B, n, D]
+    H[:, 0].addcmul_(A[:, 0], h0)
+    shift = 1
+    while shift < n:  # afterwards, block j holds the map of blocks j - 2 * shift + 1 .. j
+        H = torch.addcmul(H, A, F.pad(H, (0, 0, shift, 0))[:, :n])
+        A = A * F.pad(A, (0, 0, shift, 0), value=1.0)[:, :n]
+        shift *= 2
+    h_before = torch.cat([h0.unsqueeze(1), H[:, :-1]], dim=1)  # [B, n, D]: the state each block starts from
+    for t in range(C):  # each position's decayed share of it
+        out[:, :, t].addcmul_(decays[t], h_before)
+    return out.view(B, n * C, D)[:, :T].to(x.dtype), H[:, -1].clone() if output_final_state else None

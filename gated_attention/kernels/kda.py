@@ -16,7 +16,8 @@ The chunked form is the gated delta rule's (WY representation, the unit
 lower-triangular system solved by `unit_lower_inverse`), with its [C, C]
 decay matrix replaced by per-channel decayed scores (`gla.decayed_scores`):
 `A_kk[i, j] = beta_i sum_d k_id k_jd exp(c_id - c_jd)` for j < i, and the
-same between q and k for the output.
+same between q and k for the output; the chunk length follows the decay as
+in `gla` (64 down to 16 positions).
 
 `kda_gate` is the decay fla's KDA layer computes in its kernel
 (`use_gate_in_kernel=True`).
@@ -27,9 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .chunking import chunk_length, cumsum_rows, each_sequence, pad_time, state_in, state_out, to_chunks
+from .chunking import chunk_groups, chunk_size_for_decay, cumsum_rows, each_sequence, pad_time, state_in, state_out, to_chunks
 from .gated_delta_rule import l2norm, unit_lower_inverse
-from .gla import decayed_scores
+from .gla import SMALLEST_CHUNK, SPAN_LIMIT, decayed_scores
 
 CHUNK_SIZE = 64
 
@@ -103,40 +104,41 @@ def torch_kda(
 def _chunked(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chunk_size):
     B, T, H, K = k.shape
     HV, V = v.shape[-2:]
-    out_dtype = v.dtype
     BH = B * HV
     state = q.new_zeros(BH, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(BH, K, V)
     if T == 0:
         return v.new_empty(B, 0, HV, V), state.view(B, HV, K, V) if output_final_state else None
     if HV != H:
         q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
-    # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-    C, n = chunk_length(T, chunk_size)
-    q, k, v, g = (to_chunks(pad_time(x, n * C), n, C) for x in (q, k, v, g))  # [n, BH, C, D]
-    beta = to_chunks(pad_time(beta, n * C).unsqueeze(-1), n, C).squeeze(-1)  # [n, BH, C]
-    if l2:
-        q, k = l2norm(q), l2norm(k)
-    q = q * scale
-    c = cumsum_rows(g)  # log decay since the chunk start, per key channel
-    c_exp = c.exp()
+    C, factored = chunk_size_for_decay(g, chunk_size, SPAN_LIMIT, SMALLEST_CHUNK)
+    n = -(-T // C)
+    out = v.new_empty(B, n * C, HV, V)
+    for first, m in chunk_groups(n, BH * C * max(C, K, V) * (1 if factored else K)):
+        # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
+        span = slice(first * C, (first + m) * C)
+        qc, kc, vc, gc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v, g))  # [m, BH, C, D]
+        bc = to_chunks(pad_time(beta[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1)  # [m, BH, C]
+        if l2:
+            qc, kc = l2norm(qc), l2norm(kc)
+        qc.mul_(scale)
+        c = cumsum_rows(gc)  # log decay since the chunk start, per key channel
+        c_exp = c.exp()
 
-    # The intra-chunk delta rule, as in gated_delta_rule: T_inv = (I + strict_tril(diag(beta) A_kk))^-1;
-    # U = T_inv diag(beta) V are the values to write before the old state's prediction is taken
-    # off, W = T_inv diag(beta) (K exp(c)) the keys through which the old state is read.
-    t_inv = unit_lower_inverse(decayed_scores(k, k, c, strict=True) * beta.unsqueeze(-1))
-    t_beta = t_inv * beta.unsqueeze(-2)
-    u = t_beta @ v  # [n, BH, C, V]
-    w = t_beta @ (k * c_exp)  # [n, BH, C, K]
-    attn = decayed_scores(q, k, c)  # [n, BH, C, C], causal
-    q_decayed = q * c_exp
-    k_decayed = (k * (c[..., -1:, :] - c).exp()).transpose(-1, -2)  # [n, BH, K, C]
-    chunk_decay = c_exp[..., -1, :].unsqueeze(-1)  # [n, BH, K, 1]
-
-    out = q.new_empty(B, n, C, HV, V)
-    for i in range(n):
-        v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: what S does not predict
-        o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new)
-        out[:, i] = o.view(B, HV, C, V).transpose(1, 2)
-        state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v_new)
-    o = out.view(B, n * C, HV, V)[:, :T]
-    return o.to(out_dtype), state.view(B, HV, K, V) if output_final_state else None
+        # The intra-chunk delta rule, as in gated_delta_rule: T_inv = (I + strict_tril(diag(beta) A_kk))^-1;
+        # U = T_inv diag(beta) V are the values to write before the old state's prediction is taken
+        # off, W = T_inv diag(beta) (K exp(c)) the keys through which the old state is read.
+        kk = decayed_scores(kc, kc, c, strict=True, factored=factored)
+        t_beta = unit_lower_inverse(kk.mul_(bc.unsqueeze(-1))).mul_(bc.unsqueeze(-2))
+        u = t_beta @ vc  # [m, BH, C, V]
+        w = t_beta @ (kc * c_exp)  # [m, BH, C, K]
+        attn = decayed_scores(qc, kc, c, factored=factored)  # [m, BH, C, C], causal
+        q_decayed = qc.mul_(c_exp)
+        k_decayed = (kc * (c[..., -1:, :] - c).exp_()).transpose(-1, -2)  # [m, BH, K, C]
+        chunk_decay = c_exp[..., -1, :].unsqueeze(-1)  # [m, BH, K, 1]
+        for i in range(m):
+            v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: what S does not predict
+            o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new)
+            position = (first + i) * C
+            out[:, position : position + C] = o.view(B, HV, C, V).transpose(1, 2)
+            state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v_new)
+    return out[:, :T], state.view(B, HV, K, V) if output_final_state else None

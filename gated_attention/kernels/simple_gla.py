@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from .chunking import chunk_length, each_sequence, pad_time, state_in, state_out, to_chunks
+from .chunking import chunk_groups, chunk_length, each_sequence, pad_time, state_in, state_out, to_chunks
 
 CHUNK_SIZE = 64
 
@@ -91,25 +91,28 @@ def torch_retention(q, k, v, **kwargs) -> tuple[torch.Tensor, torch.Tensor | Non
 def _chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    out_dtype = v.dtype
-    state = q.new_zeros(B * H, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(B * H, K, V)
+    BH = B * H
+    state = q.new_zeros(BH, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(BH, K, V)
     if T == 0:
         return v.new_empty(B, 0, H, V), state.view(B, H, K, V) if output_final_state else None
-    # Padded steps have k = 0 (they write nothing) and g = 0 (they do not decay the state).
     C, n = chunk_length(T, chunk_size)
-    q, k, v, g = (pad_time(x, n * C) for x in (q, k, v, g))
-    q, k, v = (to_chunks(x, n, C) for x in (q, k, v))  # [n, BH, C, D]
-    q = q * scale
-    c = to_chunks(g.unsqueeze(-1), n, C).squeeze(-1).cumsum(-1)  # [n, BH, C]: log decay since the chunk start
-    # The upper triangle goes to -inf before exp, where c_i - c_j > 0 could overflow.
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
-    decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(upper, -math.inf).exp()  # [n, BH, C, C]
-    out = ((q @ k.transpose(-1, -2)) * decay) @ v  # intra-chunk part, [n, BH, C, V]
-    q_decayed = q * c.exp().unsqueeze(-1)  # reads the state the previous chunks left
-    k_decayed = (k * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [n, BH, K, C], writes the next one
-    chunk_decay = c[..., -1].exp()[..., None, None]  # [n, BH, 1, 1]
-    for i in range(n):
-        out[i].baddbmm_(q_decayed[i], state)
-        state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v[i])
-    o = out.view(n, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, V)[:, :T]
-    return o.to(out_dtype), state.view(B, H, K, V) if output_final_state else None
+    out = v.new_empty(B, n * C, H, V)
+    for first, m in chunk_groups(n, BH * C * max(C, K, V)):
+        # Padded steps have k = 0 (they write nothing) and g = 0 (they do not decay the state).
+        span = slice(first * C, (first + m) * C)
+        qc, kc, vc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v))  # [m, BH, C, D]
+        qc.mul_(scale)
+        c = to_chunks(pad_time(g[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1).cumsum(-1)  # [m, BH, C]
+        # The upper triangle goes to -inf before exp, where c_i - c_j > 0 could overflow.
+        decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill_(upper, -math.inf).exp_()  # [m, BH, C, C]
+        scores = (qc @ kc.transpose(-1, -2)).mul_(decay)
+        q_decayed = qc.mul_(c.exp().unsqueeze(-1))  # reads the state the previous chunks left
+        k_decayed = (kc * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [m, BH, K, C], writes the next
+        chunk_decay = c[..., -1].exp()[..., None, None]  # [m, BH, 1, 1]
+        for i in range(m):
+            o = torch.baddbmm(torch.bmm(scores[i], vc[i]), q_decayed[i], state)
+            position = (first + i) * C
+            out[:, position : position + C] = o.view(B, H, C, V).transpose(1, 2)
+            state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], vc[i])
+    return out[:, :T], state.view(B, H, K, V) if output_final_state else None
