@@ -157,8 +157,38 @@ def _load(args, where: dict[str, str]):
 
     tokenizer_name = args.tokenizer or args.model
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    # flash-linear-attention (fla) registers its model types (gla, retnet, hgrn, delta_net, gated_deltanet, ...)
+    # with the Auto classes when it is imported, and `mamba`/`mamba2` over transformers' own: so it is
+    # imported only for a model type transformers does not know. Its models are built inside
+    # fla_torch_paths(): its attention layer cannot be built without flash-attn otherwise.
+    import contextlib
+    import importlib.util
+
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from ..kernels import fla_torch_paths
+
+    building = contextlib.nullcontext()
     try:
-        model = AutoModelForCausalLM.from_pretrained(where[args.model], dtype=dtype, trust_remote_code=args.trust_remote_code)
+        config_dict = PretrainedConfig.get_config_dict(where[args.model])[0]
+    except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
+        config_dict = {}
+    model_type = config_dict.get("model_type")
+    if model_type and model_type not in CONFIG_MAPPING and "auto_map" not in config_dict:  # not remote code
+        if importlib.util.find_spec("fla") is None:
+            raise CLIError(
+                f"cannot load model {args.model!r}: transformers does not know its model type {model_type!r}, and "
+                "flash-linear-attention, whose models register their types, is not installed "
+                "(pip install flash-linear-attention)"
+            )
+        import fla  # noqa: F401 - registers fla's model types with the Auto classes
+
+        if model_type in CONFIG_MAPPING:
+            building = fla_torch_paths()
+    try:
+        with building:
+            model = AutoModelForCausalLM.from_pretrained(where[args.model], dtype=dtype, trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
         raise CLIError(f"cannot load model {args.model!r}: {first_line(e)}") from e
     try:
