@@ -137,6 +137,23 @@ def mixer_cases(T: int, smoke: bool, mixers=MIXERS) -> list[tuple[str, str, dict
             "transformers (Qwen3.5)": lambda: qwen_chunk(q, k, v, g, beta)[0],
         }, ("transformers (Qwen3.5)",))
 
+    def gated_deltanet_step():  # one decode step of the same layer, from a state
+        from transformers.models.qwen3_5 import modeling_qwen3_5
+
+        from gated_attention.kernels.gated_delta_rule import chunked_gated_delta_rule
+
+        qwen_step = inspect.unwrap(modeling_qwen3_5.torch_recurrent_gated_delta_rule)
+        H, K, V = heads(6, 256, 512)
+        q, k, v = (x[:, :1] for x in qkv(H, K, V))
+        g, beta, h0 = F.logsigmoid(torch.randn(1, 1, H)), torch.rand(1, 1, H), torch.randn(1, H, K, V)
+        return ("gated_deltanet", "T=1, from a state", {
+            "ours": lambda: torch_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)[0],
+            "ours, a chunk of one (before)": lambda: chunked_gated_delta_rule(
+                q, k, v, g, beta, K**-0.5, h0, True, False, 64)[0],
+            "transformers (Qwen3.5) step": lambda: qwen_step(q, k, v, g, beta, initial_state=h0,
+                                                             output_final_state=True)[0],
+        }, ("transformers (Qwen3.5) step",))
+
     def kda():  # 16 heads of K = V = 128 (fla's defaults)
         H, K, V = heads(16, 128, 128)
         q, k, v = qkv(H, K, V)
@@ -157,9 +174,9 @@ def mixer_cases(T: int, smoke: bool, mixers=MIXERS) -> list[tuple[str, str, dict
             **peers,
         }, tuple(name for name in peers if name.startswith("transformers")))
 
-    builders = {"gla": gla, "retnet": retnet, "hgrn": hgrn, "hgrn2": hgrn2, "delta_net": delta_net,
-                "gated_deltanet": gated_deltanet, "kda": kda}
-    return [builders[name]() for name in mixers]
+    builders = {"gla": [gla], "retnet": [retnet], "hgrn": [hgrn], "hgrn2": [hgrn2], "delta_net": [delta_net],
+                "gated_deltanet": [gated_deltanet, gated_deltanet_step], "kda": [kda]}
+    return [build() for name in mixers for build in builders[name]]
 
 
 def interleaved_medians(fns: dict[str, Callable], repeats: int) -> tuple[dict[str, float], dict[str, object]]:

@@ -9,8 +9,8 @@ the CPU, with and without an initial state, with the final state compared
 too, at lengths that are and are not a multiple of the 64-position chunk.
 
 Tolerance for the recurrences: atol 2e-5, rtol 1e-5. Both sides compute in
-fp32, but the chunked form sums in another order (64-term matmuls, a blocked
-triangular inverse, decays applied per chunk) than the loop, so they agree
+fp32, but the chunked form sums in another order (64-term matmuls, a triangular
+solve, decays applied per chunk) than the loop, so they agree
 to rounding: a few fp32 ulps (1.2e-7 relative) per term, over up to ~200
 terms, on outputs and states of magnitude ~1-10 here; the largest difference
 measured was 1.6e-5.

@@ -5,8 +5,8 @@ read straight from fla's source file: importing the `fla` package itself costs
 seconds of CPU and is not needed for a plain-torch function.
 
 Tolerance 1e-5 (absolute, fp32, outputs of magnitude ~1): both compute in fp32,
-but the chunked form sums in a different order (per-chunk matmuls, a blocked
-triangular inverse) from the recurrent loop, so results agree to rounding, a
+but the chunked form sums in a different order (per-chunk matmuls, a triangular
+solve) from the recurrent loop, so results agree to rounding, a
 few 1e-7 per step, not bit for bit.
 """
 
