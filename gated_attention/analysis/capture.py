@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
+from ..kernels import fla_torch_paths
 from . import metrics as M
 from .layout import GateSite, model_layout
 
@@ -116,11 +117,20 @@ def torch_linear_attention(model: nn.Module) -> Iterator[None]:
     transformers wraps `torch_chunk_gated_delta_rule`, `chunk_kimi_delta_attention`
     (and their recurrent twins) so that they dispatch to fla whenever fla
     imports, and fla's Triton kernels fail on CPU tensors ("0 active drivers").
-    The unwrapped function is transformers' own torch reference. No-op where no module runs on the CPU.
+    The unwrapped function is transformers' own torch reference; this happens only where a module
+    runs on the CPU. fla's own layers (its models and fla hybrids) go through `kernels.fla_torch_paths`,
+    which chooses by each call's tensors and makes fla's attention return its weights.
     """
-    if all(device.type != "cpu" for device in execution_devices(model)):
-        yield
-        return
+    with fla_torch_paths():  # fla's own models and layers: by each tensor's device (a no-op where fla is not imported)
+        if all(device.type != "cpu" for device in execution_devices(model)):
+            yield
+        else:
+            with _transformers_torch_paths(model):
+                yield
+
+
+@contextlib.contextmanager
+def _transformers_torch_paths(model: nn.Module) -> Iterator[None]:
     restore: list[Callable[[], None]] = []
     seen: set[int] = set()
     try:

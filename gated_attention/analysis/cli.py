@@ -218,11 +218,40 @@ def causal_lm_class(config: dict, trust_remote_code: bool):
     return getattr(transformers, name, None) if isinstance(name, str) else None
 
 
-def _load(args, model_name: str, where: dict[str, str]):
-    import json
+def fla_building(model_name: str, config: dict):
+    """The context to build MODEL in: `fla_torch_paths()` for one of flash-linear-attention's models.
 
+    fla registers its model types (gla, retnet, hgrn, delta_net, gated_deltanet, ...) with the Auto
+    classes when it is imported, `mamba`/`mamba2` among them over transformers' own: so it is imported
+    only for a model type that neither transformers nor this package knows (and no remote code). Its
+    attention layer cannot be built without flash-attn outside `fla_torch_paths()`.
+    """
+    import contextlib
+    import importlib.util
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    from ..kernels import fla_torch_paths
+
+    model_type = config.get("model_type")
+    if not model_type or model_type in CONFIG_MAPPING_NAMES or "auto_map" in config:
+        return contextlib.nullcontext()
+    if model_type not in CONFIG_MAPPING:
+        if importlib.util.find_spec("fla") is None:
+            raise CLIError(
+                f"cannot load model {model_name!r}: transformers does not know its model type {model_type!r}, and "
+                "flash-linear-attention, whose models register their types, is not installed "
+                "(pip install flash-linear-attention)"
+            )
+        import fla  # noqa: F401 - registers fla's model types with the Auto classes
+    if model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type].__module__.startswith("fla."):
+        return fla_torch_paths()
+    return contextlib.nullcontext()
+
+
+def _load(args, model_name: str, where: dict[str, str]):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
@@ -231,11 +260,15 @@ def _load(args, model_name: str, where: dict[str, str]):
 
     tokenizer_name = args.tokenizer or model_name
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    try:
+        config = PretrainedConfig.get_config_dict(where[model_name])[0]
+    except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
+        config = {}
+    building = fla_building(model_name, config)
     try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
-        config_file = Path(where[model_name]) / "config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
-        model = from_pretrained_checked(cls, where[model_name], dtype=dtype, trust_remote_code=args.trust_remote_code)
+        with building:
+            model = from_pretrained_checked(cls, where[model_name], dtype=dtype, trust_remote_code=args.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
         raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
     try:
