@@ -1,7 +1,8 @@
-"""Peak memory and wall time of `convert` with its verification, at several memory budgets, in one run.
+"""Peak memory and wall time of `convert` with its verification, and of `analyze`, at several memory budgets, in one run.
 
     python benchmarks/convert_memory.py                            # 0.84B bf16 Llama; budgets 1GB 4GB and none
     python benchmarks/convert_memory.py --shape 8b --budgets 6GB   # an 8B-shaped one (16 GB on disk, ~35 GB scratch)
+    python benchmarks/convert_memory.py --parts analyze            # analyze only
 
 Builds a Llama-shaped bf16 checkpoint with random weights from a config
 (nothing is downloaded), then runs `python -m gated_attention convert SRC DST`
@@ -21,8 +22,14 @@ not depend on what an earlier row left in memory. Every command runs once; on
 a shared machine, run the script again before believing a difference of a
 few percent.
 
+`analyze` runs on the same checkpoint in bf16 with a byte-level BPE trained on
+the built-in samples, 3 inputs of 128 tokens at each budget, and once more with
+inputs of 1,024 tokens within the first budget: its peak grows with one
+layer's attention map (what the capture keeps is reduced inside its hooks),
+not with the number of layers.
+
 `--parts` chooses what is measured; `PARTS` maps each part to the function that
-returns its rows, so another command (`analyze`) joins the table by adding one.
+returns its rows.
 """
 
 from __future__ import annotations
@@ -166,8 +173,45 @@ def convert_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Ro
     return rows
 
 
-# Each part of the table: (SRC folder, scratch folder, budgets) -> rows. `analyze` joins here.
-PARTS: dict[str, Callable[[Path, Path, list[int | None]], list[Row]]] = {"convert": convert_rows}
+def build_tokenizer(folder: Path) -> None:
+    """A byte-level BPE trained on the built-in samples, BOS first: ids within any Llama's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from gated_attention.analysis.samples import builtin_samples
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<pad>", "<s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([s.text for s in builtin_samples(8)], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>").save_pretrained(folder)
+
+
+def analyze_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Row]:
+    """`analyze` (bf16, the built-in samples, one per domain) at each budget, and at 8x the length within the first."""
+    tokenizer = scratch / "tokenizer"
+    subprocess.run([sys.executable, __file__, "--build-tokenizer", str(tokenizer)], check=True)
+    rows = []
+    for budget, length in [*((b, 128) for b in budgets), (budgets[0], 1024)]:
+        out = scratch / "analysis"
+        flags = [] if budget is None else ["--max-memory", str(budget)]
+        evict(src)
+        result = run([sys.executable, "-m", "gated_attention", "analyze", str(src), "--out", str(out), "--tokenizer",
+                      str(tokenizer), "--dtype", "bfloat16", "--device", "cpu", "--n-per-domain", "1", "--max-length",
+                      str(length), "--bootstrap", "100", *flags])  # fmt: skip
+        shutil.rmtree(out)
+        placed = re.search(r": (all .* of weights on .*|.* of weights read from the checkpoint as it runs)", result.out)
+        within = format_size(budget) if budget else "free memory"
+        note = (placed[1].split("; budget")[0] if placed else "") + f"; 3 inputs of {length} tokens"
+        rows.append(Row(f"analyze, within {within}, T={length}", result, note))
+    return rows
+
+
+# Each part of the table: (SRC folder, scratch folder, budgets) -> rows.
+PARTS: dict[str, Callable[[Path, Path, list[int | None]], list[Row]]] = {"convert": convert_rows, "analyze": analyze_rows}
 
 
 def budget_or_none(text: str) -> int | None:
@@ -183,9 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where the scratch space is (SRC, DST: 2.1x SRC)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--build-only", nargs=2, metavar=("DIR", "SHAPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--build-tokenizer", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build_only:
         build_checkpoint(Path(args.build_only[0]), args.build_only[1])
+        return 0
+    if args.build_tokenizer:
+        build_tokenizer(Path(args.build_tokenizer))
         return 0
 
     root = Path(tempfile.mkdtemp(prefix="convert-memory-", dir=args.workdir))
@@ -215,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             above = format_size(max(row.run.peak_rss - imports.peak_rss, 0)) if row.run is not imports else ""
             print(f"{row.name:<48}{row.run.wall_s:>8.1f}{format_size(row.run.peak_rss):>12}{above:>15}  {row.note}")
-        converts = [r for r in rows if r.name.startswith("convert")]
+        converts = [r for r in rows if r.name.startswith("convert")] or [r for r in rows if r.name.startswith("analyze")]
         print(f"\nwall time / one read of SRC: " + ", ".join(f"{r.name.removeprefix('convert, ')} {r.run.wall_s / read_once.wall_s:.1f}x"
                                                             for r in converts))
         print(f"peak RSS / SRC size: " + ", ".join(f"{r.name.removeprefix('convert, ')} {r.run.peak_rss / size:.2f}x" for r in converts))

@@ -176,7 +176,7 @@ def test_several_datasets_each_a_domain_with_its_own_text_field(model_dir, tmp_p
 @pytest.mark.parametrize(
     "content, flags, message",
     [
-        ("", [], "the dataset is empty"),
+        ("", [], "is empty"),
         ("this is not json\n", [], "cannot be read"),
         ('{"text": "a whole line"}\n{"text": "cut', [], "cannot be read"),
         ('{"body": "some text"}\n', [], "--text-field 'text': "),
@@ -243,3 +243,52 @@ def test_a_second_run_into_the_same_out_is_refused(model_dir, tmp_path, capsys):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# ---------------------------------------------------------------- within a memory budget
+
+
+def _arrays(folder: Path) -> dict:
+    import numpy as np
+
+    with np.load(folder / "arrays.npz") as arrays:
+        return {key: arrays[key] for key in arrays.files}
+
+
+def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys):
+    """A budget smaller than the model: accelerate keeps what fits in memory and reads the other layers from the
+    checkpoint's files as they run. Same inputs, same arithmetic on the same device: the same arrays, exactly."""
+    import numpy as np
+
+    from gated_attention.hub.memory_budget import largest_layer
+
+    folder = tmp_path / "model"
+    config = ga.GatedDeltaNetHybridConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4},
+                                          layer_types=["linear_attention", "full_attention"] * 2)
+    model = ga.GatedDeltaNetHybridForCausalLM(config)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget = largest_layer(model)[1] + 1000
+    assert budget < total / 2  # most of the model is read from disk
+    argv = ["--n-per-domain", "1", "--intervene", "connection"]
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "whole"), *argv) == 0
+    capsys.readouterr()
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "budget"), "--max-memory", str(budget), *argv) == 0
+    assert "of weights read from the checkpoint as it runs" in capsys.readouterr().out
+    whole, budgeted = _arrays(tmp_path / "whole"), _arrays(tmp_path / "budget")
+    assert whole.keys() == budgeted.keys()
+    for key in whole:
+        np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
+    with open(tmp_path / "whole" / "intervention.csv") as a, open(tmp_path / "budget" / "intervention.csv") as b:
+        assert a.read() == b.read()
+    assert [p.name for p in (tmp_path / "budget").iterdir() if p.name.startswith(".")] == []  # no offload folder left
+
+
+def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--max-memory", "1KB") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"gated-attention analyze: error: MODEL {model_dir}: --max-memory 1.00 KB is too small for one layer: ")
+    assert err.endswith("give a larger --max-memory or free some memory; nothing was written")
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []

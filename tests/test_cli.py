@@ -198,6 +198,10 @@ REFUSED_BEFORE_IMPORTS = {
     "analyze-max-length": (["analyze", "src", "--out", "o", "--max-length", "1"], "argument --max-length: expected an integer >= 2"),
     "analyze-n-per-domain": (["analyze", "src", "--out", "o", "--n-per-domain", "0"], "argument --n-per-domain: expected an integer >= 1"),
     "analyze-bootstrap": (["analyze", "src", "--out", "o", "--bootstrap", "0"], "argument --bootstrap: expected an integer >= 1"),
+    "analyze-max-memory": (["analyze", "src", "--out", "o", "--max-memory", "lots"], "argument --max-memory: expected a size such as 4GB"),
+    "analyze-device-map": (["analyze", "src", "--out", "o", "--device-map", "everywhere"], "argument --device-map: expected auto, balanced"),
+    "analyze-device-and-map": (["analyze", "src", "--out", "o", "--device", "cpu", "--device-map", "auto"], "not allowed with argument --device"),
+    "analyze-text-file-and-dataset": (["analyze", "src", "--out", "o", "--text-file", "afile", "--dataset", "x.jsonl"], "not allowed with argument"),
     "analyze-text-file": (["analyze", "src", "--out", "o", "--text-file", "none.txt"], "argument --text-file: none.txt: no such file"),
     "analyze-device": (["analyze", "src", "--out", "o", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
 }

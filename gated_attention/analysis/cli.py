@@ -15,13 +15,15 @@ files (`compare.py`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..hub.command_line import bounded, first_line
+from ..hub.command_line import bounded, first_line, memory_size
 from ..hub.repo_ids import missing_folder
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -36,6 +38,15 @@ def _device(text: str) -> str:
     if not _DEVICE.match(text):
         raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
     return text
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _device_map(text: str) -> str:
+    if text in DEVICE_MAPS or (_DEVICE.match(text) and text != "auto"):
+        return text
+    raise argparse.ArgumentTypeError(f"expected {', '.join(DEVICE_MAPS)} or one device (cpu, cuda:N, ...), got {text!r}")
 
 
 def _text_file(text: str) -> str:
@@ -89,8 +100,16 @@ def register(subparsers) -> None:
                    help="tokens per input, at most: longer inputs are cut to T tokens, or to the model's "
                    "max_position_embeddings where that is smaller, with a warning (default: %(default)s)")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: each MODEL's)")
-    p.add_argument("--device", type=_device, default="auto",
-                   help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--device", type=_device, default="auto",
+                       help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s); cpu and "
+                       "cuda place the model with accelerate within --max-memory, cuda:N puts it whole on that GPU")
+    where.add_argument("--device-map", type=_device_map, metavar="MAP",
+                       help="accelerate's device map: auto (the GPUs in order, then the CPU within --max-memory, then "
+                       "disk), balanced, balanced_low_0, sequential, or one device (cpu, cuda:N)")
+    p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                   help="CPU memory the model's weights may take, e.g. 4GB or 512MiB: the layers that do not fit are "
+                   "read from the checkpoint's files as they run (default: what is free when the run starts)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
@@ -249,12 +268,36 @@ def fla_building(model_name: str, config: dict):
     return contextlib.nullcontext()
 
 
-def _load(args, model_name: str, where: dict[str, str]):
+def placement(args) -> tuple[str | dict, bool]:
+    """accelerate's device map for MODEL, and whether the GPUs take part (each gets what it has free)."""
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device_map in DEVICE_MAPS:
+        return args.device_map, torch.cuda.is_available()
+    if args.device_map:
+        return {"": args.device_map}, False
+    if device in ("cpu", "cuda"):
+        return "auto", device == "cuda"
+    return {"": device}, False  # one named device: the model whole on it, as --device always did
+
+
+BUDGET_REMEDY = "give a larger --max-memory or free some memory; nothing was written"
+
+
+@contextlib.contextmanager
+def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
+    """MODEL and its tokenizer, placed by accelerate within `budget` (the layers that do not fit stay in the
+    checkpoint's files and are read as they run), for as long as the block runs. The offload folder (for
+    what transformers must rewrite) is made in `offload_dir`, on the output's disk, and removed after."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
+    from ..hub.memory_budget import MemoryBudgetError
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -265,24 +308,57 @@ def _load(args, model_name: str, where: dict[str, str]):
     except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
         config = {}
     building = fla_building(model_name, config)
-    try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
-        cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
-        with building:
-            model = from_pretrained_checked(cls, where[model_name], dtype=dtype, trust_remote_code=args.trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
-        raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
-    except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        model = model.to(device).eval()
-    except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot move the model to {device!r}: {first_line(e)}") from e
-    return model, tokenizer
+    cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
+    device_map, gpus = placement(args)
+    if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
+        try:
+            with building, torch.device("meta"):
+                skeleton = _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
+        except Exception as e:  # noqa: BLE001
+            raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        try:
+            budget.check_holds(skeleton, BUDGET_REMEDY)
+        except MemoryBudgetError as e:
+            raise CLIError(f"MODEL {model_name}: {e}") from None
+        del skeleton
+    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir) as place:
+        if not isinstance(device_map, str):
+            place = {"device_map": device_map}
+        try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
+            with building:
+                model = from_pretrained_checked(cls, where[model_name], dtype=dtype,
+                                                trust_remote_code=args.trust_remote_code, **place)
+        except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
+            raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
+        except Exception as e:  # noqa: BLE001
+            raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
+        print(f"{model_name}: {_placement_line(model, budget)}")
+        yield model.eval(), tokenizer
+
+
+def _placement_line(model, budget) -> str:
+    from ..hub.command_line import format_size
+
+    sizes = [(p.numel() * p.element_size(), p.device.type) for p in model.parameters()]
+    total, on_disk = sum(n for n, _ in sizes), sum(n for n, device in sizes if device == "meta")
+    devices = sorted({device for _, device in sizes if device != "meta"})
+    where = f"on {', '.join(devices)}" if devices else ""
+    if not on_disk:
+        return f"all {format_size(total)} of weights {where}"
+    return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs, "
+            f"the rest {where}; budget {budget.describe()}")
+
+
+def _model_from_config(cls, where: str, dtype, trust_remote_code: bool):
+    """MODEL built from its config alone (on the meta device, inside the caller's `torch.device`)."""
+    from transformers import AutoConfig
+
+    if hasattr(cls, "from_config"):  # an Auto class
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+        return cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    return cls._from_config(cls.config_class.from_pretrained(where), dtype=dtype)
 
 
 def _samples(args):
@@ -332,6 +408,7 @@ def run(args) -> int:
         _check_config(model, where[model])
     samples = _samples(args)
 
+    from ..hub.memory_budget import MemoryBudget
     from .analyze import run_analysis
     from .compare import write_comparison
 
@@ -339,29 +416,30 @@ def run(args) -> int:
     several = len(args.model) > 1
     names = output_names(args.model)
     replace = out.is_dir()  # an earlier analysis or an empty folder (`_check_out`): replaced whole at the end
+    budget = MemoryBudget.resolve(args.max_memory)  # measured once: every model gets the same
     try:
         staging = staged_folder(out, replace, print, flag="--out", overwrite_flag=None, clear_leftovers=True,
                                 warn=lambda message: warnings.warn(message, GatedAttentionWarning))
         with staging as stage:
             refuse_running(out, "--out", own=stage)  # another run that started at the same moment
             for model_name, name in zip(args.model, names):
-                model, tokenizer = _load(args, model_name, where)
-                try:
-                    rows = run_analysis(
-                        model,
-                        tokenizer,
-                        samples,
-                        stage / name if several else stage,
-                        model_name=model_name,
-                        max_length=args.max_length,
-                        intervention=args.intervene,
-                        k=args.k,
-                        n_bootstrap=args.bootstrap,
-                        seed=args.seed,
-                    )
-                except ValueError as e:
-                    raise CLIError(first_line(e)) from e
-                del model
+                with loaded(args, model_name, where, budget, stage) as (model, tokenizer):
+                    try:
+                        rows = run_analysis(
+                            model,
+                            tokenizer,
+                            samples,
+                            stage / name if several else stage,
+                            model_name=model_name,
+                            max_length=args.max_length,
+                            intervention=args.intervene,
+                            k=args.k,
+                            n_bootstrap=args.bootstrap,
+                            seed=args.seed,
+                        )
+                    except ValueError as e:
+                        raise CLIError(first_line(e)) from e
+                    del model
                 gc.collect()
                 _print_rows(f"{name:<20} " if several else "", rows)
             if several:

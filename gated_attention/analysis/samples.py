@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hub.command_line import first_line
-from ..hub.datasets import DataError, check_text_field, open_text_dataset
+from ..hub.datasets import DataError, check_text_field, open_text_dataset, reading
 
 _CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
 _MATH_MODULES = ("statistics", "fractions", "math", "cmath")
@@ -132,8 +131,8 @@ def dataset_samples(
     samples: list[Sample] = []
     for d in datasets:
         name = d.name
-        try:
-            ds = open_text_dataset(d.spec[0] if len(d.spec) == 1 else list(d.spec), split)
+        ds = open_text_dataset(d.spec[0] if len(d.spec) == 1 else list(d.spec), split)
+        with reading(d.spec):  # a streamed file fails while its documents are read: one line naming it
             check_text_field(ds, d.text_field, name)
             if domain_field is not None:
                 check_text_field(ds, domain_field, name, flag="--domain-field")
@@ -149,12 +148,6 @@ def dataset_samples(
                 samples.append(Sample(domain, f"{name}:{i}", text if max_chars is None else text[:max_chars]))
                 if domain_field is None and taken[domain] >= n_per_domain:
                     break
-        except DataError:
-            raise
-        except StopIteration:  # what `datasets` raises for a json file without a single line
-            raise DataError(f"--dataset {name}: the dataset is empty") from None
-        except Exception as e:  # noqa: BLE001 - pyarrow / datasets errors surface lazily, while documents are read
-            raise DataError(f"--dataset {name}: cannot be read ({first_line(e)})") from None
         if not taken:
             raise DataError(f"--dataset {name}: no document has text in its {d.text_field!r} column")
     return samples
