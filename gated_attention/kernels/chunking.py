@@ -71,7 +71,8 @@ def chunk_size_for_decay(g: torch.Tensor, chunk_size: int, limit: float, smalles
     C, _ = chunk_length(T, chunk_size)
     while True:
         n = -(-T // C)
-        fall = -pad_time(g.to(torch.float32), n * C).unflatten(1, (n, C))[:, :, 1:].sum(2).min().item() if C > 1 else 0.0
+        blocks = pad_time(g.to(torch.float32), n * C).unflatten(1, (n, C))
+        fall = -blocks[:, :, 1:].sum(2).min().item() if C > 1 else 0.0
         if fall <= limit:
             return C, True
         if C <= smallest:

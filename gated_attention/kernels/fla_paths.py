@@ -91,7 +91,8 @@ _KERNEL_ONLY = frozenset(
 
 def _kernel_options_only(op: str, kwargs: dict) -> None:
     """Refuse an argument that would change the numbers and that the torch path does not implement."""
-    unknown = [key for key, value in kwargs.items() if key not in _KERNEL_ONLY and value is not None and value is not False]
+    unknown = [key for key, value in kwargs.items()
+               if key not in _KERNEL_ONLY and value is not None and value is not False]
     if unknown:
         raise NotImplementedError(f"{op} on the torch path: {sorted(unknown)} is not implemented")
 

@@ -28,7 +28,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .chunking import chunk_groups, chunk_size_for_decay, cumsum_rows, each_sequence, pad_time, state_in, state_out, to_chunks
+from .chunking import (
+    chunk_groups,
+    chunk_size_for_decay,
+    cumsum_rows,
+    each_sequence,
+    pad_time,
+    state_in,
+    state_out,
+    to_chunks,
+)
 from .gated_delta_rule import l2norm, unit_lower_inverse
 from .gla import SMALLEST_CHUNK, SPAN_LIMIT, decayed_scores
 
