@@ -18,6 +18,9 @@
   `summary.md`.
 - `compare`: several models' analyses side by side (`comparison.csv`,
   `comparison.png`), drawn from their written arrays.
+- `loading`: how `analyze` loads a MODEL: transformers' own class for its
+  model types, fla's models inside `fla_torch_paths`, accelerate's placement
+  within the memory budget.
 - `cli`: the `gated-attention analyze MODEL --out DIR` parser (no torch) and
   its run.
 
