@@ -16,6 +16,7 @@ Two anchors: `first_token` (token 0, the massive-activations paper's figures) an
 from __future__ import annotations
 
 import csv
+import inspect
 import math
 import warnings
 from collections.abc import Sequence
@@ -112,10 +113,13 @@ def capture_inputs(model: nn.Module, inputs, device) -> tuple[ModelLayout, list[
     """Every input through `model` once, reduced as it is produced: nothing grows with the number of inputs."""
     gates = GateAccumulator()
     results = []
+    # The capture reads the residual stream, maps and gates, not the logits: the last position's is enough, and
+    # all of them ([T, vocab] in fp32, 0.5 GB at 1,024 tokens of a 128k vocabulary) would outgrow a layer's map.
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with Capture(model, attentions=True, gates=True, reduce=True) as cap:
         for sample, ids in tqdm(inputs, desc="capture", unit="input"):
             cap.clear()
-            model(input_ids=ids.to(device), use_cache=False)
+            model(input_ids=ids.to(device), use_cache=False, **extra)
             record = cap.records[-1]
             token_max, sink, first_attention = reduce_record(record, cap.layout)
             total: dict[str, np.ndarray] = {}
