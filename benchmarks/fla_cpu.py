@@ -11,11 +11,16 @@ Part `decode`: the package's `GatedDeltaNetHybridForCausalLM` (the 340M GDN hybr
 transformers' `Qwen3_5ForCausalLM` of the same shape and weights (`export.qwen3_5_config`) on its torch path,
 one new token after a prompt, with the cache (target: at least 1.0x).
 
+Part `analyze`: fla's own Gated DeltaNet hybrid of the paper's 340M shape (24 layers, hidden 1024, full attention
+at every fourth layer: 3:1), built and run under `fla_torch_paths()`, over 12 inputs of 512 tokens: what
+`gated-attention analyze` does per input (`analysis.analyze.capture_inputs`: eager attention maps, the residual
+stream and the reductions, all inside hooks) against a plain forward of the same inputs (target: at most 1.3x).
+
 Every implementation runs once per round, interleaved, so background load hits all alike; the time kept is
 the median over rounds. Ratios are peer time / ours: above 1.0 means ours is faster. Outputs are compared too,
 so a fast wrong answer cannot pass unnoticed.
 
-    python benchmarks/fla_cpu.py [--parts mixers decode] [--repeats 5] [--length 512] [--threads N]
+    python benchmarks/fla_cpu.py [--parts mixers decode analyze] [--repeats 5] [--length 512] [--threads N]
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ import torch.nn.functional as F
 
 from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
-PARTS = ("mixers", "decode")
-NAIVE_TARGET, TRANSFORMERS_TARGET, DECODE_TARGET = 5.0, 1.0, 1.0
+PARTS = ("mixers", "decode", "analyze")
+NAIVE_TARGET, TRANSFORMERS_TARGET, DECODE_TARGET, CAPTURE_TARGET = 5.0, 1.0, 1.0, 1.3
 
 
 def fla_naive(op: str, name: str) -> Callable:
@@ -281,6 +286,46 @@ def part_decode(args) -> list[str]:
     return missed
 
 
+def part_analyze(args) -> list[str]:
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    from gated_attention.analysis.analyze import capture_inputs
+    from gated_attention.analysis.samples import Sample
+    from gated_attention.kernels import fla_torch_paths
+
+    if args.smoke:
+        shape = dict(hidden_size=64, num_hidden_layers=4, num_heads=2, head_dim=16, vocab_size=97)
+        attn, n_inputs, T = {"layers": [3], "num_heads": 4}, 2, 16
+    else:  # fla's defaults for the mixer's heads (6 x 256), attention heads 16 x 64
+        shape = dict(hidden_size=1024, num_hidden_layers=24, vocab_size=32000)
+        attn, n_inputs, T = {"layers": list(range(3, 24, 4)), "num_heads": 16}, args.analyze_inputs, args.length
+    torch.manual_seed(0)
+    with fla_torch_paths():
+        model = GatedDeltaNetForCausalLM(GatedDeltaNetConfig(**shape, attn=attn)).eval()
+    g = torch.Generator().manual_seed(2)
+    inputs = [(Sample("random", f"ids:{i}", ""), torch.randint(0, shape["vocab_size"], (1, T), generator=g))
+              for i in range(n_inputs)]
+    print(f"\nanalyze: fla's Gated DeltaNet hybrid, {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+          f"full attention at layers {[i + 1 for i in attn['layers']]} (1-based); {n_inputs} inputs of {T} tokens, "
+          f"median of {args.analyze_repeats} interleaved rounds after one untimed round")
+
+    def plain():
+        with fla_torch_paths():
+            for _, ids in inputs:
+                model(input_ids=ids, use_cache=False)
+
+    def analyze():
+        capture_inputs(model, inputs, torch.device("cpu"))
+
+    with torch.inference_mode():
+        medians, _ = interleaved_medians({"plain forward": plain, "analyze": analyze}, args.analyze_repeats)
+    ratio = medians["analyze"] / medians["plain forward"]
+    mark = f"<={CAPTURE_TARGET}x" if ratio <= CAPTURE_TARGET else f"MISSED {CAPTURE_TARGET}x"
+    print(f"  plain forward {medians['plain forward']:.1f} s, analyze {medians['analyze']:.1f} s: "
+          f"capture overhead {ratio:.2f}x {mark}")
+    return [] if ratio <= CAPTURE_TARGET else ["analyze vs a plain forward"]
+
+
 @contextlib.contextmanager
 def chunk_of_one():
     """The gated delta rule as it was before the recurrent step: a single position runs as a chunk of one."""
@@ -313,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-steps", type=bounded(int, 1), default=8, help="timed decode steps per round")
     parser.add_argument("--threads", type=bounded(int, 1), default=None,
                         help="torch threads (default: the cores the load average leaves free, as training does)")
+    parser.add_argument("--analyze-inputs", type=bounded(int, 1), default=12, help="inputs of --length tokens (analyze)")
+    parser.add_argument("--analyze-repeats", type=bounded(int, 1), default=2, help="timed rounds (analyze)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes: check that the script runs, not speed")
     args = parser.parse_args(argv)
 
@@ -332,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         missed += part_mixers(args)
     if "decode" in args.parts:
         missed += part_decode(args)
+    if "analyze" in args.parts:
+        missed += part_analyze(args)
     print(f"\ntargets missed: {', '.join(missed)}" if missed else "\nevery target met")
     return 0
 

@@ -68,6 +68,7 @@ def test_fla_cpu_benchmark_smoke(capsys):
     rows = [line.split() for line in out.splitlines() if "naive recurrent" in line and not line.startswith("targets")]
     assert {row[0] for row in rows} == {"gla", "retnet", "hgrn", "hgrn2", "delta_net", "gated_deltanet", "kda"}, out
     assert all(float(row[-1]) < 1e-4 for row in rows), out  # max|diff| against fla's naive references
+    assert "capture overhead" in out  # analyze against a plain forward of fla's hybrid
     assert "transformers (Qwen3.5)" in out and "transformers (Kimi Linear)" in out
     decode = [line for line in out.splitlines() if "last logits max|diff|" in line]
     assert len(decode) == 2 and all(float(line.rsplit(" ", 1)[-1].rstrip(")")) < 1e-5 for line in decode), out
