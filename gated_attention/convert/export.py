@@ -358,11 +358,10 @@ def export_checkpoint(
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(target)
         outputs = plan_export(ckpt, config, model)
-        # Warnings, not refusals: the export stays exact, and the other engines may still serve it.
         if why := mlx_lm_limit(config.layer_types, getattr(config, "linear_conv_kernel_dim", None)):
-            warnings.warn(f"mlx-lm will not run this export: {why}", GatedAttentionWarning)
+            notes.append(f"mlx-lm will not run this export: {why}")
         if layout == "mlx" and (why := qwen3_5_tokenizer_difference(folder)):
-            warnings.warn(why, GatedAttentionWarning)
+            notes.append(why)
         return Work(
             ckpt,
             outputs,
@@ -375,7 +374,13 @@ def export_checkpoint(
             finite=ckpt.tensors,  # the gates too: they travel inside q_proj
         )
 
-    return run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log)
+    notes: list[str] = []  # what an engine will make of the export, found while planning it
+    result = run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log)
+    # Warnings, not refusals (the export is exact, and other engines may serve it), and only once DST is
+    # written: input refused later in the run stays one line.
+    for note in notes:
+        warnings.warn(note, GatedAttentionWarning)
+    return result
 
 
 def _write_config(stage: Path, target, layout: str) -> None:
@@ -411,11 +416,15 @@ def qwen3_5_tokenizer_difference(folder: Path) -> str | None:
     from transformers import AutoTokenizer, Qwen3_5Tokenizer
 
     if not (folder / "tokenizer.json").is_file():
-        return None  # nothing saved to compare (a tokenizer.model alone is not read by Qwen3_5Tokenizer either)
+        return None  # the comparison reads tokenizer.json; without one it says nothing
     own = AutoTokenizer.from_pretrained(folder)
     if isinstance(own, Qwen3_5Tokenizer):
         return None
-    qwen = Qwen3_5Tokenizer.from_pretrained(folder)
+    try:
+        qwen = Qwen3_5Tokenizer.from_pretrained(folder)
+    except Exception as e:  # noqa: BLE001 - what stops it stops mlx-lm's tokenizer too: said, not raised
+        return (f"with --layout mlx, mlx-lm (and transformers >= 5.18) load this tokenizer as Qwen3_5Tokenizer, "
+                f"which cannot read it ({type(e).__name__}: {' '.join(str(e).split())})")
     a, b = own(TOKENIZER_SAMPLE)["input_ids"], qwen(TOKENIZER_SAMPLE)["input_ids"]
     if a == b and len(own) == len(qwen):
         return None
