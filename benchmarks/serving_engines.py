@@ -1,9 +1,9 @@
 """Run serving engines on checkpoints, greedily, from token ids: the engine side of `serving_check.py`.
 
-    ENGINE_PYTHON benchmarks/serving_engines.py {vllm|llama.cpp} JOBS.json RESULTS.json
+    ENGINE_PYTHON benchmarks/serving_engines.py {vllm|llama.cpp|mlx-lm} JOBS.json RESULTS.json
 
 Runs in the engine's own environment (vLLM and llama-cpp-python each pin their
-own torch / build), so it imports only the standard library and the engine,
+own torch / build; mlx-lm has no torch), so it imports only the standard library and the engine,
 never this package: a checkpoint's remote code is all vLLM needs. JOBS.json
 holds `{"jobs": [{"name", "path", "prompts": [[token ids]], "max_tokens",
 "dtype", "model_impl", "tensor_parallel_size", "texts"}]}`; RESULTS.json gets one record per job with
@@ -156,7 +156,40 @@ def run_llama_cpp(job: dict) -> dict:
     return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
 
 
-RUNNERS = {"vllm": run_vllm, "llama.cpp": run_llama_cpp}
+def run_mlx_lm(job: dict) -> dict:
+    """mlx-lm's own load and greedy `generate_step` (what `mlx_lm.generate` runs), from token ids.
+
+    bf16 is cast as `mlx_lm.convert --dtype bfloat16` casts: every floating parameter its model allows
+    (Qwen3.5 keeps `A_log` as stored). The tokenizer is the one `mlx_lm.load` gives the folder.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    t0 = time.perf_counter()
+    model, tokenizer = load(job["path"])
+    if job["dtype"] == "bfloat16":
+        keep = getattr(model, "cast_predicate", lambda _: True)
+        model.update(tree_map_with_path(
+            lambda k, v: v.astype(mx.bfloat16) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v,
+            model.parameters()))
+    mx.eval(model.parameters())
+    t1 = time.perf_counter()
+    tokens, logprobs = [], []
+    for prompt in job["prompts"]:  # greedy is generate_step's default sampler; it never stops at EOS itself
+        ids, lps = [], []
+        for token, step in generate_step(mx.array(prompt), model, max_tokens=job["max_tokens"]):
+            ids.append(int(token))
+            lps.append(step[int(token)].astype(mx.float32).item())
+        tokens.append(ids)
+        logprobs.append(lps)
+    t2 = time.perf_counter()
+    tokenized = [tokenizer.encode(text, add_special_tokens=False) for text in job.get("texts", [])]
+    return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
+
+
+RUNNERS = {"vllm": run_vllm, "llama.cpp": run_llama_cpp, "mlx-lm": run_mlx_lm}
 
 
 def _child(engine: str, job: dict, queue) -> None:

@@ -126,3 +126,107 @@ def test_hybrid_without_output_gate_is_refused(tmp_path, capsys):
     assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 2
     assert "linear_output_gate=false" in capsys.readouterr().err
     assert not (tmp_path / "native").exists()
+
+
+# --- the mlx layout: the Hub's Qwen3.5 config (model_type qwen3_5, text_config), for mlx-lm ----------------
+
+
+def _hybrid(folder, **schedule):
+    from gated_attention import GatedDeltaNetHybridConfig, GatedDeltaNetHybridForCausalLM
+
+    torch.manual_seed(0)
+    config = GatedDeltaNetHybridConfig(
+        **{**TINY, "num_hidden_layers": 4}, head_dim=16, qk_norm=True, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, **schedule,
+    )  # fmt: skip
+    model = GatedDeltaNetHybridForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif "attn_gate" in name:
+                p.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "dense-tied"])
+def test_mlx_layout_is_the_same_model_for_transformers(tmp_path, capsys, kind):
+    import json
+
+    from gated_attention.convert.export import qwen3_5_torch_path
+
+    if kind == "hybrid":
+        _hybrid(tmp_path / "gated", hybrid_ratio=2)  # LALA: mlx-lm's full_attention_interval 2
+    else:  # all attention (mlx-lm will not run it: warned) and tied embeddings, read from text_config
+        gated_model(tmp_path / "gated", tie_word_embeddings=True)
+    gated = str(tmp_path / "gated")
+    assert main(["export", gated, str(tmp_path / "text"), "--format", "qwen3_5"]) == 0
+    capsys.readouterr()
+    assert main(["export", gated, str(tmp_path / "mlx"), "--format", "qwen3_5", "--layout", "mlx"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "mlx-lm will not run" in line]
+    assert len(warned) == (kind != "hybrid"), warned
+
+    config = json.loads((tmp_path / "mlx" / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5" and config["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert config["text_config"]["model_type"] == "qwen3_5_text"
+    assert config["text_config"].get("full_attention_interval") == (2 if kind == "hybrid" else None)
+    assert config["tie_word_embeddings"] == config["text_config"]["tie_word_embeddings"] == (kind != "hybrid")
+
+    text = AutoModelForCausalLM.from_pretrained(tmp_path / "text").eval()
+    mlx = AutoModelForCausalLM.from_pretrained(tmp_path / "mlx").eval()
+    assert type(mlx) is Qwen3_5ForCausalLM and mlx.config.layer_types == text.config.layer_types
+    with torch.no_grad(), qwen3_5_torch_path():
+        # The same class, weights and values: the same computation, so the same bits.
+        assert torch.equal(text(PROMPT).logits, mlx(PROMPT).logits)
+
+
+def test_full_attention_interval_is_the_one_mlx_lm_would_place(tmp_path):
+    from gated_attention.configuration.gated_deltanet_hybrid import hybrid_layer_types
+    from gated_attention.convert.export import full_attention_interval, mlx_lm_limit
+
+    L, A = "linear_attention", "full_attention"
+    assert full_attention_interval(hybrid_layer_types(4, 2)) == 2
+    assert full_attention_interval(hybrid_layer_types(6, 4)) == 4  # LLLALL: the trailing block is placed too
+    assert full_attention_interval(hybrid_layer_types(3, 3)) == 3
+    for schedule in ([A, A, A], [L, L], [L, A, L, L], [L, A, A, L], [A, L, A, L]):
+        assert full_attention_interval(schedule) is None, schedule
+    assert mlx_lm_limit([L, A], 4) is None
+    assert "all attention" in mlx_lm_limit([A, A], 4) and "all Gated DeltaNet" in mlx_lm_limit([L, L], 4)
+    assert "(LALL, A = attention) has no such interval" in mlx_lm_limit([L, A, L, L], 4)
+    assert "width 1" in mlx_lm_limit([L, A], 1)
+
+
+def test_export_warns_in_one_line_where_mlx_lm_cannot_run_and_still_writes(tmp_path, capsys):
+    _hybrid(tmp_path / "gated", layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 0
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert line.startswith("gated-attention export: warning: mlx-lm will not run this export: ") and "LALL" in line
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "native").config.layer_types[:2] == ["linear_attention", "full_attention"]
+
+
+def _byte_level_bpe(folder):
+    """A GPT-2-style byte-level BPE (GPT-2's regex, no normalizer), as the package's quickstart trains."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    text = ["def f(x):\n    return x ** 2\n", "Don't panic: 1234 apples, 56 pears.", "caf\u00e9 and cafe\u0301"] * 20
+    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=TINY["vocab_size"] - 1, special_tokens=["<|eos|>"],
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|eos|>").save_pretrained(folder)
+
+
+@pytest.mark.parametrize("layout", ["text", "mlx"])
+def test_mlx_layout_says_when_qwen3_5_tokenizer_would_tokenize_differently(tmp_path, capsys, layout):
+    _hybrid(tmp_path / "gated", hybrid_ratio=2)
+    _byte_level_bpe(tmp_path / "gated")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5", "--layout", layout]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "pre-tokenizer" in line]
+    # Only the mlx layout's model_type (qwen3_5) makes transformers >= 5.18 swap in Qwen3_5Tokenizer.
+    assert len(warned) == (layout == "mlx"), warned
+    assert not warned or "PreTrainedTokenizerFast.from_pretrained(DST)" in warned[0]

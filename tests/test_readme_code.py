@@ -2,9 +2,9 @@
 
 "Use" builds, saves and reloads a model, and the "Analyze" line that follows it
 reads that folder; "Scale out" runs under `torchrun` with two gloo processes on
-a tiny converted Llama in the folder name it uses. vLLM's block needs vLLM:
-`benchmarks/serving_check.py` runs those routes (`tests/test_serving.py` where
-an engine is configured).
+a tiny converted Llama in the folder name it uses. vLLM's and mlx-lm's blocks
+need those engines: `benchmarks/serving_check.py` runs those routes
+(`tests/test_serving.py` where an engine is configured).
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@
 - `export --format qwen3_5` writes a config whose every rotary field agrees:
   an engine that reads the top-level `partial_rotary_factor` must find 1.0 too.
 - Refused exports name the route that remains (the transformers backend).
+- The check names, in one line, what an engine cannot run: for mlx-lm, a
+  schedule without a fixed attention interval, or the text layout.
 
-The engines themselves run in `benchmarks/serving_check.py`; the last test
-here runs it when an engine is installed (it is skipped otherwise).
+The engines themselves run in `benchmarks/serving_check.py`; the engine tests
+here run it when an engine is installed (they are skipped otherwise).
 """
 
 from __future__ import annotations
@@ -153,6 +155,22 @@ def test_vllm_gives_transformers_tokens(tmp_path):
     assert rows and all(r["identical"] == r["prompts"] for r in rows), rows
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(_engine_python("GATED_ATTENTION_MLX_LM_PYTHON", "mlx_lm") is None,
+                    reason="mlx-lm is not installed (set GATED_ATTENTION_MLX_LM_PYTHON to a python that has "
+                    "mlx[cpu] and mlx-lm)")
+def test_mlx_lm_gives_transformers_tokens(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serving_check.py"), "--engines", "mlx-lm", "--only", "hybrid-mlx",
+         "--work", str(tmp_path), "--json", str(tmp_path / "result.json")],
+        capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "result.json").read_text())
+    fp32 = [r for r in rows if r["dtype"] == "float32"]  # bf16 rounds differently by design: reported, not asserted
+    assert fp32 and all(r["identical"] == r["prompts"] for r in fp32), rows
+
+
 # --- the check script and the GGUF wrapper, without engines ------------------------------------------
 
 
@@ -172,6 +190,8 @@ HYBRID = {"model_type": "gated_deltanet_hybrid", "hidden_size": 256, "num_attent
           "layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 128,
           "linear_value_head_dim": 128}
 EXPORT = {**HYBRID, "model_type": "qwen3_5_text"}
+MLX = {"model_type": "qwen3_5", "text_config": {**EXPORT, "full_attention_interval": 2}}
+IRREGULAR = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
 
 
 @pytest.mark.parametrize("route, config, says", [
@@ -184,7 +204,16 @@ EXPORT = {**HYBRID, "model_type": "qwen3_5_text"}
     (dict(engine="llama.cpp", label="GGUF f32"), {**HYBRID, "model_type": "gated_attention"}, "export --format qwen3_5"),
     (dict(engine="vllm", label="native Qwen3.5", dtype="bfloat16"), EXPORT, None),
     (dict(engine="llama.cpp", label="GGUF f32"), EXPORT, None),
-], ids=["hybrid-backend", "gdn-head-dim", "gdn-fp32", "attention-head-dim", "gguf-remote-code", "ok-vllm", "ok-gguf"])
+    (dict(engine="mlx-lm", label="native Qwen3.5"), EXPORT, "--layout mlx"),
+    (dict(engine="mlx-lm", label="native Qwen3.5"), HYBRID, "export --format qwen3_5 --layout mlx first"),
+    (dict(engine="mlx-lm", label="native Qwen3.5"),
+     {**MLX, "text_config": {**EXPORT, "layer_types": ["full_attention"] * 2}}, "all attention"),
+    (dict(engine="mlx-lm", label="native Qwen3.5"), {**MLX, "text_config": {**EXPORT, "layer_types": IRREGULAR}},
+     "(LALL, A = attention) has no such interval"),
+    (dict(engine="mlx-lm", label="native Qwen3.5"), MLX, None),
+    (dict(engine="mlx-lm", label="native Qwen3.5", dtype="bfloat16"), MLX, None),
+], ids=["hybrid-backend", "gdn-head-dim", "gdn-fp32", "attention-head-dim", "gguf-remote-code", "ok-vllm", "ok-gguf",
+        "mlx-text-layout", "mlx-remote-code", "mlx-all-attention", "mlx-irregular", "ok-mlx", "ok-mlx-bf16"])
 def test_the_check_names_what_an_engine_cannot_run(route, config, says):
     why = serving_check.constraint(serving_check.Route(**route), config)
     assert (why is None) if says is None else (says in why and "\n" not in why), why

@@ -86,7 +86,7 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
     )
 
 
-def write_export_card(stage: Path, src: str, config) -> None:
+def write_export_card(stage: Path, src: str, config, layout: str = "text") -> None:
     spec = config.attn_gate
     write_model_card(
         stage,
@@ -95,7 +95,7 @@ def write_export_card(stage: Path, src: str, config) -> None:
         summary="A gated-attention model exported to transformers' own Qwen3.5 text architecture, "
         "so it loads without remote code and runs on engines that support Qwen3.5.",
         tag="qwen3_5",
-        options_rows=options_rows({"source": src, "--format": "qwen3_5"}),
+        options_rows=options_rows({"source": src, "--format": "qwen3_5", "--layout": layout}),
         what_changed="\n".join(
             [
                 f"- The attention gate (G1, {spec['granularity']}"
@@ -110,6 +110,13 @@ def write_export_card(stage: Path, src: str, config) -> None:
                     else []
                 ),
                 "- `partial_rotary_factor` is 1.0: RoPE rotates the whole head, as in the source.",
+                *(
+                    ["- The config has the Hub's Qwen3.5 layout for mlx-lm: `model_type` `qwen3_5`, the text model "
+                     "under `text_config`. transformers from 5.18 loads the tokenizer of such a folder as "
+                     "`Qwen3_5Tokenizer`, whatever was saved."]
+                    if layout == "mlx"
+                    else []
+                ),
                 "- In float32 the logits match the source; in bf16 they differ by rounding order only "
                 "(Qwen3.5's norms multiply in float32 before rounding).",
             ]

@@ -137,6 +137,15 @@ def register(subparsers) -> None:
     )
     _add_common(p, dtype=False)
     p.add_argument("--format", choices=["qwen3_5"], required=True, help="target architecture")
+    p.add_argument(
+        "--layout",
+        choices=["text", "mlx"],
+        default="text",
+        help="the config layout, for the engine that reads it (the weights are the same). text (default): "
+        "model_type qwen3_5_text, for transformers, vLLM and llama.cpp. mlx: the Hub's Qwen3.5 layout (model_type "
+        "qwen3_5, the text model under text_config), for mlx-lm; transformers loads it too, but from 5.18 gives "
+        "it Qwen3.5's own tokenizer class (a warning says when that tokenizes differently)",
+    )
     p.set_defaults(func=run_export)
 
 
@@ -221,6 +230,7 @@ def run_export(args) -> int:
         args.src,
         args.dst,
         format=args.format,
+        layout=args.layout,
         overwrite=args.overwrite,
         verify=args.verify,
         max_memory=args.max_memory,
