@@ -3,8 +3,8 @@
 - `causal_lm_class`: the class to build MODEL with. A model type transformers ships is built with
   transformers' class, because importing fla registers fla's models under some of the same names
   (`mamba2`) with the Auto classes.
-- `fla_building`: the context to build one of flash-linear-attention's models in (`fla_torch_paths`:
-  its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
+- `is_fla_model`: whether MODEL is one of flash-linear-attention's models, built inside `fla_torch_paths`
+  (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
   type nothing else knows.
 - `placement` and `loaded`: accelerate's big-model inference within the memory budget
   (`hub.memory_budget`): the layers that fit stay in memory, the others are read from the checkpoint's
@@ -42,24 +42,22 @@ def causal_lm_class(config: dict, trust_remote_code: bool):
     return getattr(transformers, name, None) if isinstance(name, str) else None
 
 
-def fla_building(model_name: str, config: dict):
-    """The context to build MODEL in: `fla_torch_paths()` for one of flash-linear-attention's models.
+def is_fla_model(model_name: str, config: dict) -> bool:
+    """Whether MODEL is one of flash-linear-attention's (fla) models, whose types fla registers on import.
 
     fla registers its model types (gla, retnet, hgrn, delta_net, gated_deltanet, ...) with the Auto
     classes when it is imported, `mamba`/`mamba2` among them over transformers' own: so it is imported
     only for a model type that neither transformers nor this package knows (and no remote code). Its
-    attention layer cannot be built without flash-attn outside `fla_torch_paths()`.
+    models are built and run inside `fla_torch_paths()`: its attention layer cannot be built without
+    flash-attn otherwise. Where fla is missing, such a type is one line naming the package.
     """
-    import contextlib
     import importlib.util
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
 
-    from ..kernels import fla_torch_paths
-
     model_type = config.get("model_type")
     if not model_type or model_type in CONFIG_MAPPING_NAMES or "auto_map" in config:
-        return contextlib.nullcontext()
+        return False
     if model_type not in CONFIG_MAPPING:
         if importlib.util.find_spec("fla") is None:
             raise CLIError(
@@ -68,9 +66,7 @@ def fla_building(model_name: str, config: dict):
                 "(pip install flash-linear-attention)"
             )
         import fla  # noqa: F401 - registers fla's model types with the Auto classes
-    if model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type].__module__.startswith("fla."):
-        return fla_torch_paths()
-    return contextlib.nullcontext()
+    return model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type].__module__.startswith("fla.")
 
 
 def placement(args) -> tuple[str | dict, bool]:
@@ -102,6 +98,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
 
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
+    from ..kernels import fla_torch_paths
     from ..hub.memory_budget import MemoryBudgetError
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
@@ -112,12 +109,12 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
         config = PretrainedConfig.get_config_dict(where[model_name])[0]
     except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
         config = {}
-    building = fla_building(model_name, config)
+    building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
     device_map, gpus = placement(args)
     if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
         try:
-            with building, torch.device("meta"):
+            with building(), torch.device("meta"):
                 skeleton = _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
         except Exception as e:  # noqa: BLE001
             raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
@@ -130,7 +127,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
         if not isinstance(device_map, str):
             place = {"device_map": device_map}
         try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
-            with building:
+            with building():
                 model = from_pretrained_checked(cls, where[model_name], dtype=dtype,
                                                 trust_remote_code=args.trust_remote_code, **place)
         except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
