@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Everything in this project that needs a CUDA GPU, in one run of about 5 minutes at most, printing every figure:
+# Everything in this project that needs a CUDA GPU, in one run of about 8 minutes at most, printing every figure:
 #   1. kernels  the Triton gated-SDPA tests on CUDA (one launch config each, as tests/conftest.py pins it),
 #               the model-level "gated_triton" tests and the default-implementation tests
 #   2. fla      fla's CUDA kernels against our torch gated delta rule (tests/test_gated_delta_rule.py -k cuda)
+#   2b. fla-paths  fla's CUDA kernels of every linear-attention family against the torch paths that
+#               fla_torch_paths() runs on CPUs, op by op, and each fla model family as a hybrid on the GPU
+#               against the same model on the CPU, with the torch attention's weights read on the GPU
+#               (tests/test_fla_ops.py, tests/test_fla_torch_paths.py -k cuda; fla's kernels autotune, so -v
+#               shows how far a run got if the time limit stops it)
 #   3. sdpa     benchmarks/gated_sdpa.py: fused against the default SDPA dispatch, each SDPA backend and
 #               flash-attn (where installed), forward, forward+backward and decode (this part autotunes)
 #   4. models   benchmarks/gpu_models.py: training step, agreement, generate and MoE (4a); the hybrid against
 #               transformers' Qwen3.5 and torch.compile(fullgraph=True) (4b)
-# Each part runs under its own `timeout` (seconds below; 300 in all), so a hang costs one part, not the run.
+# Each part runs under its own `timeout` (seconds below; 480 in all), so a hang costs one part, not the run.
 #
 # Run from the repository root: bash benchmarks/gpu_checks.sh
 # No install is needed: the repository goes on PYTHONPATH. Wheels found in $GPU_WHEELS (default .whl/) are
@@ -23,7 +28,7 @@
 set -u
 cd "$(dirname "$0")/.."
 
-TIMEOUT_KERNELS=60 TIMEOUT_FLA=50 TIMEOUT_SDPA=80 TIMEOUT_MODELS=60 TIMEOUT_MODELS_B=50
+TIMEOUT_KERNELS=60 TIMEOUT_FLA=50 TIMEOUT_FLA_PATHS=180 TIMEOUT_SDPA=80 TIMEOUT_MODELS=60 TIMEOUT_MODELS_B=50
 OUT_DIR="${OUT:-}"
 export PYTHONUNBUFFERED=1
 PYTHON="${PYTHON:-python3}"
@@ -74,6 +79,8 @@ EOF
     part kernels "$TIMEOUT_KERNELS" "$PYTHON" -m pytest -q -rA -p no:cacheprovider \
         tests/test_gated_sdpa_triton.py tests/test_gated_sdpa.py
     part fla "$TIMEOUT_FLA" "$PYTHON" -m pytest -q -rA -p no:cacheprovider tests/test_gated_delta_rule.py -k cuda
+    part fla-paths "$TIMEOUT_FLA_PATHS" "$PYTHON" -m pytest -v -rA -p no:cacheprovider \
+        tests/test_fla_ops.py tests/test_fla_torch_paths.py -k cuda
     part sdpa "$TIMEOUT_SDPA" "$PYTHON" benchmarks/gated_sdpa.py --seqlens 1024 4096 8192 16384 \
         --decode-cache 4096 65536 ${OUT_DIR:+--csv "$OUT_DIR/gated_sdpa.csv"}
     part models "$TIMEOUT_MODELS" "$PYTHON" benchmarks/gpu_models.py --parts train agree generate moe

@@ -29,6 +29,6 @@ PY
 "$venv/bin/python" -c 'import transformers as t; assert t.__version__ == "5.17.0", t.__version__; print("floor: transformers", t.__version__)'
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" \
     tests/test_compat.py tests/test_dense.py tests/test_moe.py tests/test_hybrid.py tests/test_families.py \
-    tests/test_convert.py tests/test_convert_export.py tests/test_convert_rope.py tests/test_convert_errors.py tests/test_convert_source_config.py \
-    tests/test_analysis_capture.py tests/test_serving.py tests/test_tensor_parallel.py tests/test_readme_code.py \
+    tests/test_convert.py tests/test_convert_export.py tests/test_convert_rope.py tests/test_convert_errors.py tests/test_convert_source_config.py tests/test_convert_memory.py \
+    tests/test_analysis_capture.py tests/test_analyze_architectures.py tests/test_serving.py tests/test_tensor_parallel.py tests/test_readme_code.py \
     tests/test_loading.py

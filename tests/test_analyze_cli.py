@@ -109,3 +109,186 @@ def test_a_failed_analysis_leaves_no_empty_out_folder(tmp_path, capsys):
     assert main(["analyze", str(folder), "--out", str(out), "--n-per-domain", "1"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "gated-attention analyze: error: no input has at least two tokens"
     assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------- several models, datasets, the output folder
+
+
+def _analyze_main(*argv: str) -> int:
+    return main(["analyze", *argv, "--max-length", "12", "--bootstrap", "10"])
+
+
+def test_several_models_side_by_side(model_dir, tmp_path):
+    other = tmp_path / "gated"
+    config = ga.GatedDeltaNetHybridConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 3},
+                                          layer_types=["linear_attention", "linear_attention", "full_attention"])
+    ga.GatedDeltaNetHybridForCausalLM(config).save_pretrained(other)
+    tiny_tokenizer().save_pretrained(other)
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), str(other), "--out", str(out), "--n-per-domain", "1") == 0
+    for name, layers in (("tiny", 2), ("gated", 3)):
+        assert (out / name / "summary.md").is_file() and (out / name / "arrays.npz").is_file()
+    with open(out / "comparison.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["folder"], int(r["layer"])) for r in rows] == [("tiny", l) for l in range(3)] + [("gated", l) for l in range(4)]
+    assert [r["is_attention"] for r in rows if r["folder"] == "gated"] == ["False", "False", "False", "True"]
+    # The CSV is what each model's own arrays say: the consensus sink's max activation, averaged over inputs.
+    import numpy as np
+
+    m_sink = np.load(out / "gated" / "arrays.npz")["m_sink"].mean(axis=0)
+    assert [float(r["m_sink"]) for r in rows if r["folder"] == "gated"] == pytest.approx(m_sink.tolist(), rel=1e-12)
+    assert (out / "comparison.png").stat().st_size > 0
+    assert "[gated](gated/summary.md)" in (out / "summary.md").read_text()
+
+
+def _jsonl(path: Path, docs: list[dict]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return path
+
+
+def test_dataset_inputs_stratified_by_a_domain_column(model_dir, tmp_path):
+    import numpy as np
+
+    docs = [{"body": f"text number {i} " * 5, "lang": ["en", "fr", "de"][i % 3]} for i in range(12)]
+    docs.insert(2, {"body": "", "lang": "en"})  # no text: skipped, not counted
+    data = _jsonl(tmp_path / "data.jsonl", docs)
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(out), "--dataset", str(data), "--text-field", "body",
+                         "--domain-field", "lang", "--n-per-domain", "2") == 0  # fmt: skip
+    arrays = np.load(out / "arrays.npz")
+    assert arrays["domain"].tolist() == ["en", "fr", "de", "en", "fr", "de"]
+    assert arrays["source"].tolist()[:3] == [f"{data}:0", f"{data}:1", f"{data}:3"]
+
+
+def test_several_datasets_each_a_domain_with_its_own_text_field(model_dir, tmp_path):
+    import numpy as np
+
+    a = _jsonl(tmp_path / "a.jsonl", [{"text": f"alpha {i} " * 4} for i in range(5)])
+    b = _jsonl(tmp_path / "b.jsonl", [{"question": f"what is {i} plus {i}?"} for i in range(5)])
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(out), "--dataset", str(a), "--dataset", str(b),
+                         "--text-field", "text", "--text-field", "question", "--n-per-domain", "3") == 0  # fmt: skip
+    assert np.load(out / "arrays.npz")["domain"].tolist() == [str(a)] * 3 + [str(b)] * 3
+
+
+@pytest.mark.parametrize(
+    "content, flags, message",
+    [
+        ("", [], "is empty"),
+        ("this is not json\n", [], "cannot be read"),
+        ('{"text": "a whole line"}\n{"text": "cut', [], "cannot be read"),
+        ('{"body": "some text"}\n', [], "--text-field 'text': "),
+        ('{"text": "some text"}\n', ["--domain-field", "lang"], "--domain-field 'lang': "),
+    ],
+    ids=["empty", "not-json", "truncated-json", "wrong-text-field", "wrong-domain-field"],
+)
+def test_a_dataset_that_cannot_be_read_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, content, flags, message):
+    data = tmp_path / "data.jsonl"
+    data.write_text(content)
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--dataset", str(data), *flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gated-attention analyze: error: ") and message in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_text_field_without_a_dataset_is_refused(model_dir, tmp_path, capsys):
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--text-field", "body") == 2
+    assert "--text-field is for --dataset" in capsys.readouterr().err
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_rerun_replaces_an_earlier_analysis_whole(model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "2", "--intervene", "deletion") == 0
+    assert (out / "intervention.csv").is_file()
+    assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "1") == 0
+    assert not (out / "intervention.csv").exists()  # nothing of the earlier run is left beside the new files
+    assert _n_tokens(out) == [12] * 3
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left beside it
+
+
+def test_an_interrupted_rerun_leaves_the_earlier_analysis_as_it_was(model_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "2") == 0
+    before = _files(out)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # After every table of the new run is written, before its plots and summary.
+    monkeypatch.setattr("gated_attention.analysis.plots.plot_all", interrupted)
+    assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "1") == 130
+    assert _files(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_second_run_into_the_same_out_is_refused(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running = tmp_path / f".out.incomplete-{sleeper.pid}"  # what a run writing `out` right now has beside it
+        running.mkdir()
+        capsys.readouterr()
+        assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "1") == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"gated-attention analyze: error: --out {out} is being written by another run "
+                       f"(process {sleeper.pid}, {running.name}); wait for it or give another --out")  # fmt: skip
+        assert not out.exists() and running.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# ---------------------------------------------------------------- within a memory budget
+
+
+def _arrays(folder: Path) -> dict:
+    import numpy as np
+
+    with np.load(folder / "arrays.npz") as arrays:
+        return {key: arrays[key] for key in arrays.files}
+
+
+def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys):
+    """A budget smaller than the model: accelerate keeps what fits in memory and reads the other layers from the
+    checkpoint's files as they run. Same inputs, same arithmetic on the same device: the same arrays, exactly."""
+    import numpy as np
+
+    from gated_attention.hub.memory_budget import largest_layer
+
+    folder = tmp_path / "model"
+    config = ga.GatedDeltaNetHybridConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4},
+                                          layer_types=["linear_attention", "full_attention"] * 2)
+    model = ga.GatedDeltaNetHybridForCausalLM(config)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget = largest_layer(model)[1] + 1000
+    assert budget < total / 2  # most of the model is read from disk
+    argv = ["--n-per-domain", "1", "--intervene", "connection"]
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "whole"), *argv) == 0
+    capsys.readouterr()
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "budget"), "--max-memory", str(budget), *argv) == 0
+    assert "of weights read from the checkpoint as it runs" in capsys.readouterr().out
+    whole, budgeted = _arrays(tmp_path / "whole"), _arrays(tmp_path / "budget")
+    assert whole.keys() == budgeted.keys()
+    for key in whole:
+        np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
+    with open(tmp_path / "whole" / "intervention.csv") as a, open(tmp_path / "budget" / "intervention.csv") as b:
+        assert a.read() == b.read()
+    assert [p.name for p in (tmp_path / "budget").iterdir() if p.name.startswith(".")] == []  # no offload folder left
+
+
+def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--max-memory", "1KB") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"gated-attention analyze: error: MODEL {model_dir}: --max-memory 1.00 KB is too small for one layer: ")
+    assert err.endswith("give a larger --max-memory or free some memory; nothing was written")
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []

@@ -59,6 +59,21 @@ def test_gpu_models_smoke_compile_and_hybrid(capsys):
     assert "no graph break" in capsys.readouterr().out
 
 
+def test_fla_cpu_benchmark_smoke(capsys):
+    """benchmarks/fla_cpu.py at tiny shapes: every mixer against its peers (the outputs agree), and the hybrid's
+    decode against transformers' Qwen3.5 with the exported weights (the same logits)."""
+    argv = ["--smoke", "--repeats", "1", "--length", "64", "--prompt", "6", "--decode-steps", "2", "--threads", "1"]
+    assert load("fla_cpu").main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if "naive recurrent" in line and not line.startswith("targets")]
+    assert {row[0] for row in rows} == {"gla", "retnet", "hgrn", "hgrn2", "delta_net", "gated_deltanet", "kda"}, out
+    assert all(float(row[-1]) < 1e-4 for row in rows), out  # max|diff| against fla's naive references
+    assert "capture overhead" in out  # analyze against a plain forward of fla's hybrid
+    assert "transformers (Qwen3.5)" in out and "transformers (Kimi Linear)" in out
+    decode = [line for line in out.splitlines() if "last logits max|diff|" in line]
+    assert len(decode) == 2 and all(float(line.rsplit(" ", 1)[-1].rstrip(")")) < 1e-5 for line in decode), out
+
+
 def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsys):
     """benchmarks/sink_search.py parses quickstart's flags plus its own, and trains only the ungated model."""
     argv = ["--smoke", "--ungated-only", "--weight-decay", "0.5", "--threads", "1", "--no-progress",
@@ -73,6 +88,8 @@ def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsy
 OUT_OF_RANGE = {
     "analysis_overhead": ["--repeats", "0"],
     "convert": ["--repeats", "0"],
+    "convert_memory": ["--budgets", "1GB", "0GB"],
+    "fla_cpu": ["--repeats", "0"],
     "gate_overhead": ["--layers", "0"],
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],

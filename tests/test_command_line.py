@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from gated_attention.hub.command_line import bounded, first_line
+from gated_attention.hub.command_line import bounded, first_line, format_size, memory_size, parse_size, physical_memory
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,34 @@ def test_bounded_accepts(parse, text, value):
 def test_bounded_refuses_naming_the_range(parse, text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message.replace("(", r"\(")):
         parse(text)
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("4GB", 4 * 10**9), ("512MiB", 512 * 2**20), ("1.5gb", 1_500_000_000), ("1000", 1000), ("2 KiB", 2048),
+     ("7B", 7), (".5TB", 5 * 10**11)],
+)
+def test_parse_size_reads_decimal_and_binary_units(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "4XB", "-1GB", "4 G B", "1e9", "nan"])
+def test_parse_size_refuses_what_is_no_size(text):
+    with pytest.raises(ValueError, match="expected a size such as 4GB or 512MiB"):
+        parse_size(text)
+
+
+def test_memory_size_is_above_zero_and_at_most_the_machines_memory():
+    assert memory_size("1MiB") == 2**20
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a size above zero, got '0GB'"):
+        memory_size("0GB")
+    ram = physical_memory()
+    assert ram is not None and ram > 2**30  # Linux says
+    with pytest.raises(argparse.ArgumentTypeError, match="more than this machine's memory"):
+        memory_size(str(ram + 1))
+    assert memory_size(str(ram)) == ram
+
+
+@pytest.mark.parametrize("size, text", [(999, "999 B"), (1000, "1.00 KB"), (1_500_000_000, "1.50 GB"), (2 * 10**12, "2.00 TB")])
+def test_format_size(size, text):
+    assert format_size(size) == text

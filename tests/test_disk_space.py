@@ -14,7 +14,8 @@ import pytest
 
 from convert_helpers import make_source, staging_leftovers
 from gated_attention.cli import main
-from gated_attention.convert import folders, writer
+from gated_attention.convert import writer
+from gated_attention.hub import staging
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def _one_line(capsys) -> str:
 
 def test_a_dst_that_does_not_fit_is_refused_before_writing(llama, tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(folders.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    monkeypatch.setattr(staging.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     dst = tmp_path / "out"
     assert main(["convert", str(llama), str(dst), "--no-verify"]) == 2
     line = _one_line(capsys)
@@ -75,10 +76,10 @@ def test_the_staging_name_fits_beside_any_valid_dst_name(llama, tmp_path, capsys
     assert main(["convert", str(llama), str(dst), "--no-verify"]) == 0
     assert (dst / "config.json").is_file() and staging_leftovers(dst) == []
     # a second run finds a killed run's staging folder by the same (shortened) name, and names it
-    stage = folders.staging_path(dst, "incomplete", pid=2**22 + 1)
+    stage = staging.staging_path(dst, "incomplete", pid=2**22 + 1)
     assert len(os.fsencode(stage.name)) <= 255
     stage.mkdir()
-    dead, running = folders.staging_leftovers(dst)
+    dead, running = staging.staging_leftovers(dst)
     assert dead == [stage] and running == []
     capsys.readouterr()
     assert main(["convert", str(llama), str(dst), "--no-verify", "--overwrite"]) == 0
@@ -88,5 +89,5 @@ def test_the_staging_name_fits_beside_any_valid_dst_name(llama, tmp_path, capsys
 def test_a_shortened_staging_name_is_its_dst_s_alone():
     """Two long DST names with the same first 240 characters get different staging names."""
     a, b = Path("/x") / ("y" * 240 + "a" * 10), Path("/x") / ("y" * 240 + "b" * 10)
-    assert folders.staging_prefix(a, "incomplete") != folders.staging_prefix(b, "incomplete")
-    assert folders.staging_prefix(Path("/x/out"), "incomplete") == ".out.incomplete-"
+    assert staging.staging_prefix(a, "incomplete") != staging.staging_prefix(b, "incomplete")
+    assert staging.staging_prefix(Path("/x/out"), "incomplete") == ".out.incomplete-"

@@ -5,8 +5,8 @@ read straight from fla's source file: importing the `fla` package itself costs
 seconds of CPU and is not needed for a plain-torch function.
 
 Tolerance 1e-5 (absolute, fp32, outputs of magnitude ~1): both compute in fp32,
-but the chunked form sums in a different order (per-chunk matmuls, a blocked
-triangular inverse) from the recurrent loop, so results agree to rounding, a
+but the chunked form sums in a different order (per-chunk matmuls, a triangular
+solve) from the recurrent loop, so results agree to rounding, a
 few 1e-7 per step, not bit for bit.
 """
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from gated_attention.kernels import gated_delta_rule
-from gated_attention.kernels.gated_delta_rule import unit_lower_inverse
+from gated_attention.kernels.gated_delta_rule import chunked_gated_delta_rule, torch_gated_delta_rule, unit_lower_inverse
 
 ATOL = 1e-5
 
@@ -72,6 +72,21 @@ def test_matches_fla_naive_recurrent(T, with_state):
     assert o.shape == ref_o.shape == (2, T, 2, 24)
     torch.testing.assert_close(o, ref_o, atol=ATOL, rtol=0)
     torch.testing.assert_close(final, ref_final, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("HV", [2, 4], ids=["value-heads-2", "grouped-value-heads-4"])
+@pytest.mark.parametrize("l2", [False, True], ids=["unnormalised", "l2-in-kernel"])
+def test_a_decode_step_is_the_chunk_path_bit_for_bit(HV, l2):
+    """T = 1 takes a recurrent step: the chunk path's three matmuls without its set-up, so the same numbers."""
+    q, k, v, g, beta = make_inputs(T=1, HV=HV)
+    h0 = torch.randn(2, HV, 16, 24)
+    step = torch_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    chunk = chunked_gated_delta_rule(q, k, v, g, beta, 16**-0.5, h0, True, l2, 64)
+    assert torch.equal(step[0], chunk[0]) and torch.equal(step[1], chunk[1])
+    # and both are the naive recurrence's step, to rounding
+    ref = reference(*(torch.nn.functional.normalize(x, dim=-1, eps=1e-6) if l2 and i < 2 else x
+                      for i, x in enumerate((q, k, v, g, beta))), initial_state=h0)
+    torch.testing.assert_close(step[0], ref[0], atol=ATOL, rtol=0)
 
 
 def test_final_state_only_when_asked():

@@ -384,6 +384,27 @@ def test_auto_classes_load_the_hybrid(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+
+@pytest.mark.parametrize(
+    "layer_types",
+    [None, ["linear_attention", "sliding_attention"] * 2],
+    ids=["hybrid", "no-full-attention"],
+)
+def test_every_weight_offloaded_to_disk_gives_the_same_logits(tmp_path, layer_types):
+    """accelerate's big-model inference (how the converters verify, and analyze runs, a model larger than
+    memory) leaves an offloaded weight on the meta device until its own module runs: the hybrid must never
+    read a weight of a module it does not call (the convolutions), nor take a device from a weight (the
+    positions of a model without full attention). A budget of one byte puts every weight on disk."""
+    model = tiny_model(**({"layer_types": layer_types, "hybrid_ratio": None, "sliding_window": 3} if layer_types else {}))
+    model.save_pretrained(tmp_path / "model")
+    ids = torch.randint(0, TINY["vocab_size"], (2, 7))
+    offloaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "model", device_map="auto", max_memory={"cpu": 1}, offload_folder=tmp_path / "offload"
+    ).eval()
+    assert set(offloaded.hf_device_map.values()) == {"disk"}
+    with torch.no_grad():
+        assert torch.equal(offloaded(ids).logits, model(ids).logits)
+
 # --- presets ------------------------------------------------------------------------------------
 
 STATED_SIZES = {"340m": 340e6, "1.3b": 1.3e9}

@@ -1,18 +1,26 @@
 """Attention-sink, massive-activation, gate and spike/plateau analysis of causal LMs.
 
+- `layout`: `model_layout`, the decoder layers, softmax-attention modules and
+  gates of a model, read from its `_can_record_outputs` declaration (and, in one
+  place, records of what declarations do not say).
 - `capture`: `Capture`, hooks that record the residual states X[0..L] (before
-  the final norm), eager attention maps and gate scores per forward, always
-  removed on exit; `model_layout` finds the attention layers and gates of our
-  models and of transformers' own.
+  the final norm), eager attention maps and gate scores per forward (or reduce
+  them as they are produced), always removed on exit; each attention call is
+  attributed to the decoder layer that made it.
 - `metrics`: the definitions of docs/architecture.md ("Metric definitions") on
   plain arrays.
 - `interventions`: `intervene`, deletion and connection on the first token,
   with the identity check.
 - `samples`: the built-in inputs (prose, code and math-like text that ships
-  with Python) and `--text-file` reading.
+  with Python), `--text-file` reading and `--dataset` inputs per domain.
 - `plots`: PNGs drawn from the written `arrays.npz`, never from live tensors.
 - `analyze`: `run_analysis`, everything to `.npz`, `.csv`, `.png` and
   `summary.md`.
+- `compare`: several models' analyses side by side (`comparison.csv`,
+  `comparison.png`), drawn from their written arrays.
+- `loading`: how `analyze` loads a MODEL: transformers' own class for its
+  model types, fla's models inside `fla_torch_paths`, accelerate's placement
+  within the memory budget.
 - `cli`: the `gated-attention analyze MODEL --out DIR` parser (no torch) and
   its run.
 
@@ -31,7 +39,7 @@ _EXPORTS = {
     "run_analysis": ".analyze",
     "Capture": ".capture",
     "Record": ".capture",
-    "model_layout": ".capture",
+    "model_layout": ".layout",
     "InterventionResult": ".interventions",
     "apply_edits": ".interventions",
     "intervene": ".interventions",

@@ -16,6 +16,7 @@ Two anchors: `first_token` (token 0, the massive-activations paper's figures) an
 from __future__ import annotations
 
 import csv
+import inspect
 import math
 import warnings
 from collections.abc import Sequence
@@ -30,69 +31,61 @@ from tqdm.auto import tqdm
 
 from .. import GatedAttentionWarning
 from . import metrics as M
-from .capture import Capture, ModelLayout, Record
+from .capture import Capture, Record, input_device
+from .layout import ModelLayout, model_layout
 from .interventions import intervene
 from .samples import Sample
 
 ANCHORS = ("consensus_sink", "first_token")
-GATE_BINS = np.linspace(0.0, 1.0, 51)
+# Metrics read from attention maps or anchored at the consensus sink: left out for a model without softmax attention.
+SINK_METRICS = ("f_attn", "sink_spike_alignment", "peak_excess", "inter_spike_retention", "inter_spike_activation",
+                "random_layer_baseline")
 
 
 @dataclass
 class InputResult:
     sample: Sample
     n_tokens: int
-    consensus_sink: int  # -1 when the model gave no attention maps
+    consensus_sink: int  # -1 when the model has no softmax attention
     m_first: np.ndarray  # [L+1]
-    m_sink: np.ndarray  # [L+1]
+    m_sink: np.ndarray  # [L+1], NaN when there is no consensus sink
     m_act_layers: np.ndarray  # [L+1]
     first_token_attention: np.ndarray  # [n_attn, H]
     gate: dict[str, float]  # "mean", "frac_below_0.1", "frac_below_0.5" over this input's scores (NaN: no gates)
 
 
 class GateAccumulator:
-    """Per-layer, per-head gate sums and a histogram, accumulated over inputs."""
+    """Per-layer `metrics.gate_summary` sums, accumulated over inputs."""
 
     def __init__(self):
         self.layers: dict[int, dict[str, np.ndarray]] = {}
 
-    @staticmethod
-    def per_head(scores: torch.Tensor) -> np.ndarray:
-        """`[B, T, H, W]` (or `[B, T, D]` for a dense gate: one "head") -> `[B*T, H, W]` float64."""
-        s = scores.float()
-        if s.dim() == 3:
-            s = s.unsqueeze(-2)
-        return s.reshape(-1, s.shape[-2], s.shape[-1]).cpu().double().numpy()
+    def add(self, f: int, summary: dict[str, np.ndarray]) -> None:
+        acc = self.layers.setdefault(f, {key: np.zeros_like(value) for key, value in summary.items()})
+        for key, value in summary.items():
+            acc[key] += value
 
-    def add(self, f: int, scores: torch.Tensor) -> tuple[dict[str, float], int]:
-        """Accumulate one layer's scores; return their `gate_statistics` and count."""
-        s = self.per_head(scores)
-        n = s.shape[0] * s.shape[2]  # scores per head
-        stats = M.gate_statistics_per_head(s)
-        acc = self.layers.setdefault(f, {"n": np.zeros(s.shape[1]), "hist": np.zeros(len(GATE_BINS) - 1)})
-        for key, value in stats.items():
-            acc[key] = acc.get(key, 0.0) + value * n  # weighted sums; divided by n in `table`
-        acc["n"] += n
-        # Clipping keeps additive (SiLU) gates in the edge bins instead of dropping them.
-        acc["hist"] += np.histogram(np.clip(s, 0.0, 1.0), bins=GATE_BINS)[0]
-        return M.gate_statistics(s), s.size
+    def per_head(self, f: int) -> dict[str, np.ndarray]:
+        """Layer f's `mean` and `frac_below_<t>` per head, `[H]` each."""
+        acc = self.layers[f]
+        return {"mean": acc["sum"] / acc["n"], **{f"frac_below_{t:g}": acc[f"below_{t:g}"] / acc["n"] for t in M.GATE_THRESHOLDS}}
 
     def table(self) -> list[dict]:
         rows = []
-        for f, acc in sorted(self.layers.items()):
-            for h in range(len(acc["n"])):
-                row = {"layer": f, "head": h, "n_scores": int(acc["n"][h])}
-                for key in ("mean", *(f"frac_below_{t:g}" for t in M.GATE_THRESHOLDS)):
-                    row[key] = acc[key][h] / acc["n"][h]
-                rows.append(row)
+        for f in sorted(self.layers):
+            stats, n = self.per_head(f), self.layers[f]["n"]
+            for h in range(len(n)):
+                rows.append({"layer": f, "head": h, "n_scores": int(n[h]), **{key: value[h] for key, value in stats.items()}})
         return rows
 
 
 def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
-    """One input of a Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`)."""
-    token_max = np.stack([x[b].float().abs().amax(-1).cpu().numpy() for x in record.residual])
-    maps = [record.attentions[f][b].float().cpu().numpy() for f in layout.full_attention_layers if f in record.attentions]
-    return token_max, M.consensus_sink(maps), M.first_token_attention(maps)
+    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`)."""
+    token_max = torch.stack([x[b].cpu() for x in record.token_max]).numpy()  # the layers may sit on several devices
+    fa = layout.full_attention_layers
+    sink = M.consensus_sink_of(record.received[f][b].cpu().numpy() for f in fa)
+    first = np.stack([record.first_token_attention[f][b].cpu().numpy() for f in fa]) if fa else np.zeros((0, 0))
+    return token_max, sink, first
 
 
 def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int, context: int | None = None) -> list[tuple[Sample, torch.Tensor]]:
@@ -117,31 +110,32 @@ def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int, context: in
 
 @torch.no_grad()
 def capture_inputs(model: nn.Module, inputs, device) -> tuple[ModelLayout, list[InputResult], GateAccumulator]:
+    """Every input through `model` once, reduced as it is produced: nothing grows with the number of inputs."""
     gates = GateAccumulator()
     results = []
-    with Capture(model, attentions=True, gates=True) as cap:
+    # The capture reads the residual stream, maps and gates, not the logits: the last position's is enough, and
+    # all of them ([T, vocab] in fp32, 0.5 GB at 1,024 tokens of a 128k vocabulary) would outgrow a layer's map.
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with Capture(model, attentions=True, gates=True, reduce=True) as cap:
         for sample, ids in tqdm(inputs, desc="capture", unit="input"):
             cap.clear()
-            model(input_ids=ids.to(device), use_cache=False)
+            model(input_ids=ids.to(device), use_cache=False, **extra)
             record = cap.records[-1]
             token_max, sink, first_attention = reduce_record(record, cap.layout)
-            gate_sums, gate_n = {}, 0
-            for f, scores in record.gates.items():
-                stats, n = gates.add(f, scores)
-                gate_sums = {key: gate_sums.get(key, 0.0) + value * n for key, value in stats.items()}
-                gate_n += n
-            gate = {key: value / gate_n for key, value in gate_sums.items()} if gate_n else M.gate_statistics([])
-            anchor = sink if sink >= 0 else 0  # no attention maps: fall back to the first token
+            total: dict[str, np.ndarray] = {}
+            for f, summary in record.gate_summaries.items():
+                gates.add(f, summary)
+                total = {key: total.get(key, 0.0) + np.sum(value) for key, value in summary.items() if key != "hist"}
             results.append(
                 InputResult(
                     sample=sample,
                     n_tokens=ids.shape[1],
                     consensus_sink=sink,
                     m_first=token_max[:, 0],
-                    m_sink=token_max[:, anchor],
+                    m_sink=token_max[:, sink] if sink >= 0 else np.full(token_max.shape[0], np.nan),
                     m_act_layers=token_max.max(axis=1),
                     first_token_attention=first_attention,
-                    gate=gate,
+                    gate=M.gate_statistics_of(total),
                 )
             )
     return cap.layout, results, gates
@@ -221,6 +215,8 @@ def summary_rows(rows: list[dict], fa: list[int], n_bootstrap: int, seed: int) -
         out.append(ci("inter_spike_activation", anchor, [r[f"a_isp_{anchor}"] for r in rows]))
     baseline = M.random_layer_baseline(fa)
     out.append({"metric": "random_layer_baseline", "anchor": "", "mean": baseline, "ci_low": M.NAN, "ci_high": M.NAN, "n": len(fa)})
+    if not fa:  # no softmax attention: no map to read and no sink to anchor at, so these are not reported at all
+        out = [row for row in out if row["metric"] not in SINK_METRICS]
     return out
 
 
@@ -251,9 +247,8 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
     heads = max((len(gates.layers[f]["n"]) for f in gate_layers), default=0)
     per_head = {key: np.full((len(gate_layers), heads), np.nan) for key in ("mean", "frac_below_0.1", "frac_below_0.5")}
     for i, f in enumerate(gate_layers):
-        acc = gates.layers[f]
-        for key in per_head:
-            per_head[key][i, : len(acc["n"])] = acc[key] / acc["n"]
+        for key, value in gates.per_head(f).items():
+            per_head[key][i, : len(value)] = value
     np.savez(
         out_dir / "arrays.npz",
         full_attention_layers=np.array(layout.full_attention_layers, dtype=np.int64),
@@ -267,12 +262,19 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
         m_act_layers=np.stack([r.m_act_layers for r in results]),
         first_token_attention=_pad_heads([r.first_token_attention for r in results]),
         gate_layers=np.array(gate_layers, dtype=np.int64),
-        gate_hist_edges=GATE_BINS,
-        gate_hist_counts=np.stack([gates.layers[f]["hist"] for f in gate_layers]) if gate_layers else np.zeros((0, len(GATE_BINS) - 1)),
+        gate_hist_edges=M.GATE_BINS,
+        gate_hist_counts=np.stack([gates.layers[f]["hist"] for f in gate_layers]) if gate_layers else np.zeros((0, len(M.GATE_BINS) - 1)),
         gate_mean=per_head["mean"],
         gate_frac_below_01=per_head["frac_below_0.1"],
         gate_frac_below_05=per_head["frac_below_0.5"],
     )
+
+
+def _count_types(types: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for t in types:
+        counts[t] = counts.get(t, 0) + 1
+    return ", ".join(f"{n} {t}" for t, n in counts.items())
 
 
 def _fmt(x) -> str:
@@ -291,9 +293,20 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, 
         "",
         f"- inputs: {len(results)} ({', '.join(f'{d}: {n}' for d, n in domains.items())}), "
         f"{sum(r.n_tokens for r in results)} tokens",
-        f"- decoder layers: {layout.num_layers}; attention layers (1-based): {fa}",
-        f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}",
-        f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
+        f"- decoder layers: {layout.num_layers} ({_count_types(layout.layer_types)}); "
+        f"softmax-attention layers (1-based): {fa or 'none'}",
+    ]
+    if not fa:
+        lines.append(
+            "- the model has no softmax attention: the sink metrics (F-Attn, consensus sink, sink-spike alignment, "
+            "peak excess, ISR, A_ISP) are left out; M-Act and the residual trajectory are reported"
+        )
+    else:
+        lines += [
+            f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}",
+            f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
+        ]
+    lines += [
         "",
         "## Metrics (mean and 95% bootstrap CI over inputs)",
         "",
@@ -303,7 +316,7 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, 
     for row in metric_rows:
         interval = "" if math.isnan(row["ci_low"]) else f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
         lines.append(f"| {row['metric']} | {row['anchor']} | {_fmt(row['mean'])} | {interval} | {row['n']} |")
-    if len(fa) < 2:
+    if len(fa) == 1:
         lines += ["", "Inter-spike retention/activation are undefined: they need at least two attention layers."]
     elif all(f_next == f + 1 for f, f_next in zip(fa[:-1], fa[1:])):
         lines += ["", "Inter-spike retention/activation are undefined: no linear-attention layer lies between attention layers."]
@@ -343,11 +356,13 @@ def run_analysis(
     from .plots import plot_all
 
     out_dir = Path(out_dir)
-    device = next(model.parameters()).device
+    device = input_device(model)
     context = getattr(model.config, "max_position_embeddings", None)
     inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) else None)
     if not inputs:
         raise ValueError("no input has at least two tokens")
+    if intervention and not model_layout(model).full_attention_layers:
+        raise ValueError(f"--intervene acts at the inputs of attention layers, and {type(model).__name__} has no softmax attention")
 
     layout, results, gates = capture_inputs(model, inputs, device)
     fa = layout.full_attention_layers
@@ -360,6 +375,8 @@ def run_analysis(
     input_columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act"]
     input_columns += [f"gate_{key}" for key in M.gate_statistics([])]
     input_columns += [f"{m}_{a}" for a in ANCHORS for m in ("alignment", "isr", "a_isp")]
+    if not fa:  # no softmax attention: only what the residual stream defines
+        input_columns = ["input", "domain", "source", "n_tokens", "m_act"]
     _write_csv(
         out_dir / "inputs.csv",
         [
@@ -380,7 +397,7 @@ def run_analysis(
     _write_csv(out_dir / "metrics.csv", metric_rows, ["metric", "anchor", "mean", "ci_low", "ci_high", "n"])
 
     first_attention = _pad_heads([r.first_token_attention for r in results])
-    gate_means = {f: float(np.mean(gates.layers[f]["mean"] / gates.layers[f]["n"])) for f in gates.layers}
+    gate_means = {f: float(np.mean(gates.per_head(f)["mean"])) for f in gates.layers}
     layer_rows = []
     for l in range(layout.num_layers + 1):
         row = {
@@ -389,7 +406,7 @@ def run_analysis(
             "is_attention": l in fa,
             "m_act": float(np.mean([r.m_act_layers[l] for r in results])),
             "m_first": float(np.mean([r.m_first[l] for r in results])),
-            "m_sink": float(np.mean([r.m_sink[l] for r in results])),
+            "m_sink": float(np.mean([r.m_sink[l] for r in results])) if fa else "",
             "gate_mean": gate_means.get(l, ""),
         }
         if l in fa and first_attention.size:

@@ -3,23 +3,30 @@
 Index convention (docs/architecture.md, "Metric definitions"): residual position l = 0..L. `X[0]` is the input
 of decoder layer 1 (the embedding output), `X[l]` the output of decoder layer
 l (1-based; HF `layer_idx = l - 1`). `X[L]` is taken *before* the final norm,
-whereas transformers' `hidden_states[-1]` is after it. Full-attention layers
-are 1-based too.
+whereas transformers' `hidden_states[-1]` is after it. Attention layers are 1-based too.
 
-Which layers are attention layers: `config.layer_types` when present
-("full_attention" and "sliding_attention" count, "linear_attention" does not),
-fla's `config.attn["layers"]` (0-based) for fla hybrids, else every layer.
+Which modules are decoder layers, attention and gates: `layout.model_layout`, from the model's own
+`_can_record_outputs` declaration. Every call of an attention module is attributed to the decoder
+layer running at that moment, so a module shared by several layers (Zamba's attention block)
+records once per calling layer.
 
 Attention maps come from the model's own eager attention path: while a
 `Capture` with `attentions=True` is open, the model runs with
 `attn_implementation="eager"` (restored on exit) and the hook keeps the
-weights each attention module returns. Recomputing them from captured q/k
-instead would need every family's RoPE, q/k-norm and GQA details; the eager
-path is the model's own arithmetic, for every family at once. fla's attention
-layers (flash-attn only) return no weights: their maps are missing, with a
-warning.
+weights each attention module returns, as transformers' `output_attentions`
+does. Recomputing them from captured q/k instead would need every family's
+RoPE, q/k-norm and GQA details; the eager path is the model's own arithmetic,
+for every family at once. An attention layer that returns no weights, or does
+not run, is a `CaptureError` naming the model class and the layer: never a
+missing map that later metrics would silently skip.
 
-transformers' Qwen3-Next / Qwen3.5 / OLMo-hybrid call fla's gated-delta-rule
+`reduce=True` keeps, per forward, only what the analysis tables need, reduced
+inside the hooks as each layer runs: the largest |X[l]| of every token, each
+attention layer's first-token attention per head and the attention each token
+receives from later queries, and the gate scores' sums and histogram. Memory
+then grows with one layer's attention map, not with the number of layers.
+
+transformers' Qwen3-Next / Qwen3.5 / OLMo-hybrid / Kimi Linear call fla's
 kernels whenever fla imports, which fails on CPU tensors. On CPU,
 `torch_linear_attention` points those layers at transformers' own torch
 implementation for as long as it is open (a module-level patch, restored on
@@ -34,124 +41,59 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from transformers.utils import logging
 
+from ..kernels import fla_torch_paths
+from . import metrics as M
+from .layout import GateSite, model_layout
+
 logger = logging.get_logger(__name__)
 
-ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
-_ATTENTION_CHILD_NAMES = ("self_attn", "attn", "attention", "self_attention")
-# transformers' torch fallbacks of the gated delta rule (module-level since 5.x) and the
-# per-layer attributes older releases stored the chosen kernel in.
-_TORCH_DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+# transformers' torch implementations that sit behind wrappers dispatching to fla whenever fla imports
+# (module-level functions since 5.x), and the per-layer attributes older releases stored the chosen kernel in.
+FLA_WRAPPED_TORCH_FUNCTIONS = (
+    "torch_chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule",
+    "chunk_kimi_delta_attention",
+    "recurrent_kimi_delta_attention",
+)
 _LAYER_DELTA_RULE_ATTRS = {
     "chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
     "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
 }
 
 
-# ---------------------------------------------------------------- model layout
-
-
-@dataclass
-class GateSite:
-    """Where a layer's attention gate scores come from.
-
-    kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the
-    gate's logits flat and whose `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5 output
-    gate, the second half of each head's q_proj output, `sigmoid`-ed.
-    """
-
-    kind: str
-    module: nn.Module
-    num_heads: int = 0
-    head_dim: int = 0
-
-
-@dataclass
-class ModelLayout:
-    layers: nn.ModuleList
-    layer_types: list[str]
-    full_attention_layers: list[int]  # 1-based
-    attention_modules: dict[int, nn.Module]  # 1-based attention layer -> its attention module
-    gates: dict[int, GateSite]  # 1-based attention layer -> gate site
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-
-def _text_config(model: nn.Module):
-    config = model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList:
-    """The ModuleList of decoder layers: named `layers` (else `h`/`blocks`), of the config's length, shallowest."""
-    candidates = [
-        (name.rsplit(".", 1)[-1] != "layers", name.count("."), name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")
-        and (num_layers is None or len(module) == num_layers)
-    ]
-    if not candidates:
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (no ModuleList named 'layers')")
-    return min(candidates, key=lambda c: c[:3])[3]
-
-
-def layer_types_of(config, num_layers: int) -> list[str]:
-    """Each decoder layer's type, `"full_attention"` or another, from `config.layer_types` or fla's `config.attn`."""
-    types = getattr(config, "layer_types", None)
-    if types:
-        return list(types)
-    attn = getattr(config, "attn", "absent")
-    if attn is None or isinstance(attn, dict):
-        # fla hybrids: config.attn = {"layers": [0-based indices], ...}, None for a pure linear model.
-        attention = set((attn or {}).get("layers", []))
-        return ["full_attention" if i in attention else "linear_attention" for i in range(num_layers)]
-    return ["full_attention"] * num_layers
-
-
-def _gate_site(config, attention: nn.Module) -> GateSite | None:
-    gate = getattr(attention, "attn_gate", None)
-    if isinstance(gate, nn.Module):
-        return GateSite("attn_gate", gate)
-    q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
-    num_heads = getattr(config, "num_attention_heads", None)
-    if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
-        return GateSite("q_proj", q_proj, num_heads, head_dim)
-    return None
-
-
-def model_layout(model: nn.Module) -> ModelLayout:
-    """Decoder layers, attention layers (1-based), their attention modules and gate sites."""
-    config = _text_config(model)
-    num_layers = getattr(config, "num_hidden_layers", None)
-    layers = _decoder_layers(model, num_layers)
-    types = layer_types_of(config, len(layers))
-    if len(types) != len(layers):
-        raise ValueError(f"config.layer_types has {len(types)} entries for {len(layers)} layers")
-    full = [i + 1 for i, t in enumerate(types) if t in ATTENTION_LAYER_TYPES]
-    attention_modules, gates = {}, {}
-    for f in full:
-        layer = layers[f - 1]
-        attention = next((getattr(layer, n) for n in _ATTENTION_CHILD_NAMES if isinstance(getattr(layer, n, None), nn.Module)), None)
-        if attention is None:
-            continue
-        attention_modules[f] = attention
-        if (site := _gate_site(config, attention)) is not None:
-            gates[f] = site
-    return ModelLayout(layers, types, full, attention_modules, gates)
+class CaptureError(ValueError):
+    """What a model gave cannot be captured as asked; the message is one line for the user."""
 
 
 # ---------------------------------------------------------------- small context managers
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+def execution_devices(model: nn.Module) -> set[torch.device]:
+    """The devices `model`'s modules compute on. Under accelerate's big-model dispatch a module's weights
+    may wait on the meta device (offloaded to CPU memory or disk) and its hook names where it runs."""
+    devices = set()
+    for module in model.modules():
+        hook = getattr(module, "_hf_hook", None)
+        device = getattr(hook, "execution_device", None)
+        if device is not None:
+            devices.add(torch.device(device if not isinstance(device, int) else f"cuda:{device}"))
+        devices.update(p.device for p in module.parameters(recurse=False) if p.device.type != "meta")
+    return devices or {torch.device("cpu")}
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where `model` takes its input ids: the execution device of its input embeddings."""
+    embedding = model.get_input_embeddings()
+    hook = getattr(embedding, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return embedding.weight.device
 
 
 @contextlib.contextmanager
@@ -170,16 +112,25 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def torch_linear_attention(model: nn.Module) -> Iterator[None]:
-    """On CPU, make transformers' gated-delta-rule layers call their torch implementations.
+    """On CPU, make transformers' gated-delta-rule and KDA layers call their torch implementations.
 
-    transformers wraps `torch_chunk_gated_delta_rule` (and the recurrent one)
-    so that they dispatch to fla whenever fla imports, and fla's Triton kernels
-    fail on CPU tensors ("0 active drivers"). The unwrapped function is
-    transformers' own torch reference. No-op off CPU.
+    transformers wraps `torch_chunk_gated_delta_rule`, `chunk_kimi_delta_attention`
+    (and their recurrent twins) so that they dispatch to fla whenever fla
+    imports, and fla's Triton kernels fail on CPU tensors ("0 active drivers").
+    The unwrapped function is transformers' own torch reference; this happens only where a module
+    runs on the CPU. fla's own layers (its models and fla hybrids) go through `kernels.fla_torch_paths`,
+    which chooses by each call's tensors and makes fla's attention return its weights.
     """
-    if _model_device(model).type != "cpu":
-        yield
-        return
+    with fla_torch_paths():  # fla's own models and layers: by each tensor's device (a no-op where fla is not imported)
+        if all(device.type != "cpu" for device in execution_devices(model)):
+            yield
+        else:
+            with _transformers_torch_paths(model):
+                yield
+
+
+@contextlib.contextmanager
+def _transformers_torch_paths(model: nn.Module) -> Iterator[None]:
     restore: list[Callable[[], None]] = []
     seen: set[int] = set()
     try:
@@ -187,7 +138,7 @@ def torch_linear_attention(model: nn.Module) -> Iterator[None]:
             source = sys.modules.get(type(module).__module__)
             if source is not None and id(source) not in seen:
                 seen.add(id(source))
-                for name in _TORCH_DELTA_RULES:
+                for name in FLA_WRAPPED_TORCH_FUNCTIONS:
                     fn = getattr(source, name, None)
                     if callable(fn) and (plain := inspect.unwrap(fn)) is not fn:
                         setattr(source, name, plain)
@@ -199,7 +150,7 @@ def torch_linear_attention(model: nn.Module) -> Iterator[None]:
                     setattr(module, attr, inspect.unwrap(plain))
                     restore.append(lambda m=module, a=attr, f=old: setattr(m, a, f))
         if restore:
-            logger.warning_once("Model on CPU: running gated-delta-rule layers with transformers' torch implementation.")
+            logger.warning_once("Model on CPU: running linear-attention layers with transformers' torch implementation.")
         yield
     finally:
         for undo in reversed(restore):
@@ -261,20 +212,53 @@ def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
 
 @dataclass
 class Record:
-    """What one forward call computed; tensors are detached references (model dtype and device).
+    """What one forward call computed; tensors are detached (model dtype and device unless said).
 
-    residual: X[0..L], each `[B, T, D]`. attentions: 1-based attention layer ->
-    `[B, H, T, T]` (rows = queries). gates: 1-based attention layer -> scores,
+    Raw (`reduce=False`): residual: X[0..L], each `[B, T, D]`. attentions: 1-based attention
+    layer -> `[B, H, T, T]` (rows = queries). gates: 1-based attention layer -> scores,
     `[B, T, H, W]` (W = head_dim elementwise, 1 headwise) or `[B, T, D]` (dense G5).
+
+    Reduced (`reduce=True`): token_max: `max_j |X[l][b, t, j]|` for l = 0..L, each `[B, T]`
+    float32. first_token_attention: layer -> `[B, H]` float64, the mean attention on token 0
+    over queries q >= 1. received: layer -> `[B, T]` float64, the attention each token receives
+    from later queries, summed over them and averaged over heads (`metrics.received_attention`).
+    gate_summaries: layer -> `metrics.gate_summary` of its scores.
     """
 
     residual: list[torch.Tensor] = field(default_factory=list)
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)
     gates: dict[int, torch.Tensor] = field(default_factory=dict)
+    token_max: list[torch.Tensor] = field(default_factory=list)
+    first_token_attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    received: dict[int, torch.Tensor] = field(default_factory=dict)
+    gate_summaries: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def residual_stack(self) -> torch.Tensor:
         """`[L+1, B, T, D]`."""
         return torch.stack(self.residual)
+
+
+def first_token_attention_of(weights: torch.Tensor) -> torch.Tensor:
+    """`metrics.first_token_attention` on a batch of maps: `[B, H, T, T]` -> `[B, H]` float64 (NaN when T < 2)."""
+    if weights.shape[-1] < 2:
+        return torch.full(weights.shape[:2], float("nan"), dtype=torch.float64, device=weights.device)
+    return weights[:, :, 1:, 0].double().mean(-1)
+
+
+def received_attention_of(weights: torch.Tensor) -> torch.Tensor:
+    """`metrics.received_attention` on a batch of maps: `[B, H, T, T]` -> `[B, T]` float64.
+
+    The sum runs in float64 over the map as the model computed it; `tril` copies one map in its dtype.
+    """
+    return weights.tril(-1).sum(-2, dtype=torch.float64).mean(1)
+
+
+def gate_scores(site: GateSite, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
+    """The gate's scores from its module's output: `[B, T, H, D or 1]`, or `[B, T, hidden]` for G5."""
+    if site.kind == "attn_gate":
+        return module.gate_scores.to_heads(module.gate_scores(output))
+    # q_proj -> [B, T, H, 2 * head_dim]: query, then gate logits, per head
+    return torch.sigmoid(output.view(*output.shape[:-1], site.num_heads, 2 * site.head_dim)[..., site.head_dim :])
 
 
 class Capture:
@@ -288,46 +272,91 @@ class Capture:
     ```
 
     `attentions=True` runs the model with eager attention while open. On CPU,
-    transformers' gated-delta-rule layers use their torch path while open.
+    transformers' gated-delta-rule and KDA layers use their torch path while open.
+    `reduce=True` keeps reduced statistics instead of tensors (see `Record`).
     All hooks and switches are undone on exit, also after an exception.
     """
 
-    def __init__(self, model: nn.Module, *, residual: bool = True, attentions: bool = True, gates: bool = True):
+    def __init__(
+        self, model: nn.Module, *, residual: bool = True, attentions: bool = True, gates: bool = True, reduce: bool = False
+    ):
         self.model = model
         self.want_residual, self.want_attentions, self.want_gates = residual, attentions, gates
+        self.reduce = reduce
         self.layout = model_layout(model)
         self.records: list[Record] = []
+        self._layer: int | None = None  # the decoder layer running now (1-based)
         self._stack: contextlib.ExitStack | None = None
 
     def clear(self) -> None:
         self.records.clear()
 
+    def _where(self, l: int | None) -> str:
+        return f"{type(self.model).__name__} layer {l}" if l is not None else f"{type(self.model).__name__}"
+
     # hooks -----------------------------------------------------------
     def _on_residual(self, l: int, x: torch.Tensor) -> None:
         if l == 0:  # layer 1's input: a new forward call starts
             self.records.append(Record())
+        record = self.records[-1]
         if self.want_residual:
-            self.records[-1].residual.append(x.detach())
-
-    def _attention_hook(self, f: int):
-        def hook(module, args, output):
-            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if isinstance(weights, torch.Tensor) and weights.dim() == 4:
-                self.records[-1].attentions[f] = weights.detach()
+            if self.reduce:
+                record.token_max.append(x.detach().abs().amax(-1).float())
             else:
-                logger.warning_once(
-                    f"{type(module).__name__} returned no attention weights: its attention maps are not captured."
+                record.residual.append(x.detach())
+        if l == self.layout.num_layers and self.want_attentions:
+            seen = record.attentions if not self.reduce else record.received
+            missing = [f for f in self.layout.full_attention_layers if f not in seen]
+            if missing:
+                f = missing[0]
+                raise CaptureError(
+                    f"{self._where(f)}: its attention module ({type(self.layout.attention_modules[f]).__name__}) "
+                    f"did not run in this forward, so the layer has no attention map"
                 )
 
-        return hook
+    def _layer_hooks(self, stack: contextlib.ExitStack) -> None:
+        """Track which decoder layer is running, so that a shared module's calls go to their caller."""
+        for l, layer in enumerate(self.layout.layers, start=1):
+            def enter(module, args, l=l):
+                self._layer = l
 
-    def _gate_hook(self, f: int, site: GateSite):
+            def leave(module, args, output):
+                self._layer = None
+
+            stack.callback(layer.register_forward_pre_hook(enter).remove)
+            stack.callback(layer.register_forward_hook(leave).remove)
+
+    def _attention_hook(self, module, args, output) -> None:
+        l = self._layer
+        if l not in self.layout.attention_modules:
+            return  # called outside the decoder layers that hold it (none of ours do)
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
+            raise CaptureError(
+                f"{self._where(l)}: {type(module).__name__} returned no attention weights, so its attention map "
+                f"cannot be captured"
+            )
+        record = self.records[-1]
+        if l in record.attentions or l in record.received:
+            raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per layer")
+        weights = weights.detach()
+        if self.reduce:
+            record.first_token_attention[l] = first_token_attention_of(weights)
+            record.received[l] = received_attention_of(weights)
+        else:
+            record.attentions[l] = weights
+
+    def _gate_hook(self, site: GateSite):
         def hook(module, args, output):
-            if site.kind == "attn_gate":
-                scores = module.gate_scores.to_heads(module.gate_scores(output))  # [B, T, H, D or 1]; G5 [B, T, hidden]
-            else:  # q_proj -> [B, T, H, 2 * head_dim]: query, then gate logits, per head
-                scores = torch.sigmoid(output.view(*output.shape[:-1], site.num_heads, 2 * site.head_dim)[..., site.head_dim :])
-            self.records[-1].gates[f] = scores.detach()
+            l = self._layer
+            if l not in self.layout.gates:
+                return
+            scores = gate_scores(site, module, output).detach()
+            record = self.records[-1]
+            if self.reduce:
+                record.gate_summaries[l] = M.gate_summary(M.scores_per_head(scores.float().cpu().double().numpy()))
+            else:
+                record.gates[l] = scores
 
         return hook
 
@@ -338,14 +367,16 @@ class Capture:
             if self.want_attentions:
                 stack.enter_context(eager_attention(self.model))
             stack.enter_context(torch_linear_attention(self.model))
+            self._layer_hooks(stack)
             # The residual hook opens each Record, so it is always installed.
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
             if self.want_attentions:
-                for f, module in self.layout.attention_modules.items():
-                    stack.callback(module.register_forward_hook(self._attention_hook(f)).remove)
+                for module in {id(m): m for m in self.layout.attention_modules.values()}.values():
+                    stack.callback(module.register_forward_hook(self._attention_hook).remove)
             if self.want_gates:
-                for f, site in self.layout.gates.items():
-                    stack.callback(site.module.register_forward_hook(self._gate_hook(f, site)).remove)
+                sites = {id(site.module): site for site in self.layout.gates.values()}
+                for site in sites.values():
+                    stack.callback(site.module.register_forward_hook(self._gate_hook(site)).remove)
         except BaseException:
             stack.close()
             raise
@@ -354,5 +385,6 @@ class Capture:
 
     def __exit__(self, *exc_info) -> None:
         stack, self._stack = self._stack, None
+        self._layer = None
         if stack is not None:
             stack.close()

@@ -1,9 +1,15 @@
-"""`gated-attention analyze MODEL --out DIR`: sink, activation, gate and spike/plateau metrics.
+"""`gated-attention analyze MODEL [MODEL ...] --out DIR`: sink, activation, gate and spike/plateau metrics.
 
-Option values, paths and MODEL's whereabouts are checked before torch is imported. A Hub id is looked
-up with one request first: huggingface_hub retries every file for about a minute when the Hub cannot
-be reached, so an id that is not cached fails at once instead, and a cached one loads from the cache
-(`_resolve`).
+Option values, paths and each MODEL's whereabouts are checked before torch is imported. A Hub id is
+looked up with one request first: huggingface_hub retries every file for about a minute when the Hub
+cannot be reached, so an id that is not cached fails at once instead, and a cached one loads from the
+cache (`_resolve`).
+
+DIR appears whole or not at all: everything is written into a staging folder beside it
+(`hub.staging`) and renamed into place at the end, replacing an earlier analysis at DIR whole, never
+merging into it. A failure, Ctrl-C or a model whose attention cannot be captured leaves DIR as it was.
+Several MODELs are analysed one after the other into DIR/<name>/, with a comparison drawn from their
+files (`compare.py`).
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import warnings
 from pathlib import Path
 
-from .. import CLIError
-from ..hub.command_line import bounded, first_line
+from .. import CLIError, GatedAttentionWarning
+from ..hub.command_line import bounded, first_line, memory_size
 from ..hub.repo_ids import missing_folder
+from .loading import DEVICE_MAPS
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
@@ -29,6 +37,12 @@ def _device(text: str) -> str:
     if not _DEVICE.match(text):
         raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
     return text
+
+
+def _device_map(text: str) -> str:
+    if text in DEVICE_MAPS or (_DEVICE.match(text) and text != "auto"):
+        return text
+    raise argparse.ArgumentTypeError(f"expected {', '.join(DEVICE_MAPS)} or one device (cpu, cuda:N, ...), got {text!r}")
 
 
 def _text_file(text: str) -> str:
@@ -48,25 +62,50 @@ def _out_dir(text: str) -> str:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "analyze",
-        help="attention-sink, massive-activation, gate and spike/plateau metrics of a causal LM",
+        help="attention-sink, massive-activation, gate and spike/plateau metrics of causal LMs",
         description=(
             "Capture the residual stream, attention maps (eager attention) and gate scores of MODEL on "
-            "built-in prose/code/math samples (or --text-file), and write arrays.npz, tidy CSV tables, "
-            "PNG plots and summary.md to DIR. Metric definitions: README.md, 'analyze', and gated_attention/analysis/metrics.py."
+            "built-in prose/code/math samples (or --text-file, or --dataset), and write arrays.npz, tidy CSV "
+            "tables, PNG plots and summary.md to DIR. With several MODELs, each goes to DIR/<name>/ and "
+            "comparison.csv / comparison.png draw them side by side. DIR is written beside itself and renamed "
+            "into place when complete: an earlier analysis at DIR is replaced whole, a folder holding anything "
+            "else is refused, and a second run into the same DIR while one runs is refused. Metric definitions: "
+            "README.md, 'Analyze', and gated_attention/analysis/metrics.py."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="local model folder or Hugging Face Hub id")
-    p.add_argument("--out", required=True, metavar="DIR", type=_out_dir, help="output folder (created if missing)")
-    p.add_argument("--text-file", metavar="PATH", type=_text_file,
-                   help="UTF-8 text, one input per blank-line-separated paragraph (default: the built-in samples)")
+    p.add_argument("model", metavar="MODEL", nargs="+", help="local model folder or Hugging Face Hub id (one or more)")
+    p.add_argument("--out", required=True, metavar="DIR", type=_out_dir,
+                   help="output folder, created whole at the end; an earlier analysis there is replaced")
+    inputs = p.add_mutually_exclusive_group()
+    inputs.add_argument("--text-file", metavar="PATH", type=_text_file,
+                        help="UTF-8 text, one input per blank-line-separated paragraph (default: the built-in samples)")
+    inputs.add_argument("--dataset", nargs="+", action="append", metavar="SPEC",
+                        help="a dataset as the training examples take it: jsonl/json, parquet, csv or txt files of one "
+                        "kind, a folder of them, a save_to_disk folder or a Hub dataset id from the local cache; repeat "
+                        "the flag for several datasets, each a domain of its own unless --domain-field is given")
+    p.add_argument("--text-field", action="append", metavar="NAME",
+                   help="the text column of --dataset: once for all, or once per --dataset in order (default: text)")
+    p.add_argument("--domain-field", metavar="NAME",
+                   help="a --dataset column whose values are the domains to take --n-per-domain inputs from "
+                   "(each dataset is then read to its end)")
+    p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id (default: %(default)s)")
     p.add_argument("--n-per-domain", type=bounded(int, 1), default=4, metavar="N",
-                   help="built-in samples per domain: prose, code, math (default: %(default)s)")
+                   help="inputs per domain: built-in samples per prose, code and math, or the first N documents "
+                   "with text of each --dataset domain (default: %(default)s)")
     p.add_argument("--max-length", type=bounded(int, 2), default=128, metavar="T",
                    help="tokens per input, at most: longer inputs are cut to T tokens, or to the model's "
                    "max_position_embeddings where that is smaller, with a warning (default: %(default)s)")
-    p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
-    p.add_argument("--device", type=_device, default="auto",
-                   help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s)")
+    p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: each MODEL's)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--device", type=_device, default="auto",
+                       help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s); cpu and "
+                       "cuda place the model with accelerate within --max-memory, cuda:N puts it whole on that GPU")
+    where.add_argument("--device-map", type=_device_map, metavar="MAP",
+                       help="accelerate's device map: auto (the GPUs in order, then the CPU within --max-memory, then "
+                       "disk), balanced, balanced_low_0, sequential, or one device (cpu, cuda:N)")
+    p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                   help="CPU memory the model's weights may take, e.g. 4GB or 512MiB: the layers that do not fit are "
+                   "read from the checkpoint's files as they run (default: what is free when the run starts)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
@@ -79,29 +118,60 @@ def register(subparsers) -> None:
 
 
 def _check_names(args) -> None:
-    """MODEL and --tokenizer: an existing folder, or what can be a Hub id."""
-    if not args.model.strip():  # Path("") is the working folder
-        raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
-    if missing_folder(args.model):
-        raise CLIError(f"model folder not found: {args.model}")
+    """Each MODEL and --tokenizer: an existing folder, or what can be a Hub id."""
+    for model in args.model:
+        if not model.strip():  # Path("") is the working folder
+            raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
+        if missing_folder(model):
+            raise CLIError(f"model folder not found: {model}")
     if args.tokenizer and missing_folder(args.tokenizer):
         raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
 
 
+def _check_inputs(args) -> None:
+    """--text-field and --domain-field make sense only with --dataset; --text-field once or once per dataset."""
+    fields = args.text_field or []
+    if (fields or args.domain_field) and not args.dataset:
+        raise CLIError(f"{'--text-field' if fields else '--domain-field'} is for --dataset, which is not given")
+    if args.dataset and len(fields) not in (0, 1, len(args.dataset)):
+        raise CLIError(f"--text-field is given {len(fields)} times for {len(args.dataset)} --dataset: give it once, or once per --dataset")
+
+
+# What an earlier analysis leaves in DIR: a folder holding one of them may be replaced whole.
+ANALYSIS_FILES = ("arrays.npz", "summary.md", "comparison.csv")
+
+
 def _check_out(args) -> None:
-    """--out: not the working folder or above it, not MODEL's folder, and, if it holds anything, an earlier
-    analysis (its arrays.npz is written first), whose files this run replaces."""
+    """--out: not the working folder or above it, not a MODEL's folder, not being written by another run,
+    and, if it holds anything, an earlier analysis (which this run replaces whole when it is done)."""
     from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
+    from ..hub.staging import refuse_running
 
     inputs = {}
-    for flag, name in (("MODEL", args.model), ("--tokenizer", args.tokenizer)):
-        if name and Path(name).expanduser().exists():
-            inputs[flag] = Path(name).expanduser()
+    for name in args.model:
+        if Path(name).expanduser().exists():
+            inputs["MODEL" if len(args.model) == 1 else f"MODEL {name}"] = Path(name).expanduser()
+    if args.tokenizer and Path(args.tokenizer).expanduser().exists():
+        inputs["--tokenizer"] = Path(args.tokenizer).expanduser()
     try:
         check_output_folder(args.out, flag="--out", what="the output of an earlier analyze (arrays.npz, summary.md)",
-                            ours=holds_any("arrays.npz", "summary.md"), inputs=inputs)
+                            ours=holds_any(*ANALYSIS_FILES), inputs=inputs)
+        refuse_running(Path(args.out).expanduser(), "--out")
     except OutputFolderError as e:
         raise CLIError(str(e)) from None
+
+
+def output_names(models: list[str]) -> list[str]:
+    """One folder name per MODEL: its folder's name or its Hub id with '/' as '--', numbered where two agree."""
+    names = []
+    for model in models:
+        path = Path(model).expanduser()
+        base = path.resolve().name if path.exists() else model.strip("/").replace("/", "--")
+        name, n = base or "model", 2
+        while name in names:
+            name, n = f"{base}-{n}", n + 1
+        names.append(name)
+    return names
 
 
 def _check_config(name: str, resolved: str) -> None:
@@ -147,43 +217,10 @@ def _resolve(name: str) -> str:
         ) from None
 
 
-def _load(args, where: dict[str, str]):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _samples(args):
+    from ..hub.datasets import DataError
+    from .samples import DatasetSpec, builtin_samples, dataset_samples, read_text_file
 
-    from .. import register_auto_classes
-    from ..hub.loading import from_pretrained_checked
-
-    register_auto_classes()  # MODEL may be one of ours, loaded without remote code
-
-    tokenizer_name = args.tokenizer or args.model
-    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
-        model = from_pretrained_checked(AutoModelForCausalLM, where[args.model], dtype=dtype,
-                                        trust_remote_code=args.trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
-        raise CLIError(f"cannot load model {args.model!r}: {first_line(e)}") from e
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
-    except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        model = model.to(device).eval()
-    except Exception as e:  # noqa: BLE001
-        raise CLIError(f"cannot move the model to {device!r}: {first_line(e)}") from e
-    return model, tokenizer
-
-
-def run(args) -> int:
-    from .samples import read_text_file
-
-    _check_names(args)
-    _check_out(args)
-    where = {name: _resolve(name) for name in dict.fromkeys([args.model, args.tokenizer or args.model])}
-    _check_config(args.model, where[args.model])
     if args.text_file:
         try:
             samples = read_text_file(args.text_file)
@@ -191,33 +228,80 @@ def run(args) -> int:
             raise CLIError(f"cannot read --text-file: {first_line(e)}") from e
         if not samples:
             raise CLIError(f"--text-file {args.text_file} holds no text")
-    else:
-        from .samples import builtin_samples
+        return samples
+    if not args.dataset:
+        return builtin_samples(args.n_per_domain)
+    fields = args.text_field or ["text"]
+    datasets = [DatasetSpec(tuple(spec), fields[i] if len(fields) > 1 else fields[0]) for i, spec in enumerate(args.dataset)]
+    from tqdm.auto import tqdm
 
-        samples = builtin_samples(args.n_per_domain)
+    with tqdm(desc="reading --dataset", unit="doc") as bar:
+        try:
+            return dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field, split=args.split,
+                                   progress=bar.update)
+        except DataError as e:
+            raise CLIError(str(e)) from None
 
-    from .analyze import run_analysis
 
-    model, tokenizer = _load(args, where)
-    out = Path(args.out)
-    try:
-        rows = run_analysis(
-            model,
-            tokenizer,
-            samples,
-            out,
-            model_name=args.model,
-            max_length=args.max_length,
-            intervention=args.intervene,
-            k=args.k,
-            n_bootstrap=args.bootstrap,
-            seed=args.seed,
-        )
-    except ValueError as e:
-        raise CLIError(first_line(e)) from e
+def _print_rows(label: str, rows: list[dict]) -> None:
     for row in rows:
         if row["metric"] in ("f_attn", "m_act", "gate_mean", "sink_spike_alignment", "inter_spike_retention"):
             value = "undefined" if math.isnan(row["mean"]) else f"{row['mean']:.4g}"
-            print(f"{row['metric']:<24} {row['anchor']:<15} {value}")
-    print(f"wrote {out / 'summary.md'}")
+            print(f"{label}{row['metric']:<24} {row['anchor']:<15} {value}")
+
+
+def run(args) -> int:
+    import gc
+
+    from ..hub.output_folders import OutputFolderError
+    from ..hub.staging import refuse_running, staged_folder
+
+    _check_names(args)
+    _check_inputs(args)
+    _check_out(args)
+    where = {name: _resolve(name) for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
+    for model in args.model:
+        _check_config(model, where[model])
+    samples = _samples(args)
+
+    from ..hub.memory_budget import MemoryBudget
+    from .analyze import run_analysis
+    from .loading import loaded
+    from .compare import write_comparison
+
+    out = Path(args.out).expanduser()
+    several = len(args.model) > 1
+    names = output_names(args.model)
+    replace = out.is_dir()  # an earlier analysis or an empty folder (`_check_out`): replaced whole at the end
+    budget = MemoryBudget.resolve(args.max_memory)  # measured once: every model gets the same
+    try:
+        staging = staged_folder(out, replace, print, flag="--out", overwrite_flag=None, clear_leftovers=True,
+                                warn=lambda message: warnings.warn(message, GatedAttentionWarning))
+        with staging as stage:
+            refuse_running(out, "--out", own=stage)  # another run that started at the same moment
+            for model_name, name in zip(args.model, names):
+                with loaded(args, model_name, where, budget, stage) as (model, tokenizer):
+                    try:
+                        rows = run_analysis(
+                            model,
+                            tokenizer,
+                            samples,
+                            stage / name if several else stage,
+                            model_name=model_name,
+                            max_length=args.max_length,
+                            intervention=args.intervene,
+                            k=args.k,
+                            n_bootstrap=args.bootstrap,
+                            seed=args.seed,
+                        )
+                    except ValueError as e:
+                        raise CLIError(first_line(e)) from e
+                    del model
+                gc.collect()
+                _print_rows(f"{name:<20} " if several else "", rows)
+            if several:
+                write_comparison(stage, dict(zip(names, args.model)))
+    except OutputFolderError as e:
+        raise CLIError(str(e)) from None
+    print(f"wrote {out / ('comparison.png' if several else 'summary.md')}")
     return 0

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .capture import Capture, model_layout, residual_hooks, torch_linear_attention
+from .capture import Capture, residual_hooks, torch_linear_attention
+from .layout import model_layout
 
 KINDS = ("deletion", "connection")
 Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]
@@ -118,7 +119,7 @@ def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int) -> I
     with Capture(model, attentions=False, gates=False) as cap:
         logits_normal = model(input_ids=input_ids, use_cache=False).logits
     fa = cap.layout.full_attention_layers
-    z = torch.stack([x[0, 0] for x in cap.records[-1].residual])  # [L+1, D]
+    z = torch.stack([x[0, 0].cpu() for x in cap.records[-1].residual])  # [L+1, D]; the layers may sit on several devices
 
     with apply_edits(model, endpoint_edits(z, fa, k, kind)):
         logits_identity = model(input_ids=input_ids, use_cache=False).logits

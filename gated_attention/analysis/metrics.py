@@ -25,6 +25,7 @@ import numpy as np
 
 NAN = float("nan")
 GATE_THRESHOLDS = (0.1, 0.5)
+GATE_BINS = np.linspace(0.0, 1.0, 51)  # gate-score histogram edges
 
 
 def _check_layers(m: np.ndarray, full_attention_layers: Sequence[int]) -> list[int]:
@@ -48,6 +49,27 @@ def attention_blocks(full_attention_layers: Sequence[int]) -> dict[int, list[int
 # ---------------------------------------------------------------- massive-activations paper: spikes and plateaus
 
 
+def received_attention(a: np.ndarray) -> np.ndarray:
+    """The attention each token receives from later queries, averaged over heads: `[H, T, T]` -> `[T]`.
+
+    `received[t] = mean_h sum_{q > t} A[h, q, t]` (rows = queries, columns = keys).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    # tril(k=-1) keeps A[q, t] for q > t; summing over q gives attention received from later queries.
+    return np.tril(a, k=-1).sum(axis=-2).mean(axis=0)
+
+
+def consensus_sink_of(received: Iterable[np.ndarray]) -> int:
+    """`consensus_sink` from each full-attention layer's `received_attention` (one `[T]` array per layer)."""
+    layers = [np.asarray(r, dtype=np.float64) for r in received]
+    if not layers or layers[0].shape[-1] < 2:
+        return -1
+    T = layers[0].shape[-1]
+    n_queries = np.arange(T - 1, 0, -1)  # T-1-t for t = 0..T-2
+    score = np.sum(layers, axis=0)[: T - 1] / len(layers) / n_queries
+    return int(np.argmax(score))
+
+
 def consensus_sink(attentions: Iterable[np.ndarray]) -> int:
     """The token that receives the most attention from later queries.
 
@@ -57,19 +79,7 @@ def consensus_sink(attentions: Iterable[np.ndarray]) -> int:
     of such queries `T - 1 - t`. The last token has no later query and is not
     eligible. Returns -1 when there is no map or no eligible token (T < 2).
     """
-    received, n_layers, T = None, 0, 0
-    for a in attentions:
-        a = np.asarray(a, dtype=np.float64)
-        T = a.shape[-1]
-        # tril(k=-1) keeps A[q, t] for q > t; summing over q gives attention received from later queries.
-        per_layer = np.tril(a, k=-1).sum(axis=-2).mean(axis=0)  # [T]
-        received = per_layer if received is None else received + per_layer
-        n_layers += 1
-    if n_layers == 0 or T < 2:
-        return -1
-    n_queries = np.arange(T - 1, 0, -1)  # T-1-t for t = 0..T-2
-    score = received[: T - 1] / n_layers / n_queries
-    return int(np.argmax(score))
+    return consensus_sink_of(received_attention(a) for a in attentions)
 
 
 def sink_spike_alignment(m: np.ndarray, full_attention_layers: Sequence[int]) -> float:
@@ -209,6 +219,38 @@ def gate_statistics_per_head(scores: np.ndarray, thresholds: Sequence[float] = G
     for t in thresholds:
         out[f"frac_below_{t:g}"] = (flat < t).mean(axis=1)
     return out
+
+
+def scores_per_head(scores: np.ndarray) -> np.ndarray:
+    """Gate scores `[B, T, H, W]` (or `[B, T, D]` for a dense gate: one "head") -> `[B*T, H, W]` float64."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim == 3:
+        s = s[..., None, :]
+    return s.reshape(-1, s.shape[-2], s.shape[-1])
+
+
+def gate_summary(scores: np.ndarray, thresholds: Sequence[float] = GATE_THRESHOLDS) -> dict[str, np.ndarray]:
+    """Sums from which gate statistics over any set of scores follow: scores `[N, H, W]` ->
+
+    `n` `[H]` (scores per head), `sum` `[H]`, `below_<t>` `[H]` (count under each threshold) and
+    `hist` `[len(GATE_BINS) - 1]` (clipped to [0, 1], so additive SiLU gates land in the edge bins).
+    Summaries of several layers or inputs add key by key.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    flat = np.moveaxis(s, -2, 0).reshape(s.shape[-2], -1)  # [H, N * W]
+    out = {"n": np.full(flat.shape[0], float(flat.shape[1])), "sum": flat.sum(axis=1)}
+    for t in thresholds:
+        out[f"below_{t:g}"] = (flat < t).sum(axis=1).astype(np.float64)
+    out["hist"] = np.histogram(np.clip(s, 0.0, 1.0), bins=GATE_BINS)[0].astype(np.float64)
+    return out
+
+
+def gate_statistics_of(summary: dict[str, np.ndarray], thresholds: Sequence[float] = GATE_THRESHOLDS) -> dict[str, float]:
+    """`gate_statistics` of all the scores a (summed) `gate_summary` describes."""
+    n = float(np.sum(summary["n"])) if summary else 0.0
+    if n == 0:
+        return gate_statistics([], thresholds)
+    return {"mean": float(np.sum(summary["sum"])) / n, **{f"frac_below_{t:g}": float(np.sum(summary[f"below_{t:g}"])) / n for t in thresholds}}
 
 
 # ---------------------------------------------------------------- uncertainty

@@ -1,18 +1,25 @@
-"""Analysis inputs from text that ships with Python: prose, code and math-like text.
+"""Analysis inputs: text that ships with Python (the default), a text file, or datasets.
 
-Nothing is downloaded. prose = the documentation topics of `pydoc_data.topics`;
+Built-in samples: nothing is downloaded. prose = the documentation topics of `pydoc_data.topics`;
 code = source of a fixed list of small standard-library modules (from their
 first `def`/`class` on, past licence headers); math = docstrings of
 `statistics`, `fractions` and `math` (formulas, numbers, doctest arithmetic).
 The choice and order are fixed, so two runs on one Python analyse the same text.
+
+Datasets (`dataset_samples`): what `--dataset` reads in the training examples (`hub.datasets`),
+streamed, the first documents with text of each domain. A domain is one `--dataset`, or each
+value of a domain column, as the hybrid paper takes 100 inputs from each of its five corpora.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..hub.datasets import DataError, check_text_field, open_text_dataset, reading
 
 _CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
 _MATH_MODULES = ("statistics", "fractions", "math", "cmath")
@@ -90,3 +97,57 @@ def read_text_file(path: str | Path) -> list[Sample]:
     text = Path(path).read_text(encoding="utf-8")
     paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", text) if p.strip()]
     return [Sample("text-file", f"{Path(path).name}:{i}", p) for i, p in enumerate(paragraphs)]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One `--dataset`: its files, folder or Hub id (as the training examples take it) and its text column."""
+
+    spec: tuple[str, ...]
+    text_field: str = "text"
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.spec)
+
+
+def dataset_samples(
+    datasets: Sequence[DatasetSpec],
+    n_per_domain: int,
+    *,
+    domain_field: str | None = None,
+    split: str = "train",
+    max_chars: int | None = None,
+    progress=None,
+) -> list[Sample]:
+    """The first `n_per_domain` documents with text of each domain, in reading order.
+
+    Without `domain_field` each dataset is one domain, named after it, and reading stops at its
+    `n_per_domain`-th document. With it, each value of that column is a domain and every dataset is
+    read to its end (a new domain may come last). `max_chars` cuts each text (None: whole).
+    Raises `DataError` (one line naming the dataset) for input that cannot be read, also when the
+    failure surfaces while reading (a truncated JSON line, a file that is not JSON).
+    """
+    samples: list[Sample] = []
+    for d in datasets:
+        name = d.name
+        ds = open_text_dataset(d.spec[0] if len(d.spec) == 1 else list(d.spec), split)
+        with reading(d.spec):  # a streamed file fails while its documents are read: one line naming it
+            check_text_field(ds, d.text_field, name)
+            if domain_field is not None:
+                check_text_field(ds, domain_field, name, flag="--domain-field")
+            taken: dict[str, int] = {}
+            for i, doc in enumerate(ds):
+                if progress is not None:
+                    progress()
+                text = doc.get(d.text_field)
+                domain = str(doc.get(domain_field)) if domain_field is not None else name
+                if not isinstance(text, str) or not text.strip() or taken.get(domain, 0) >= n_per_domain:
+                    continue
+                taken[domain] = taken.get(domain, 0) + 1
+                samples.append(Sample(domain, f"{name}:{i}", text if max_chars is None else text[:max_chars]))
+                if domain_field is None and taken[domain] >= n_per_domain:
+                    break
+        if not taken:
+            raise DataError(f"--dataset {name}: no document has text in its {d.text_field!r} column")
+    return samples

@@ -25,7 +25,8 @@
   and plan their outputs.
 - `export`: `export_checkpoint`, a gated model as transformers' native Qwen3.5
   where every piece maps exactly.
-- `verify`: the logit comparison on a fixed prompt that verifies a result.
+- `verify`: source and result run one after the other on a fixed prompt,
+  within the memory budget, compared after every layer.
 - `card`: the model cards the commands write.
 
 The steps these follow are in docs/architecture.md ("The conversion

@@ -11,7 +11,7 @@ import argparse
 import functools
 from pathlib import Path
 
-from ..hub.command_line import bounded
+from ..hub.command_line import bounded, memory_size
 
 DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
 _INIT_HELP = (
@@ -61,8 +61,17 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="skip loading both models to compare logits (for models too large to load twice); SRC's weights "
-        "are still checked for NaN and inf",
+        help="skip running both models to compare their outputs; SRC's weights are still checked for NaN and inf",
+    )
+    p.add_argument(
+        "--max-memory",
+        type=memory_size,
+        metavar="SIZE",
+        help="memory the verification may hold weights in, e.g. 8GB or 512MiB (default: what the machine has free "
+        "when the command starts). SRC and the result are loaded one after the other; accelerate keeps what fits "
+        "in SIZE and reads the other layers from their own safetensors files while the fixed prompt runs, so the "
+        "comparison stays bit-exact at any model size. Refused, before anything is written, if SIZE cannot hold "
+        "the largest layer. The conversion itself holds one tensor at a time",
     )
     p.add_argument(
         "--max-shard-size",
@@ -177,6 +186,7 @@ def run_convert(args) -> int:
         overwrite=args.overwrite,
         allow_pickle=args.allow_pickle,
         verify=args.verify,
+        max_memory=args.max_memory,
         max_shard_size=args.max_shard_size,
         revision=args.revision,
     )
@@ -196,6 +206,7 @@ def run_extend(args) -> int:
         dtype=args.dtype,
         overwrite=args.overwrite,
         verify=args.verify,
+        max_memory=args.max_memory,
         max_shard_size=args.max_shard_size,
         revision=args.revision,
     )
@@ -212,6 +223,7 @@ def run_export(args) -> int:
         format=args.format,
         overwrite=args.overwrite,
         verify=args.verify,
+        max_memory=args.max_memory,
         max_shard_size=args.max_shard_size,
         revision=args.revision,
     )

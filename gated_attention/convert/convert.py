@@ -15,17 +15,18 @@ from pathlib import Path
 import torch
 
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
+from ..hub.memory_budget import MemoryBudget
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
 from .families import GATED_MODEL_TYPES, GATED_RULES, detect_family
 from .pipeline import Result, Work, run
-from .plan import plan_weights, renamer
+from .plan import key_mapping, plan_weights
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .shapes import target_shapes
 from .source_config import load_gated_config, load_source_config
 from .sources import ConversionError, SourceCheckpoint, read_config_dict
 from .targets import target_config
-from .verify import VERIFY_ATTENTION, verify_against_source, verify_against_ungated
+from .verify import VERIFY_ATTENTION, check_budget, verify_against_source, verify_against_ungated
 from .writer import OutputTensor
 
 __all__ = ["VERIFY_ATTENTION", "Result", "conversion_gate_spec", "convert_checkpoint", "extend_checkpoint"]
@@ -81,6 +82,7 @@ def convert_checkpoint(
     overwrite: bool = False,
     allow_pickle: bool = False,
     verify: bool = True,
+    max_memory: int | None = None,
     max_shard_size: int | str = "5GB",
     revision: str | None = None,
     log=print,
@@ -88,7 +90,8 @@ def convert_checkpoint(
     """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3 or fla Gated DeltaNet hybrid checkpoint.
 
     With `init="exact"` the result's logits are bit-identical to the source's
-    (checked when `verify`), in the source dtype or in `dtype`.
+    (checked when `verify`, after every layer), in the source dtype or in `dtype`.
+    The check runs within `max_memory` bytes (default: what is free when it starts).
     """
     gate_spec = conversion_gate_spec(gate, init)
     requested = _requested_dtype(dtype)
@@ -106,12 +109,18 @@ def convert_checkpoint(
         exact = init == "exact"
         if not verify:
             check = None
-        elif family.kind == "hybrid":
-            rename = renamer(family.rules, src_config)
-            check = partial(verify_against_ungated, ckpt, config=config, rename=rename, dtype=requested, exact=exact, log=log)
         else:
-            overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
-            check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides, exact=exact, log=log)
+            budget = MemoryBudget.resolve(max_memory)
+            # DST's layers hold SRC's and the gates: if the budget holds DST's largest layer, it holds SRC's.
+            check_budget(budget, config, requested or getattr(torch, dtype_name))
+            if family.kind == "hybrid":
+                mapping = key_mapping(family.rules, src_config, config.num_hidden_layers)
+                check = partial(verify_against_ungated, ckpt, config=config, key_mapping=mapping, dtype=requested,
+                                exact=exact, log=log, budget=budget)  # fmt: skip
+            else:
+                overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+                check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
+                                exact=exact, log=log, budget=budget)  # fmt: skip
         return Work(
             ckpt,
             outputs,
@@ -138,11 +147,14 @@ def extend_checkpoint(
     dtype: str | None = None,
     overwrite: bool = False,
     verify: bool = True,
+    max_memory: int | None = None,
     max_shard_size: int | str = "5GB",
     revision: str | None = None,
     log=print,
 ) -> Result:
-    """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged."""
+    """Change the RoPE base and/or apply YaRN to a gated checkpoint; weights are copied unchanged.
+
+    Verified (when `verify`) within `max_memory` bytes, as `convert_checkpoint` is."""
     rope.check_not_empty()
     requested = _requested_dtype(dtype)
 
@@ -161,8 +173,13 @@ def extend_checkpoint(
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
         outputs = plan_weights(ckpt, target_shapes(config), config, init="copy", dtype=requested, rules=GATED_RULES)
         dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
-        overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
-        check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides, exact=True, log=log)
+        check = None
+        if verify:
+            budget = MemoryBudget.resolve(max_memory)
+            check_budget(budget, config, requested or getattr(torch, dtype_name))
+            overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+            check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
+                            exact=True, log=log, budget=budget)  # fmt: skip
         inv_freq, attention_factor = rope_frequencies(config)
         return Work(
             ckpt,
@@ -172,7 +189,7 @@ def extend_checkpoint(
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
             write_card=partial(write_conversion_card, src=src, family_name=config.model_type, init=None,
                                dtype_name=dtype_name, rope=rope, config=config, command="extend"),
-            verify=check if verify else None,
+            verify=check,
             done=[f"rope: {rope_parameters['rope_type']}, attention factor {attention_factor:g}, max positions {max_positions}"],
         )  # fmt: skip
 

@@ -23,12 +23,13 @@ import torch
 
 from .. import register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
+from ..hub.memory_budget import MemoryBudget
 from .card import write_export_card
 from .pipeline import Result, Work, run
 from .shapes import expected_shapes
 from .source_config import check_config_types
 from .sources import ConversionError, SourceCheckpoint, read_config_dict
-from .verify import VERIFY_ATTENTION, compare_logits
+from .verify import check_budget, compare_runs, run_prompt
 from .writer import OutputTensor
 
 FORMATS = ("qwen3_5",)
@@ -254,21 +255,24 @@ def qwen3_5_torch_path():
             setattr(q, n, fn)
 
 
-def _verify(folder: Path, stage: Path, config, log) -> float:
+def _verify(folder: Path, stage: Path, config, log, budget: MemoryBudget) -> float:
     """Compare in float32, where the two layouts compute the same numbers.
 
     In bf16 they round differently by design: Llama-style norms cast to bf16
     before multiplying by w, Qwen3.5's multiply by (1 + w) in fp32 first; so a
     bf16 comparison would mix the mapping's correctness with rounding order.
+    The two are loaded one after the other within `budget`, as `convert` verifies.
     """
-    from transformers import AutoModelForCausalLM
-
-    log("verifying: loading SRC (gated) and the export (native Qwen3.5) in float32, comparing logits on a fixed prompt")
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=VERIFY_ATTENTION)
-    native = AutoModelForCausalLM.from_pretrained(stage, dtype=torch.float32, attn_implementation=VERIFY_ATTENTION)
-    with qwen3_5_torch_path():
-        cmp = compare_logits(reference, native, config.vocab_size, config.max_position_embeddings)
-    diff, equal, scale = cmp.max_abs_diff, cmp.bit_identical, cmp.max_abs_logit
+    log(f"verifying within {budget.describe()}: SRC (gated), then the export (native Qwen3.5), in float32, "
+        "comparing logits on a fixed prompt")  # fmt: skip
+    prompt = dict(dtype=torch.float32, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
+                  offload_dir=stage)  # fmt: skip
+    reference = run_prompt(folder, budget, **prompt)
+    log(f"verifying: SRC ran with {reference.placement()}")
+    native = run_prompt(stage, budget, forward_context=qwen3_5_torch_path, **prompt)
+    log(f"verifying: DST ran with {native.placement()}")
+    cmp = compare_runs(reference, native)
+    diff, equal, scale = cmp.max_abs_diff, torch.equal(reference.logits, native.logits), cmp.max_abs_logit
     log(f"verify: max |logits(SRC) - logits(DST)| = {diff:g}" + (" (bit-identical)" if equal else f" (max |logits| {scale:g})"))
     # Same products and sums; only the GEMM's summation order may differ (e.g. a headwise gate becomes D equal rows).
     if diff > 1e-5 * max(scale, 1.0):
@@ -283,11 +287,14 @@ def export_checkpoint(
     format: str = "qwen3_5",
     overwrite: bool = False,
     verify: bool = True,
+    max_memory: int | None = None,
     max_shard_size: int | str = "5GB",
     revision: str | None = None,
     log=print,
 ) -> Result:
-    """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint."""
+    """Write `src` (a gated dense checkpoint) as a native transformers Qwen3.5 text checkpoint.
+
+    Verified (when `verify`) within `max_memory` bytes (default: what is free when it starts)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     register_auto_classes()  # AutoConfig and AutoModelForCausalLM read SRC's gated checkpoint below
@@ -306,6 +313,11 @@ def export_checkpoint(
         target = qwen3_5_config(config)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(target)
+        check = None
+        if verify:
+            budget = MemoryBudget.resolve(max_memory)
+            check_budget(budget, target, torch.float32)  # verified in float32 (see `_verify`)
+            check = partial(_verify, folder, config=config, log=log, budget=budget)
         return Work(
             ckpt,
             plan_export(ckpt, config, model),
@@ -313,7 +325,7 @@ def export_checkpoint(
             desc="exporting",
             write_config=partial(_write_config, target=target),
             write_card=partial(write_export_card, src=src, config=config),
-            verify=partial(_verify, folder, config=config, log=log) if verify else None,
+            verify=check,
             finite=ckpt.tensors,  # the gates too: they travel inside q_proj
         )
 

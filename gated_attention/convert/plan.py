@@ -92,6 +92,22 @@ def renamer(rules, source=None):
     return rename
 
 
+def key_mapping(rules, source, num_layers: int) -> dict[str, str]:
+    """The rules' renames as transformers' `from_pretrained(key_mapping=...)` applies them while loading (a
+    regex and its replacement, `\\1` for its one group), so that a model reads SRC's files under our names."""
+    mapping = {}
+    for rule in rules:
+        if isinstance(rule, Rename):
+            mapping[rule.pattern] = rule.replacement
+        elif isinstance(rule, RenameByLayerType):
+            for n in range(num_layers):
+                mixer = rule.attention if n in source.attention_layers else rule.linear
+                mapping[rf"^model\.layers\.{n}\.{re.escape(rule.part)}\."] = f"model.layers.{n}.{mixer}."
+        else:
+            raise ValueError(f"{type(rule).__name__} changes tensors, not only names: transformers cannot apply it while loading")
+    return mapping
+
+
 # --- reading ---------------------------------------------------------------------------------------------
 
 

@@ -1,20 +1,41 @@
-"""Verification: source and result run on one fixed prompt, their logits compared.
+"""Verification: source and result run on one fixed prompt, compared layer by layer, within a memory budget.
 
 Both sides run transformers' SDPA on the CPU in the output dtype, so that a
-bit-identical conversion compares equal on any machine.
+bit-identical conversion compares equal on any machine. They are loaded one
+after the other, each placed by accelerate within the budget
+(`hub.memory_budget`): the layers that fit stay in memory, the others are read
+from the checkpoint's own safetensors files one module at a time while the
+prompt runs. Only the reference's outputs (the hidden state after every layer
+and the logits, a few MB) are kept while the result runs, so memory holds one
+model's share of the budget at a time, whatever the model's size.
+
+An exact conversion must give the same bits after every layer, not only in the
+logits: a difference that rounding happens to hide at the end would still be
+found, and the error names the first layer where it appears.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import register_auto_classes
+from ..hub.command_line import format_size
+from ..hub.memory_budget import MemoryBudget, MemoryBudgetError
 from .sources import ConversionError, SourceCheckpoint
 
 VERIFY_TOKENS = 32
+
+# Both sides of a comparison run transformers' SDPA, so that a bit-identical conversion compares equal on
+# any machine, whatever default either side's attention implementation has there.
+VERIFY_ATTENTION = "sdpa"
+
+BUDGET_REMEDY = "give a larger --max-memory, free some memory, or pass --no-verify; nothing was written"
 
 
 def verification_ids(vocab_size: int, max_positions: int) -> torch.Tensor:
@@ -24,84 +45,150 @@ def verification_ids(vocab_size: int, max_positions: int) -> torch.Tensor:
 
 
 @dataclass
-class LogitsComparison:
-    max_abs_diff: float
-    bit_identical: bool
+class PromptRun:
+    """One model's outputs on the fixed prompt."""
+
+    logits: torch.Tensor  # [1, T, V]
+    # [1, T, hidden] each, L + 1 of them: the embeddings, then each layer's output (the last one after the
+    # final norm, as transformers returns it)
+    hidden_states: tuple[torch.Tensor, ...]
+    weight_bytes: int  # the model's weights
+    offloaded_bytes: int  # of which accelerate left on disk, read while the prompt ran
+
+    def placement(self) -> str:
+        if not self.offloaded_bytes:
+            return f"all {format_size(self.weight_bytes)} of weights in memory"
+        return f"{format_size(self.offloaded_bytes)} of {format_size(self.weight_bytes)} of weights read from disk as it ran"
+
+
+@dataclass
+class Comparison:
+    max_abs_diff: float  # of the logits
+    bit_identical: bool  # every hidden state and the logits
     max_abs_logit: float  # the scale the difference is measured against
+    first_difference: str | None  # where the two runs first differ ("layer 3's output"); None: nowhere
+
+
+def check_budget(budget: MemoryBudget, config, dtype: torch.dtype) -> None:
+    """Refuse, before anything is written, a budget that cannot hold the largest layer of the model `config`
+    describes, in `dtype` (built on the meta device: no memory, no weights)."""
+    from transformers import AutoModelForCausalLM
+
+    register_auto_classes()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
+    try:
+        budget.check_holds(model, BUDGET_REMEDY)
+    except MemoryBudgetError as e:
+        raise ConversionError(str(e)) from None
 
 
 @torch.no_grad()
-def compare_logits(reference, result, vocab_size: int, max_positions: int) -> LogitsComparison:
-    """Compare two models' logits on the fixed prompt."""
-    ids = verification_ids(vocab_size, max_positions)
-    a = reference.eval()(ids).logits
-    b = result.eval()(ids).logits
-    return LogitsComparison((a.float() - b.float()).abs().max().item(), torch.equal(a, b), a.abs().max().item())
+def run_prompt(
+    folder: Path,
+    budget: MemoryBudget,
+    *,
+    dtype: torch.dtype | None,
+    vocab_size: int,
+    max_positions: int,
+    offload_dir: Path,
+    forward_context=contextlib.nullcontext,
+    strict: bool = False,
+    **load_kwargs,
+) -> PromptRun:
+    """Load the checkpoint in `folder` within `budget`, run the fixed prompt, and let the model go.
 
-
-# Both sides of a comparison run transformers' SDPA, so that a bit-identical conversion compares equal on
-# any machine, whatever default either side's attention implementation has there.
-VERIFY_ATTENTION = "sdpa"
-
-
-def load_for_verify(folder: Path, dtype: torch.dtype | None, **config_overrides):
+    `offload_dir` holds the temporary offload folder (on DST's disk, not in a tmpfs); `load_kwargs` go to
+    `from_pretrained` (config overrides, `config=`, `key_mapping=`). `strict`: every weight of the model
+    must come from the checkpoint and every tensor of the checkpoint must have a place in it.
+    """
     from transformers import AutoModelForCausalLM
 
     register_auto_classes()
-    return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype or "auto", attn_implementation=VERIFY_ATTENTION, **config_overrides
-    )
+    with budget.placement(dir=offload_dir) as placement:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
+            **placement, **load_kwargs,
+        )  # fmt: skip
+        lost = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
+        if strict and lost:  # from_pretrained would only warn, and fill a missing weight with random numbers
+            raise ConversionError(f"verification failed: SRC's weights do not fit the reference model ({lost[0]})")
+        with forward_context():
+            out = model.eval()(verification_ids(vocab_size, max_positions), output_hidden_states=True)
+        sizes = [(p.numel() * p.element_size(), p.device.type == "meta") for p in model.parameters()]
+        del model
+        # accelerate's hooks tie a dispatched model into reference cycles: without a collection now, its
+        # weights in memory would still be there while the next model loads.
+        gc.collect()
+    return PromptRun(out.logits, tuple(out.hidden_states), sum(n for n, _ in sizes), sum(n for n, off in sizes if off))
 
 
-def verify_against_source(src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log) -> float:
+def compare_runs(reference: PromptRun, result: PromptRun) -> Comparison:
+    a, b = reference.logits, result.logits
+    first = None
+    last = len(reference.hidden_states) - 1
+    for i, (x, y) in enumerate(zip(reference.hidden_states, result.hidden_states)):
+        if not torch.equal(x, y):
+            first = "the embeddings" if i == 0 else f"layer {i}'s output" + (" after the final norm" if i == last else "")
+            break
+    if first is None and not torch.equal(a, b):
+        first = "the logits"
+    return Comparison((a.float() - b.float()).abs().max().item(), first is None, a.abs().max().item(), first)
+
+
+def _log_and_check(cmp: Comparison, reference_name: str, exact: bool, log, note: str = "") -> float:
+    compared = f"max |logits({reference_name}) - logits(DST)| = {cmp.max_abs_diff:g}"
+    if exact:
+        same = " (bit-identical after every layer and in the logits)" if cmp.bit_identical else ""
+        log(f"verify: {compared}{same}{note}")
+        if not cmp.bit_identical:
+            raise ConversionError(
+                f"verification failed: exact conversion changed the outputs, first in {cmp.first_difference} "
+                f"(max abs logits diff {cmp.max_abs_diff:g})"
+            )
+    else:
+        log(f"verify: {compared} (--init bias is near-identity, not exact)")
+    return cmp.max_abs_diff
+
+
+def _announce(budget: MemoryBudget, reference_name: str, log) -> None:
+    log(f"verifying within {budget.describe()}: {reference_name}, then the result, each loaded with what does not "
+        "fit read from disk, compared after every layer on a fixed prompt")  # fmt: skip
+
+
+def verify_against_source(
+    src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log, budget: MemoryBudget
+) -> float:
     # With a RoPE change the reference is SRC's weights run with DST's rotary tables: the change itself moves
     # the logits (that is its point), so only the weights' part can be compared, and the line says so.
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
-    log(f"verifying: loading {reference_name} and the result, comparing logits on a fixed prompt")
-    reference = load_for_verify(src_folder, dtype, **overrides)
-    result = load_for_verify(stage, dtype)
-    cmp = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
-    diff, equal = cmp.max_abs_diff, cmp.bit_identical
-    del reference, result
-    compared = f"max |logits({reference_name}) - logits(DST)| = {diff:g}"
-    if exact:
-        note = " (bit-identical)" if equal else ""
-        if overrides:  # what a reader of "0" would otherwise take for "the RoPE change did nothing"
-            note += "; DST's logits differ from SRC's own, as the RoPE change makes them"
-        log(f"verify: {compared}{note}")
-        if not equal:
-            raise ConversionError(f"verification failed: exact conversion changed the logits (max abs diff {diff:g})")
-    else:
-        log(f"verify: {compared} (--init bias is near-identity, not exact)")
-    return diff
+    _announce(budget, reference_name, log)
+    prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
+    reference = run_prompt(src_folder, budget, **prompt, **overrides)
+    log(f"verifying: SRC ran with {reference.placement()}")
+    result = run_prompt(stage, budget, **prompt)
+    log(f"verifying: DST ran with {result.placement()}")
+    # What a reader of "0" would otherwise take for "the RoPE change did nothing":
+    note = "; DST's logits differ from SRC's own, as the RoPE change makes them" if overrides else ""
+    return _log_and_check(compare_runs(reference, result), reference_name, exact, log, note)
 
 
-def verify_against_ungated(ckpt: SourceCheckpoint, stage: Path, config, rename, dtype, exact: bool, log) -> float:
+def verify_against_ungated(
+    ckpt: SourceCheckpoint, stage: Path, config, key_mapping: dict, dtype, exact: bool, log, budget: MemoryBudget
+) -> float:
     """fla's own model runs only with CUDA kernels and flash-attn, so the reference is SRC's weights
     in our hybrid model with the gate off: this checks the gate init and every tensor's place, not
-    fla's kernels against ours."""
+    fla's kernels against ours. SRC is read under our names through `key_mapping` (transformers' renaming
+    while loading), so its offloaded layers are still read from its own files."""
     log("verifying: fla models need CUDA and flash-attn to run, so the reference is SRC's weights in "
-        "gated_deltanet_hybrid with the gate off")
+        "gated_deltanet_hybrid with the gate off")  # fmt: skip
+    _announce(budget, "the ungated reference", log)
     ref_config = type(config).from_dict({**config.to_dict(), "attn_gate": None})
-    # Built in the target dtype (not cast afterwards: .to() would also round RoPE's fp32 inv_freq buffer).
     target_dtype = dtype or getattr(torch, str(config.dtype))
-    from transformers import AutoModelForCausalLM
-
-    register_auto_classes()
-    reference = AutoModelForCausalLM.from_config(ref_config, dtype=target_dtype, attn_implementation=VERIFY_ATTENTION)
-    state = {rename(name): ckpt.read(name) for name in ckpt.tensors if not (config.tie_word_embeddings and name == "lm_head.weight")}
-    missing, unexpected = reference.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise ConversionError(f"verification failed: SRC's weights do not fit the ungated model ({(missing + unexpected)[0]})")
-    reference.tie_weights()
-    result = load_for_verify(stage, dtype)
-    cmp = compare_logits(reference, result, config.vocab_size, config.max_position_embeddings)
-    del reference, result, state
-    if exact:
-        log(f"verify: max |logits(ungated) - logits(DST)| = {cmp.max_abs_diff:g}" + (" (bit-identical)" if cmp.bit_identical else ""))
-        if not cmp.bit_identical:
-            raise ConversionError(f"verification failed: exact conversion changed the logits (max abs diff {cmp.max_abs_diff:g})")
-    else:
-        log(f"verify: max |logits(ungated) - logits(DST)| = {cmp.max_abs_diff:g} (--init bias is near-identity, not exact)")
-    return cmp.max_abs_diff
+    prompt = dict(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
+    reference = run_prompt(ckpt.folder, budget, dtype=target_dtype, config=ref_config, key_mapping=key_mapping,
+                           strict=True, **prompt)  # fmt: skip
+    log(f"verifying: the ungated reference ran with {reference.placement()}")
+    result = run_prompt(stage, budget, dtype=dtype, **prompt)
+    log(f"verifying: DST ran with {result.placement()}")
+    return _log_and_check(compare_runs(reference, result), "ungated", exact, log)

@@ -1,6 +1,6 @@
 """Hub integration: the remote-code bundle, model cards, telling a Hub id from a folder, output folders,
-the `--dataset` reader, loading a checkpoint whose weights fit its config, and the small helpers every
-command line shares.
+the `--dataset` reader, the memory budget, loading a checkpoint whose weights fit its config, and the
+small helpers every command line shares.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -14,8 +14,14 @@ command line shares.
 - `command_line`: what every command line shares (the `gated-attention`
   commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
   with a usage error as one line), `bounded` (an argparse type for a number in
-  a range), `first_line` (an exception as one line) and `sigterm_as_interrupt`
-  (`kill PID` unwinds like Ctrl-C). Standard library only.
+  a range), `memory_size` / `parse_size` / `format_size` (`--max-memory 4GB`),
+  `first_line` (an exception as one line) and `sigterm_as_interrupt` (`kill PID`
+  unwinds like Ctrl-C). Standard library only.
+- `memory_budget`: `MemoryBudget`, what `--max-memory` (or, by default, the
+  free memory) turns into for accelerate's big-model inference: its
+  `max_memory` dict, `from_pretrained`'s placement arguments with a temporary
+  offload folder, and the one-line refusal of a budget below one layer.
+  `convert` verifies within it and `analysis` runs within it.
 - `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
   jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
   as a stream, with `DataError` as one line.
@@ -28,6 +34,9 @@ command line shares.
   (`check_output_folder`): never the working folder, an input, or a folder
   that is not the package's own. Standard library only, so the commands check
   before importing torch.
+- `staging`: output folders that appear whole or not at all (`staged_folder`: written beside the
+  output, renamed into place; renameat2 without replacing; what killed runs leave behind). Standard
+  library only.
 
 Imports: nothing else of this package (it sits on the layer of
 `configuration` and `kernels`, see docs/architecture.md); `modeling`,

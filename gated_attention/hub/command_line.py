@@ -1,5 +1,5 @@
 """Small pieces every command line of the package shares: a parser whose usage errors are one line, flag
-values in a range, an exception as one line, SIGTERM handled as Ctrl-C.
+values in a range, memory sizes (`--max-memory 4GB`), an exception as one line, SIGTERM handled as Ctrl-C.
 
 `cli`, `analysis`, `convert`, `recipes`, `training`, the examples and the
 benchmarks use these, so a range or a one-line error reads the same in every
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
+import re
 import signal
 from collections.abc import Iterator
 
@@ -42,6 +44,55 @@ def bounded(kind: type = int, low: float = 1, *, strict: bool = False, high: flo
         return value
 
     return parse
+
+
+# A memory size as accelerate's `max_memory` and huggingface_hub's `max_shard_size` write it: decimal units
+# (KB, MB, GB, TB) are powers of 10, binary ones (KiB, MiB, GiB, TiB) powers of 2; a bare number is bytes.
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """"4GB", "512MiB", "1.5GB" or "1000000" in bytes (ValueError when it is no size)."""
+    found = _SIZE.match(text)
+    if not found or found[2].upper() not in _SIZE_UNITS:
+        raise ValueError(f"expected a size such as 4GB or 512MiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}")
+    return int(float(found[1]) * _SIZE_UNITS[found[2].upper()])
+
+
+def format_size(size: int) -> str:
+    """Bytes as a person reads them, in decimal units like `parse_size`'s (`format_size(1_500_000_000) == "1.50 GB"`)."""
+    for unit in ("TB", "GB", "MB", "KB"):
+        if size >= _SIZE_UNITS[unit]:
+            return f"{size / _SIZE_UNITS[unit]:.2f} {unit}"
+    return f"{size} B"
+
+
+def physical_memory() -> int | None:
+    """The machine's RAM in bytes, or None where the system does not say (os.sysconf is POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def memory_size(text: str) -> int:
+    """An argparse `type` for `--max-memory SIZE`: a size above zero and at most this machine's RAM.
+
+    More than the machine has would bound nothing (a typed TB for GB), so it is a usage error too, before
+    anything runs.
+    """
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
+    ram = physical_memory()
+    if ram is not None and size > ram:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than this machine's memory ({format_size(ram)})")
+    return size
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

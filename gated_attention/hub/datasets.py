@@ -204,8 +204,9 @@ def open_text_dataset(spec: str | list[str], split: str = "train"):
     raise DataError(f"--dataset {missing}: no such file or folder")
 
 
-def check_text_field(ds, text_field: str, spec) -> None:
-    """`DataError` unless `text_field` is a column of `ds` (known from its features or first document)."""
+def check_text_field(ds, text_field: str, spec, flag: str = "--text-field") -> None:
+    """`DataError` unless `text_field` is a column of `ds` (known from its features or first document);
+    `flag` names the option that gave the column."""
     columns = ds.column_names
     if columns is None:  # features unknown until read: look at the first document
         with reading(spec):
@@ -214,7 +215,7 @@ def check_text_field(ds, text_field: str, spec) -> None:
             raise DataError(f"--dataset {spec}: the dataset is empty")
         columns = list(first)
     if text_field not in columns:
-        raise DataError(f"--text-field {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
+        raise DataError(f"{flag} {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
 
 
 def check_has_text(ds, text_field: str, spec) -> None:

@@ -13,18 +13,17 @@ l2-normalises them (or passes `use_qk_l2norm_in_kernel=True`).
 
 The torch path follows the chunked (WY / UT-transform) form of fla's naive
 chunk reference and transformers' `torch_chunk_gated_delta_rule`, with the
-triangular solve replaced by a blocked inverse made of batched matmuls and the
-diagonal scalings folded into [C, C] factors: see `_chunked_gated_delta_rule`
-and benchmarks/gdn_cpu.py.
+triangular system solved in one batched call and the diagonal scalings folded
+into [C, C] factors: see `chunked_gated_delta_rule` and benchmarks/fla_cpu.py.
+A single position (a decode step) takes a recurrent step instead.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from transformers.utils import logging
+
+from .chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
 
 logger = logging.get_logger(__name__)
 
@@ -145,47 +144,63 @@ def torch_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The torch path of `gated_delta_rule` (same arguments); differentiable, computes in fp32."""
+    """The torch path of `gated_delta_rule` (same arguments); differentiable, computes in fp32.
+
+    g may be None here: no decay (DeltaNet's delta rule), without computing decay factors of 1.
+    """
     if scale is None:
         scale = k.shape[-1] ** -0.5
-    if cu_seqlens is None:
-        return _chunked_gated_delta_rule(
-            q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
+    if cu_seqlens is not None:
+        # Packed sequences: each runs alone from its own initial state (fla's semantics).
+        return each_sequence(
+            lambda q, k, v, g, beta, h0: torch_gated_delta_rule(
+                q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size,
+            ),
+            cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state,
         )
-    # Packed sequences: each runs alone from its own initial state (fla's semantics).
-    bounds = cu_seqlens.tolist()
-    outputs, states = [], []
-    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        h0 = None if initial_state is None else initial_state[i : i + 1]
-        o, s = _chunked_gated_delta_rule(
-            q[:, start:end],
-            k[:, start:end],
-            v[:, start:end],
-            g[:, start:end],
-            beta[:, start:end],
-            scale,
-            h0,
-            output_final_state,
-            use_qk_l2norm_in_kernel,
-            chunk_size,
-        )
-        outputs.append(o)
-        states.append(s)
-    return torch.cat(outputs, dim=1), torch.cat(states) if output_final_state else None
+    if q.shape[1] == 1:
+        if g is None:
+            g = beta.new_zeros(beta.shape, dtype=torch.float32)
+        return _recurrent_step(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
+    return chunked_gated_delta_rule(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
+    )
 
 
-def _to_chunks(x: torch.Tensor, n: int, chunk: int) -> torch.Tensor:
-    """`[B, T, H, D]` (T = n * chunk) -> fp32 `[n, B * H, chunk, D]`, chunk-major so chunk i is contiguous."""
-    B, _, H, D = x.shape
-    out = x.new_empty(n, B, H, chunk, D, dtype=torch.float32)
-    out.copy_(x.view(B, n, chunk, H, D).permute(1, 0, 3, 2, 4))  # one copy, converting the dtype on the way
-    return out.view(n, B * H, chunk, D)
+def _recurrent_step(q, k, v, g, beta, scale, initial_state, output_final_state, l2):
+    """One position (a decode step): the chunk path's arithmetic for a chunk of one, without its set-up.
+
+    For C = 1 the chunk path's decay matrix, triangular inverse and key decay
+    are all exactly 1, so what remains is the three matmuls below, on the
+    same shapes and in the same order: the numbers are the chunk path's, bit
+    for bit (tests/test_gated_delta_rule.py checks it), and the dozen small
+    kernels that build the unit factors are skipped.
+    """
+    B, _, H, K = k.shape
+    HV, V = v.shape[-2:]
+    if HV != H:
+        q = q.repeat_interleave(HV // H, dim=2)
+        k = k.repeat_interleave(HV // H, dim=2)
+    BH, out_dtype = B * HV, v.dtype
+    q, k, v = (x.to(torch.float32).reshape(BH, 1, x.shape[-1]) for x in (q, k, v))  # [BH, 1, D]
+    g, beta = (x.to(torch.float32).reshape(BH, 1, 1) for x in (g, beta))
+    if l2:
+        q, k = l2norm(q), l2norm(k)
+    decay = g.exp()
+    state = q.new_zeros(BH, K, V) if initial_state is None else initial_state.to(torch.float32).reshape(BH, K, V)
+    v_new = torch.baddbmm(beta * v, (beta * decay) * k, state, alpha=-1)  # beta (v - exp(g) S^T k)
+    o = torch.baddbmm(torch.bmm(q * decay, state), q @ k.transpose(-1, -2), v_new, beta=scale, alpha=scale)
+    state = torch.baddbmm(state * decay, k.transpose(-1, -2), v_new)
+    final_state = state.view(B, HV, K, V) if output_final_state else None
+    return o.view(B, 1, HV, V).to(out_dtype), final_state
 
 
-def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chunk_size):
+def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chunk_size):
+    """The chunked torch path for any T (`torch_gated_delta_rule` takes `_recurrent_step` for T = 1); positional
+    arguments in the order of `torch_gated_delta_rule`'s, `l2` for `use_qk_l2norm_in_kernel`."""
     B, T, H, K = k.shape
     HV, V = v.shape[-2:]
-    out_dtype = v.dtype
     if T == 0:
         state = initial_state.float() if initial_state is not None else v.new_zeros(B, HV, K, V, dtype=torch.float32)
         return v.new_empty(B, 0, HV, V), state if output_final_state else None
@@ -193,79 +208,69 @@ def _chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fin
         q = q.repeat_interleave(HV // H, dim=2)
         k = k.repeat_interleave(HV // H, dim=2)
 
-    # A short input (a decode step) is one short chunk. Padded steps have
-    # k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-    C = min(chunk_size, 1 << (T - 1).bit_length())  # a power of two, for unit_lower_inverse
-    n = math.ceil(T / C)
-    pad = n * C - T
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
-    q, k, v = (_to_chunks(x, n, C) for x in (q, k, v))  # [n, BH, C, D]
-    g, beta = (_to_chunks(x.unsqueeze(-1), n, C).squeeze(-1) for x in (g, beta))  # [n, BH, C]
-    if l2:
-        q, k = l2norm(q), l2norm(k)
-
-    # c[i]: log decay from the chunk start through position i. Decays between positions
-    # j <= i are exp(c_i - c_j); the upper triangle is set to -inf *before* exp, where
-    # c_i - c_j > 0 could overflow.
-    c = g.cumsum(-1)
-    c_exp = c.exp()
-    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
-    decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()  # [n, BH, C, C]
-
-    # Intra-chunk: the delta rule within a chunk is the unit-lower-triangular system
-    # A [U | W] = [diag(beta) V | diag(beta exp(c)) K], A = I + tril(diag(beta) K K^T * decay, -1);
-    # U are the values to write before the old state's prediction is subtracted, W the
-    # keys through which the old state is read. The diagonal scalings are applied to the
-    # [C, C] factors rather than to the [C, D] operands: fewer passes over memory.
-    kk = k @ k.transpose(-1, -2)  # [n, BH, C, C]
-    t_inv = unit_lower_inverse(kk * (decay * beta.unsqueeze(-1)))
-    u = (t_inv * beta.unsqueeze(-2)) @ v  # [n, BH, C, V]
-    w = (t_inv * (beta * c_exp).unsqueeze(-2)) @ k  # [n, BH, C, K]
-    attn = (q @ k.transpose(-1, -2)) * decay  # causal intra-chunk scores (scale applied at the end)
-    q_decayed = q * c_exp.unsqueeze(-1)  # reads the state left by the previous chunk
-    k_decayed = (k * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [n, BH, K, C], writes the next one
-    chunk_decay = c_exp[..., -1, None, None]  # [n, BH, 1, 1]
-
     BH = B * HV
     if initial_state is None:
-        state = q.new_zeros(BH, K, V)
+        state = q.new_zeros(BH, K, V, dtype=torch.float32)
     else:
         state = initial_state.to(torch.float32).reshape(BH, K, V)
+    C, n = chunk_length(T, chunk_size)
+    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
+    out = v.new_empty(B, n * C, HV, V)
+    for first, m in chunk_groups(n, BH * C * max(C, K, V)):
+        # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
+        span = slice(first * C, (first + m) * C)
+        qc, kc, vc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v))  # [m, BH, C, D]
+        bc = to_chunks(pad_time(beta[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1)  # [m, BH, C]
+        if l2:
+            qc, kc = l2norm(qc), l2norm(kc)
+        kk = kc @ kc.transpose(-1, -2)  # [m, BH, C, C]
+        attn = qc @ kc.transpose(-1, -2)  # causal intra-chunk scores once masked (scale applied at the end)
 
-    # Inter-chunk: the sequential part, five small matmuls per chunk. Each chunk's output
-    # goes straight into its place in the [B, T, HV, V] result.
-    out = q.new_empty(B, n, C, HV, V)
-    for i in range(n):
-        v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: the part S does not predict
-        o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new, beta=scale, alpha=scale)
-        out[:, i] = o.view(B, HV, C, V).transpose(1, 2)
-        state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v_new)
-    o = out.view(B, n * C, HV, V)[:, :T]  # [B, T, HV, V]
+        if g is None:  # the delta rule without decay (DeltaNet): every decay factor below is 1
+            t_beta = unit_lower_inverse(kk.mul_(bc.unsqueeze(-1))).mul_(bc.unsqueeze(-2))
+            u, w = t_beta @ vc, t_beta @ kc
+            attn.masked_fill_(upper, 0.0)
+            q_decayed, k_decayed, chunk_decay = qc, kc.transpose(-1, -2), None
+        else:
+            # c[i]: log decay from the chunk start through position i. Decays between positions
+            # j <= i are exp(c_i - c_j); the upper triangle is set to -inf *before* exp, where
+            # c_i - c_j > 0 could overflow.
+            c = to_chunks(pad_time(g[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1).cumsum(-1)  # [m, BH, C]
+            c_exp = c.exp()
+            decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill_(upper, float("-inf")).exp_()  # [m, BH, C, C]
+
+            # Intra-chunk: the delta rule within a chunk is the unit-lower-triangular system
+            # A [U | W] = [diag(beta) V | diag(beta exp(c)) K], A = I + tril(diag(beta) K K^T * decay, -1);
+            # U are the values to write before the old state's prediction is subtracted, W the
+            # keys through which the old state is read. The diagonal scalings are applied to the
+            # [C, C] factors rather than to the [C, D] operands: fewer passes over memory.
+            t_inv = unit_lower_inverse(kk * (decay * bc.unsqueeze(-1)))
+            u = (t_inv * bc.unsqueeze(-2)) @ vc  # [m, BH, C, V]
+            w = (t_inv * (bc * c_exp).unsqueeze(-2)) @ kc  # [m, BH, C, K]
+            attn.mul_(decay)
+            q_decayed = qc * c_exp.unsqueeze(-1)  # reads the state left by the previous chunk
+            k_decayed = (kc * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [m, BH, K, C], writes the next
+            chunk_decay = c_exp[..., -1, None, None]  # [m, BH, 1, 1]
+
+        # Inter-chunk: the sequential part, five small matmuls per chunk. Each chunk's output
+        # goes straight into its place in the [B, T, HV, V] result.
+        for i in range(m):
+            v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: the part S does not predict
+            o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new, beta=scale, alpha=scale)
+            position = (first + i) * C
+            out[:, position : position + C] = o.view(B, HV, C, V).transpose(1, 2)
+            state = torch.baddbmm(state if chunk_decay is None else state * chunk_decay[i], k_decayed[i], v_new)
     final_state = state.view(B, HV, K, V) if output_final_state else None
-    return o.to(out_dtype), final_state
+    return out[:, :T], final_state
 
 
 def unit_lower_inverse(m: torch.Tensor) -> torch.Tensor:
-    """Inverse of `I + tril(m, -1)` for m `[..., C, C]`, C a power of two (the rest of m is not read).
+    """Inverse of `I + tril(m, -1)` for m `[..., C, C]` (the diagonal and the upper triangle of m are not read).
 
-    Merges diagonal blocks bottom-up, as fla's `solve_tril` kernel does:
-    `[[A, 0], [M, D]]^-1 = [[A^-1, 0], [-D^-1 M A^-1, D^-1]]`. Same numbers as
-    forward substitution up to rounding, in log2(C) rounds of batched matmuls,
-    where `torch.linalg.solve_triangular` solves one small system at a time on
-    the CPU and costs more than the rest of the torch path together.
+    One batched unit-lower-triangular solve against the identity. (An earlier
+    blocked inverse made of log2(C) rounds of batched matmuls, fla's `solve_tril`
+    scheme, measured 10-15% slower end to end with torch 2.13 on the CPU.)
     """
-    *batch, C, _ = m.shape
-    inv = m.new_ones(*batch, C, 1, 1)  # the 1x1 diagonal blocks of the inverse
-    b = 1
-    while b < C:
-        pairs = C // (2 * b)
-        diagonal_blocks = m.unflatten(-1, (pairs, 2 * b)).unflatten(-3, (pairs, 2 * b)).diagonal(dim1=-4, dim2=-2)
-        lower = diagonal_blocks[..., b:, :b, :].movedim(-1, -3)  # [..., pairs, b, b]
-        a, d = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-        top = torch.cat([a, torch.zeros_like(a)], dim=-1)
-        bottom = torch.cat([-(d @ lower @ a), d], dim=-1)
-        inv = torch.cat([top, bottom], dim=-2)  # [..., pairs, 2b, 2b]
-        b *= 2
-    return inv.squeeze(-3)
+    C = m.shape[-1]
+    eye = torch.eye(C, dtype=m.dtype, device=m.device).expand_as(m)
+    return torch.linalg.solve_triangular(m, eye, upper=False, unitriangular=True)

@@ -100,7 +100,6 @@ class GatedDeltaNet(nn.Module):
 
     def _conv(self, mixed: torch.Tensor, cache: Cache | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
         """SiLU(causal depthwise conv) over [q | k | v] channels: `[B, T, D]` -> `[B, T, D]`."""
-        weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])  # [D, 1, conv]
         T = mixed.shape[1]
         x = mixed.transpose(1, 2)  # [B, D, T]
         if cache is not None:
@@ -108,17 +107,22 @@ class GatedDeltaNet(nn.Module):
             # [cached inputs | x], the left context the convolution needs.
             x = cache.update_conv_state(x, self.layer_idx, conv_kernel_size=self.conv_kernel_size)
         if cu_seqlens is None:
-            out = F.conv1d(x, weight, padding=self.conv_kernel_size - 1, groups=x.shape[1])[..., : x.shape[-1]]
+            out = self._depthwise(x)
         else:  # packed sequences: no sequence sees the end of the previous one
             bounds = cu_seqlens.tolist()
-            out = torch.cat(
-                [
-                    F.conv1d(x[..., s:e], weight, padding=self.conv_kernel_size - 1, groups=x.shape[1])[..., : e - s]
-                    for s, e in zip(bounds[:-1], bounds[1:])
-                ],
-                dim=-1,
-            )
+            out = torch.cat([self._depthwise(x[..., s:e]) for s, e in zip(bounds[:-1], bounds[1:])], dim=-1)
         return F.silu(out[..., -T:]).transpose(1, 2)
+
+    def _depthwise(self, x: torch.Tensor) -> torch.Tensor:
+        """`[B, D, t]` -> `[B, D, t]`, causal: each of q, k and v through its own convolution module.
+
+        The modules are called, not their weights read: accelerate loads an offloaded module's weight
+        only when the module itself runs (a weight read directly would still be on the meta device).
+        Depthwise, every channel is its own convolution, so three calls give the numbers one would.
+        """
+        parts = x.split([self.key_dim, self.key_dim, self.value_dim], dim=1)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        return torch.cat([conv(part)[..., : part.shape[-1]] for conv, part in zip(convs, parts)], dim=1)
 
     def forward(
         self,

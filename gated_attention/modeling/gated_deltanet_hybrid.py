@@ -126,8 +126,9 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         if position_ids is None and attention_free and kwargs.get("cu_seq_lens_q") is None:
             # Pure Gated DeltaNet (the massive-activations paper's rho = infinity): nothing reads positions, and the cache has
             # no attention layer to count past tokens (its get_seq_length raises).
-            length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-            position_ids = torch.arange(length, device=self.embed_tokens.weight.device)[None]
+            tokens = input_ids if input_ids is not None else inputs_embeds
+            # The input's device, not the embedding's: accelerate leaves an offloaded weight on "meta".
+            position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None]
         return super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,

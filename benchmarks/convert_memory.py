@@ -1,0 +1,279 @@
+"""Peak memory and wall time of `convert` with its verification, and of `analyze`, at several memory budgets, in one run.
+
+    python benchmarks/convert_memory.py                            # 0.84B bf16 Llama; budgets 1GB 4GB and none
+    python benchmarks/convert_memory.py --shape 8b --budgets 6GB   # an 8B-shaped one (16 GB on disk, ~35 GB scratch)
+    python benchmarks/convert_memory.py --parts analyze            # analyze only
+
+Builds a Llama-shaped bf16 checkpoint with random weights from a config
+(nothing is downloaded), then runs `python -m gated_attention convert SRC DST`
+as a whole process for each budget (`--max-memory SIZE`; `none` is the
+default, what the machine has free), and prints each run's wall time and peak
+RSS (the kernel's high-water mark of the process, from wait4) beside:
+
+- the time to read SRC's files once, from disk: the least any conversion
+  needs, which reads SRC at least twice (the inf/NaN check and the copy) and
+  the verification once more;
+- `convert --no-verify`, the write alone;
+- the peak RSS of a process that only imports what `convert` imports.
+
+SRC's pages are dropped from the page cache (after a sync) before every timed
+command, so each one reads SRC from disk as a first run would: the figures do
+not depend on what an earlier row left in memory. Every command runs once; on
+a shared machine, run the script again before believing a difference of a
+few percent.
+
+`analyze` runs on the same checkpoint in bf16 with a byte-level BPE trained on
+the built-in samples, 3 inputs of 128 tokens at each budget, and once more with
+inputs of 1,024 tokens within the first budget: its peak grows with one
+layer's attention map (what the capture keeps is reduced inside its hooks),
+not with the number of layers.
+
+`--parts` chooses what is measured; `PARTS` maps each part to the function that
+returns its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gated_attention.hub.command_line import OneLineErrorParser, format_size, memory_size
+
+REPO = Path(__file__).resolve().parents[1]
+# TinyLlama-1.1B's layer shapes with 16 layers: 0.84B parameters, 1.67 GB in bf16.
+SHAPES = {
+    "0.85b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=4),
+    # Llama-3-8B's shapes: 8.0B parameters, 16.1 GB in bf16.
+    "8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=8),
+}  # fmt: skip
+SHARD_BYTES = 2 * 10**9  # the builder holds one shard in memory; the 8B one has 9
+
+# What `python -m gated_attention convert` imports before it reads a tensor (see benchmarks/convert.py).
+IMPORTS_CONVERT = (
+    "import sys; sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'gated_attention']; "
+    "from gated_attention.cli import build_parser; build_parser(); import gated_attention.convert.convert"
+)
+READ_ONCE = """
+import sys
+buffer = bytearray(64 << 20)
+for name in sys.argv[1:]:
+    with open(name, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+"""
+
+
+def build_checkpoint(folder: Path, shape: str) -> None:
+    """Random bf16 weights (std 0.02, norms 1) in shards of about SHARD_BYTES, with config and index."""
+    import torch
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, dtype="bfloat16")
+    config.save_pretrained(folder)
+    with torch.device("meta"):
+        meta = {k: v.to(torch.bfloat16) for k, v in LlamaForCausalLM(config).state_dict().items()}
+    split = split_torch_state_dict_into_shards(meta, max_shard_size=SHARD_BYTES)
+    g = torch.Generator().manual_seed(0)
+    for filename, names in split.filename_to_tensors.items():
+        tensors = {}
+        for n in names:
+            t = torch.empty(meta[n].shape, dtype=torch.bfloat16)
+            tensors[n] = t.fill_(1.0) if n.endswith("norm.weight") else t.normal_(0, 0.02, generator=g)
+        save_file(tensors, folder / filename, metadata={"format": "pt"})
+        del tensors
+    index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def evict(folder: Path) -> None:
+    """Write back, then drop `folder`'s files from the page cache (this process's files only, nobody else's)."""
+    os.sync()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# Runs a command and reports its wall time and peak RSS. The command is started from this small process, not
+# from the benchmark's: a child's peak RSS counts the memory of the process it was forked from, and the
+# benchmark imports the package (and with it torch) to parse its flags.
+MEASURE = """
+import json, os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump([time.perf_counter() - start, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)], f)
+"""  # ru_maxrss is in KiB on Linux
+
+
+@dataclass
+class Run:
+    wall_s: float
+    peak_rss: int  # bytes
+    out: str
+
+
+def run(argv: list[str]) -> Run:
+    """Wall seconds, peak RSS and stdout of one whole process (which must succeed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        proc = subprocess.run([sys.executable, "-c", MEASURE, str(report), *argv], cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0 or not report.exists():
+            raise SystemExit(f"{' '.join(argv[:5])}... could not be measured:\n{proc.stderr[-2000:]}")
+        wall, rss, code = json.loads(report.read_text())
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv[:5])}... failed ({code}):\n{proc.stderr[-2000:]}")
+    return Run(wall, rss, proc.stdout)
+
+
+@dataclass
+class Row:
+    name: str
+    run: Run
+    note: str = ""
+
+
+def convert_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Row]:
+    """`convert` with verification at each budget, and without verification."""
+    py = sys.executable
+    rows = []
+    for budget in [*budgets, "no-verify"]:
+        dst = scratch / "dst"
+        flags = ["--no-verify"] if budget == "no-verify" else [] if budget is None else ["--max-memory", str(budget)]
+        evict(src)
+        result = run([py, "-m", "gated_attention", "convert", str(src), str(dst), *flags])
+        shutil.rmtree(dst)
+        if budget == "no-verify":
+            rows.append(Row("convert --no-verify", result))
+            continue
+        within = re.search(r"verifying within (\S+ \S+)", result.out)
+        exact = "bit-identical after every layer" in result.out
+        placements = re.findall(r"verifying: (?:SRC|DST) ran with (.*)", result.out)
+        name = f"convert, verify within {format_size(budget) if budget else f'free memory ({within[1]})'}"
+        rows.append(Row(name, result, f"{'bit-identical' if exact else 'NOT bit-identical'}; " + "; ".join(
+            f"{side}: {p.replace(' of weights', '').replace(' as it ran', '')}" for side, p in zip(("SRC", "DST"), placements))))
+    return rows
+
+
+def build_tokenizer(folder: Path) -> None:
+    """A byte-level BPE trained on the built-in samples, BOS first: ids within any Llama's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from gated_attention.analysis.samples import builtin_samples
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<pad>", "<s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([s.text for s in builtin_samples(8)], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>").save_pretrained(folder)
+
+
+def analyze_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Row]:
+    """`analyze` (bf16, the built-in samples, one per domain) at each budget, and at 8x the length within the first."""
+    tokenizer = scratch / "tokenizer"
+    subprocess.run([sys.executable, __file__, "--build-tokenizer", str(tokenizer)], check=True)
+    rows = []
+    for budget, length in [*((b, 128) for b in budgets), (budgets[0], 1024)]:
+        out = scratch / "analysis"
+        flags = [] if budget is None else ["--max-memory", str(budget)]
+        evict(src)
+        result = run([sys.executable, "-m", "gated_attention", "analyze", str(src), "--out", str(out), "--tokenizer",
+                      str(tokenizer), "--dtype", "bfloat16", "--device", "cpu", "--n-per-domain", "1", "--max-length",
+                      str(length), "--bootstrap", "100", *flags])  # fmt: skip
+        shutil.rmtree(out)
+        placed = re.search(r": (all .* of weights on .*|.* of weights read from the checkpoint as it runs)", result.out)
+        within = format_size(budget) if budget else "free memory"
+        note = (placed[1].split("; budget")[0] if placed else "") + f"; 3 inputs of {length} tokens"
+        rows.append(Row(f"analyze, within {within}, T={length}", result, note))
+    return rows
+
+
+# Each part of the table: (SRC folder, scratch folder, budgets) -> rows.
+PARTS: dict[str, Callable[[Path, Path, list[int | None]], list[Row]]] = {"convert": convert_rows, "analyze": analyze_rows}
+
+
+def budget_or_none(text: str) -> int | None:
+    return None if text == "none" else memory_size(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.85b", help="the Llama's shapes (default: 0.85b)")
+    parser.add_argument("--budgets", nargs="+", type=budget_or_none, default=[10**9, 4 * 10**9, None], metavar="SIZE",
+                        help="--max-memory values, e.g. 1GB 4GB; none: the default, what is free (default: 1GB 4GB none)")
+    parser.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=sorted(PARTS), help="what to measure")
+    parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where the scratch space is (SRC, DST: 2.1x SRC)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--build-only", nargs=2, metavar=("DIR", "SHAPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--build-tokenizer", metavar="DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.build_only:
+        build_checkpoint(Path(args.build_only[0]), args.build_only[1])
+        return 0
+    if args.build_tokenizer:
+        build_tokenizer(Path(args.build_tokenizer))
+        return 0
+
+    root = Path(tempfile.mkdtemp(prefix="convert-memory-", dir=args.workdir))
+    try:
+        src = root / "src"
+        src.mkdir()
+        started = time.perf_counter()
+        # Built in a child process: a child's peak RSS counts the memory of the process it was forked from,
+        # so this process stays small (it imports no torch).
+        subprocess.run([sys.executable, __file__, "--build-only", str(src), args.shape], check=True)
+        shards = sorted(src.glob("*.safetensors"))
+        size = sum(p.stat().st_size for p in shards)
+        params = size / 2
+        print(f"SRC: {args.shape}-shaped bf16 Llama, {params / 1e9:.2f}B parameters, {format_size(size)} in {len(shards)} "
+              f"shard(s) (built in {time.perf_counter() - started:.0f} s); {os.cpu_count()} CPUs, "
+              f"{format_size(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))} of RAM")
+
+        evict(src)
+        read_once = run([sys.executable, "-c", READ_ONCE, *map(str, shards)])
+        imports = run([sys.executable, "-c", IMPORTS_CONVERT])
+        rows = [Row("read SRC once (the disk's limit)", read_once, f"{size / read_once.wall_s / 1e9:.2f} GB/s"),
+                Row("import only (convert)", imports)]  # fmt: skip
+        for part in args.parts:
+            rows += PARTS[part](src, root, args.budgets)
+
+        print(f"\n{'command':<48}{'wall s':>8}{'peak RSS':>12}{'above imports':>15}  note")
+        for row in rows:
+            above = format_size(max(row.run.peak_rss - imports.peak_rss, 0)) if row.run is not imports else ""
+            print(f"{row.name:<48}{row.run.wall_s:>8.1f}{format_size(row.run.peak_rss):>12}{above:>15}  {row.note}")
+        converts = [r for r in rows if r.name.startswith("convert")] or [r for r in rows if r.name.startswith("analyze")]
+        print(f"\nwall time / one read of SRC: " + ", ".join(f"{r.name.removeprefix('convert, ')} {r.run.wall_s / read_once.wall_s:.1f}x"
+                                                            for r in converts))
+        print(f"peak RSS / SRC size: " + ", ".join(f"{r.name.removeprefix('convert, ')} {r.run.peak_rss / size:.2f}x" for r in converts))
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Where a model's decoder layers, softmax-attention modules and attention gates are.
+
+transformers declares, on every model class, which module class yields each decoder layer's hidden
+states and which yields attention weights (`_can_record_outputs`, the mechanism behind
+`output_hidden_states` and `output_attentions`). The analysis reads that declaration, as
+transformers' own recorder does; the package's three families declare it the same way. Where a
+declaration does not say enough, a record below says it, as data, in this one place:
+
+- `UNDECLARED`: model types that declare nothing because they have no attention (Mamba, RWKV):
+  their decoder layer is the class in `_no_split_modules`, and no module is attention.
+- `PACKAGE_DECLARATIONS`: packages whose models declare nothing (fla): their decoder layer is the
+  class in `_no_split_modules`, their attention the package's softmax-attention class.
+- `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax map (MiniMax's
+  lightning attention is linear attention).
+
+Decoder layers: the entries of the `ModuleList` that holds (or is made of) the declared
+hidden-state modules, one per `config.num_hidden_layers`, in order. A declared module nested in a
+wrapper (Zamba2's hybrid layer wraps its Mamba layer) stands for the wrapper, whose output it gives.
+
+Attention layers (1-based): the decoder layers whose module tree contains a softmax-attention
+module. A module shared by several layers (Zamba's one attention block, called by every hybrid
+layer) counts for each layer that holds it, and `Capture` attributes each call to the layer that
+made it. Falcon-H1 runs attention beside its SSM in every layer: every layer is an attention layer.
+
+Layer types are named as the model names them (`config.layer_types` or `config.layers_block_type`);
+a model that names none gets "full_attention" for its attention layers and its layer class's
+name for the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from torch import nn
+
+# ---------------------------------------------------------------- records: what declarations do not say
+
+# transformers model types without `_can_record_outputs`, because they have no attention output to record.
+UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv"}
+# Packages whose model classes declare nothing: the module of their softmax attention class.
+PACKAGE_DECLARATIONS = {"fla": {"attentions": ("fla.layers.attn", "Attention")}}
+# Classes declared under "attentions" whose output is no softmax attention map.
+NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
+# Config fields that name each decoder layer's type, in order of preference.
+LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
+
+
+class LayoutError(ValueError):
+    """A model whose layout cannot be read; the message is one line for the user."""
+
+
+# ---------------------------------------------------------------- reading a declaration
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One entry of a `_can_record_outputs` value: a class, or a class-name suffix, optionally under a named submodule."""
+
+    target_class: type | None = None
+    class_name: str | None = None
+    layer_name: str | None = None
+
+    def matches(self, name: str, module: nn.Module) -> bool:
+        hit = (self.target_class is not None and isinstance(module, self.target_class)) or (
+            self.class_name is not None and name.endswith(self.class_name)
+        )
+        if hit and self.layer_name is not None:
+            return f".{self.layer_name.strip('.')}." in f".{name}."
+        return hit
+
+
+def _specs(value) -> list[Spec]:
+    """`_can_record_outputs[key]` (a class, a class name, an `OutputRecorder`, or a list of them) as `Spec`s."""
+    out = []
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, type):
+            out.append(Spec(target_class=item))
+        elif isinstance(item, str):
+            out.append(Spec(class_name=item))
+        else:  # transformers' OutputRecorder
+            out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None), getattr(item, "layer_name", None)))
+    return out
+
+
+def _pretrained_models(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` and every `PreTrainedModel` inside it (a composite model declares per submodel)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            yield module
+
+
+def _package_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
+    package = type(module).__module__.split(".")[0]
+    record = PACKAGE_DECLARATIONS.get(package)
+    if record is None:
+        return None
+    declared = {}
+    for key, (module_name, class_name) in record.items():
+        declared[key] = [Spec(target_class=getattr(importlib.import_module(module_name), class_name))]
+    return declared
+
+
+def _no_split_specs(module: nn.Module) -> list[Spec]:
+    # accelerate's `_no_split_modules`: the class names of the blocks a model is made of, its decoder layers.
+    names = getattr(module, "_no_split_modules", None) or []
+    return [Spec(class_name=None, target_class=c) for c in {type(m) for m in module.modules() if type(m).__name__ in names}]
+
+
+def declaration(model: nn.Module) -> dict[str, list[Spec]]:
+    """The hidden-state and attention specs of `model`: its declaration, merged over submodels, completed by the records."""
+    declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": []}
+    undeclared_attention = []
+    for sub in _pretrained_models(model):
+        own = {k: _specs(v) for k, v in (getattr(sub, "_can_record_outputs", None) or {}).items()}
+        package = _package_declaration(sub)
+        model_type = getattr(getattr(sub, "config", None), "model_type", None)
+        if not own.get("hidden_states"):
+            own["hidden_states"] = _no_split_specs(sub)
+        if "attentions" not in own:
+            if package is not None:
+                own["attentions"] = package["attentions"]
+            elif model_type in UNDECLARED:
+                own["attentions"] = []
+            else:
+                undeclared_attention.append(type(sub).__name__)
+        for key in declared:
+            declared[key] += own.get(key, [])
+    if undeclared_attention and not declared["attentions"]:
+        raise LayoutError(
+            f"{type(model).__name__} declares no attention modules (transformers' `_can_record_outputs`), so the "
+            f"analysis cannot tell which of its layers are attention layers"
+        )
+    return declared
+
+
+# ---------------------------------------------------------------- the layout
+
+
+@dataclass
+class GateSite:
+    """Where an attention module's gate scores come from.
+
+    kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the gate's logits flat and whose
+    `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
+    output gate, the second half of each head's q_proj output, `sigmoid`-ed.
+    """
+
+    kind: str
+    module: nn.Module
+    num_heads: int = 0
+    head_dim: int = 0
+
+
+@dataclass
+class ModelLayout:
+    layers: nn.ModuleList | list[nn.Module]
+    layer_types: list[str]
+    full_attention_layers: list[int]  # 1-based: the layers that contain softmax attention
+    attention_modules: dict[int, nn.Module]  # 1-based attention layer -> its softmax-attention module
+    gates: dict[int, GateSite]  # 1-based attention layer -> gate site
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def text_config(model: nn.Module):
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _decoder_layers(model: nn.Module, specs: list[Spec], num_layers: int | None) -> list[nn.Module]:
+    """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it.
+
+    Declared modules may sit in more than one list (a multi-token-prediction head reuses the layer
+    class): the list that holds `num_layers` of them is the decoder's.
+    """
+    groups: dict[str, list[nn.Module]] = {}  # list name ("" for none) -> its layers, in order
+    names = dict(model.named_modules())
+    for name, module in model.named_modules():
+        if not any(s.matches(name, module) for s in specs):
+            continue
+        # The outermost entry of a ModuleList on the way down to the module stands for it.
+        parts, owner, layer = name.split("."), "", module
+        for i in range(1, len(parts)):
+            parent = names.get(".".join(parts[:i]))
+            if isinstance(parent, nn.ModuleList) and parts[i].isdigit():
+                owner, layer = ".".join(parts[:i]), parent[int(parts[i])]
+                break
+        group = groups.setdefault(owner, [])
+        if all(layer is not seen for seen in group):
+            group.append(layer)
+    if not groups:
+        raise LayoutError(f"cannot find the decoder layers of {type(model).__name__} (nothing matches its declared hidden-state modules)")
+    if num_layers is None:
+        return max(groups.values(), key=len)
+    for layers in groups.values():
+        if len(layers) == num_layers:
+            return layers
+    found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
+    raise LayoutError(
+        f"{type(model).__name__}: its config has num_hidden_layers={num_layers}, and the modules of its declared "
+        f"decoder-layer class are {found}"
+    )
+
+
+def _softmax_attention(specs: list[Spec]):
+    def is_attention(name: str, module: nn.Module) -> bool:
+        return type(module).__name__ not in NOT_SOFTMAX and any(s.matches(name, module) for s in specs)
+
+    return is_attention
+
+
+def _layer_attention(layer: nn.Module, is_attention) -> nn.Module | None:
+    """The softmax-attention module in `layer`'s tree (shared modules included), or None."""
+    hits = [m for n, m in layer.named_modules(remove_duplicate=False) if is_attention(n, m)]
+    unique = list({id(m): m for m in hits}.values())
+    if len(unique) > 1:
+        raise LayoutError(f"{type(layer).__name__} holds {len(unique)} attention modules; the analysis reads one per layer")
+    return unique[0] if unique else None
+
+
+def layer_type_names(config, num_layers: int) -> list[str] | None:
+    """The model's own name for each decoder layer's type, or None when its config names none."""
+    for field in LAYER_TYPE_FIELDS:
+        types = getattr(config, field, None)
+        if isinstance(types, (list, tuple)) and len(types) == num_layers and all(isinstance(t, str) for t in types):
+            return list(types)
+    return None
+
+
+def _gate_site(config, attention: nn.Module) -> GateSite | None:
+    gate = getattr(attention, "attn_gate", None)
+    if isinstance(gate, nn.Module):
+        return GateSite("attn_gate", gate)
+    q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
+    num_heads = getattr(config, "num_attention_heads", None)
+    if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
+        return GateSite("q_proj", q_proj, num_heads, head_dim)
+    return None
+
+
+def model_layout(model: nn.Module) -> ModelLayout:
+    """Decoder layers, softmax-attention layers (1-based), their attention modules and gate sites.
+
+    Raises `LayoutError` (one line) when the model's declaration does not let them be found.
+    """
+    config = text_config(model)
+    declared = declaration(model)
+    num_layers = getattr(config, "num_hidden_layers", None)
+    layers = _decoder_layers(model, declared["hidden_states"], num_layers if isinstance(num_layers, int) else None)
+    is_attention = _softmax_attention(declared["attentions"])
+    attention_modules, gates = {}, {}
+    for l, layer in enumerate(layers, start=1):
+        attention = _layer_attention(layer, is_attention)
+        if attention is None:
+            continue
+        attention_modules[l] = attention
+        if (site := _gate_site(config, attention)) is not None:
+            gates[l] = site
+    names = layer_type_names(config, len(layers))
+    if names is None:
+        names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
+    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates)

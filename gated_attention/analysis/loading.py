@@ -1,0 +1,166 @@
+"""How `analyze` brings a MODEL into memory: transformers' own class, fla's models, accelerate's placement.
+
+- `causal_lm_class`: the class to build MODEL with. A model type transformers ships is built with
+  transformers' class, because importing fla registers fla's models under some of the same names
+  (`mamba2`) with the Auto classes.
+- `fla_building`: the context to build one of flash-linear-attention's models in (`fla_torch_paths`:
+  its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
+  type nothing else knows.
+- `placement` and `loaded`: accelerate's big-model inference within the memory budget
+  (`hub.memory_budget`): the layers that fit stay in memory, the others are read from the checkpoint's
+  files as they run; a budget below one layer is refused before anything loads.
+
+torch and transformers are imported inside the functions: the command line imports `DEVICE_MAPS` from
+here while it builds its parser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from .. import CLIError
+from ..hub.command_line import first_line
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements
+
+
+def causal_lm_class(config: dict, trust_remote_code: bool):
+    """transformers' own class for a model type it ships (None: the Auto classes decide).
+
+    fla registers its models with the Auto classes under some of transformers' model types (`mamba2`):
+    in a process that has imported fla, the Auto classes would build fla's model for a transformers
+    checkpoint. A model type transformers ships is therefore built with transformers' class.
+    """
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if trust_remote_code and "AutoModelForCausalLM" in (config.get("auto_map") or {}):
+        return None
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
+    return getattr(transformers, name, None) if isinstance(name, str) else None
+
+
+def fla_building(model_name: str, config: dict):
+    """The context to build MODEL in: `fla_torch_paths()` for one of flash-linear-attention's models.
+
+    fla registers its model types (gla, retnet, hgrn, delta_net, gated_deltanet, ...) with the Auto
+    classes when it is imported, `mamba`/`mamba2` among them over transformers' own: so it is imported
+    only for a model type that neither transformers nor this package knows (and no remote code). Its
+    attention layer cannot be built without flash-attn outside `fla_torch_paths()`.
+    """
+    import contextlib
+    import importlib.util
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    from ..kernels import fla_torch_paths
+
+    model_type = config.get("model_type")
+    if not model_type or model_type in CONFIG_MAPPING_NAMES or "auto_map" in config:
+        return contextlib.nullcontext()
+    if model_type not in CONFIG_MAPPING:
+        if importlib.util.find_spec("fla") is None:
+            raise CLIError(
+                f"cannot load model {model_name!r}: transformers does not know its model type {model_type!r}, and "
+                "flash-linear-attention, whose models register their types, is not installed "
+                "(pip install flash-linear-attention)"
+            )
+        import fla  # noqa: F401 - registers fla's model types with the Auto classes
+    if model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type].__module__.startswith("fla."):
+        return fla_torch_paths()
+    return contextlib.nullcontext()
+
+
+def placement(args) -> tuple[str | dict, bool]:
+    """accelerate's device map for MODEL, and whether the GPUs take part (each gets what it has free)."""
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device_map in DEVICE_MAPS:
+        return args.device_map, torch.cuda.is_available()
+    if args.device_map:
+        return {"": args.device_map}, False
+    if device in ("cpu", "cuda"):
+        return "auto", device == "cuda"
+    return {"": device}, False  # one named device: the model whole on it, as --device always did
+
+
+BUDGET_REMEDY = "give a larger --max-memory or free some memory; nothing was written"
+
+
+@contextlib.contextmanager
+def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
+    """MODEL and its tokenizer, placed by accelerate within `budget` (the layers that do not fit stay in the
+    checkpoint's files and are read as they run), for as long as the block runs. The offload folder (for
+    what transformers must rewrite) is made in `offload_dir`, on the output's disk, and removed after."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+    from .. import register_auto_classes
+    from ..hub.loading import from_pretrained_checked
+    from ..hub.memory_budget import MemoryBudgetError
+
+    register_auto_classes()  # MODEL may be one of ours, loaded without remote code
+
+    tokenizer_name = args.tokenizer or model_name
+    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    try:
+        config = PretrainedConfig.get_config_dict(where[model_name])[0]
+    except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
+        config = {}
+    building = fla_building(model_name, config)
+    cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
+    device_map, gpus = placement(args)
+    if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
+        try:
+            with building, torch.device("meta"):
+                skeleton = _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
+        except Exception as e:  # noqa: BLE001
+            raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        try:
+            budget.check_holds(skeleton, BUDGET_REMEDY)
+        except MemoryBudgetError as e:
+            raise CLIError(f"MODEL {model_name}: {e}") from None
+        del skeleton
+    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir) as place:
+        if not isinstance(device_map, str):
+            place = {"device_map": device_map}
+        try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
+            with building:
+                model = from_pretrained_checked(cls, where[model_name], dtype=dtype,
+                                                trust_remote_code=args.trust_remote_code, **place)
+        except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
+            raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
+        except Exception as e:  # noqa: BLE001
+            raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
+        print(f"{model_name}: {_placement_line(model, budget)}")
+        yield model.eval(), tokenizer
+
+
+def _placement_line(model, budget) -> str:
+    from ..hub.command_line import format_size
+
+    sizes = [(p.numel() * p.element_size(), p.device.type) for p in model.parameters()]
+    total, on_disk = sum(n for n, _ in sizes), sum(n for n, device in sizes if device == "meta")
+    devices = sorted({device for _, device in sizes if device != "meta"})
+    where = f"on {', '.join(devices)}" if devices else ""
+    if not on_disk:
+        return f"all {format_size(total)} of weights {where}"
+    return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs, "
+            f"the rest {where}; budget {budget.describe()}")
+
+
+def _model_from_config(cls, where: str, dtype, trust_remote_code: bool):
+    """MODEL built from its config alone (on the meta device, inside the caller's `torch.device`)."""
+    from transformers import AutoConfig
+
+    if hasattr(cls, "from_config"):  # an Auto class
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+        return cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    return cls._from_config(cls.config_class.from_pretrained(where), dtype=dtype)

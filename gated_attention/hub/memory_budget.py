@@ -1,0 +1,118 @@
+"""A memory budget for models larger than memory: accelerate's big-model inference, set up in one place.
+
+`convert`, `extend` and `export` verify within a budget, and `analyze` runs within one:
+
+- `MemoryBudget.resolve(size)`: `--max-memory SIZE` in bytes, or, without it, what the machine has free
+  now (accelerate's own measure, psutil's available memory), remembering which of the two it is.
+- `budget.max_memory()`: the `max_memory` dict that accelerate's `infer_auto_device_map` reads.
+- `budget.placement()`: `from_pretrained`'s `device_map`, `max_memory` and `offload_folder`, with the
+  offload folder a temporary directory that is removed on leaving, whatever happens.
+- `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
+  splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
+
+How the budget bounds memory. accelerate keeps room in memory for one largest layer and fills the rest
+of the budget with whole layers, in order; the layers that do not fit stay on disk and are read module by
+module during the forward, then dropped (`AlignDevicesHook`). transformers points its offload index at
+the checkpoint's own safetensors files, so nothing is copied; it writes into the offload folder only the
+tensors it changes while loading (fused MoE experts) or reads from pickles. The weights in memory never
+exceed the budget; the runtime (torch, activations) comes on top.
+
+Imports: torch, accelerate and psutil inside the functions only, so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .command_line import format_size
+
+
+class MemoryBudgetError(ValueError):
+    """A budget too small for one layer, as one line for the command to print."""
+
+
+def free_memory() -> int:
+    """Bytes of memory the machine has free now, as accelerate's `get_max_memory` measures the CPU's."""
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    size: int  # bytes
+    given: bool  # True: `--max-memory`; False: the machine's free memory when it was resolved
+
+    @classmethod
+    def resolve(cls, size: int | None) -> MemoryBudget:
+        """`size` from `--max-memory` (bytes), or what is free now when None.
+
+        Measured once, when a command starts, so that the check before writing and the run after it
+        work with the same number.
+        """
+        return cls(size, True) if size is not None else cls(free_memory(), False)
+
+    def describe(self) -> str:
+        return f"{format_size(self.size)} ({'--max-memory' if self.given else 'free memory; --max-memory to set it'})"
+
+    def max_memory(self, *, gpus: bool = False) -> dict:
+        """accelerate's `max_memory`: the budget for the CPU, then disk for the rest (accelerate adds it).
+
+        With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
+        fills the GPUs first and the budget bounds only the host's memory.
+        """
+        if not gpus:
+            return {"cpu": self.size}
+        from accelerate.utils import get_max_memory
+
+        return {**{device: free for device, free in get_max_memory().items() if device != "cpu"}, "cpu": self.size}
+
+    @contextlib.contextmanager
+    def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None) -> Iterator[dict]:
+        """`from_pretrained`'s keyword arguments that load a model within the budget, while inside.
+
+        `device_map` is accelerate's (`"auto"`: fill the devices of `max_memory` in order, then disk). The
+        offload folder is a new temporary directory under `dir` (the system's default when None), removed on
+        leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
+        when the system's temporary directory may be in memory (tmpfs).
+        """
+        # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
+        # point, and the caller says how much stayed on disk.
+        dispatch_log = logging.getLogger("accelerate.big_modeling")
+        level = dispatch_log.level
+        dispatch_log.setLevel(logging.ERROR)
+        try:
+            with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
+                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus), "offload_folder": folder}
+        finally:
+            dispatch_log.setLevel(level)
+
+    def check_holds(self, model, remedy: str) -> None:
+        """Refuse the budget (`MemoryBudgetError`) when it cannot hold `model`'s largest layer.
+
+        `model` may be on the meta device: only its shapes and dtypes are read. accelerate keeps that
+        much room in memory for the layer being run, so a smaller budget would be exceeded by design.
+        """
+        name, size = largest_layer(model)
+        if size <= self.size:
+            return
+        budget = f"--max-memory {format_size(self.size)} is" if self.given else f"only {format_size(self.size)} of memory is free,"
+        raise MemoryBudgetError(
+            f"{budget} too small for one layer: {name} needs {format_size(size)} in {str(model.dtype).removeprefix('torch.')}; "
+            f"{remedy}"
+        )
+
+
+def largest_layer(model) -> tuple[str, int]:
+    """The name and size in bytes of the largest block accelerate places whole (`_no_split_modules`, or a
+    module of its own such as the embedding): what one layer read from disk brings into memory."""
+    from accelerate.utils import compute_module_sizes, get_max_layer_size
+
+    sizes = compute_module_sizes(model)
+    size, names = get_max_layer_size(list(model.named_children()), sizes, list(model._no_split_modules or []))
+    return names[0], size

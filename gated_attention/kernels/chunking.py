@@ -1,0 +1,130 @@
+"""What every chunked linear-attention path here shares: chunk sizes, the chunk layout, packed sequences.
+
+fla's layout throughout: `[B, T, H, D]` in, `[B, T, H, D]` out. Inside, a
+sequence is cut into `n` chunks of `C` positions and laid out chunk-major,
+`[n, B * H, C, D]` in fp32, so that chunk i is one contiguous batch of `[C, D]`
+matrices for `torch.bmm`; the chunks are taken a few at a time
+(`chunk_groups`), so that temporaries stay small. The last chunk is padded with zeros; each op says
+why its zero padding changes neither the outputs nor the final state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def chunk_length(T: int, chunk_size: int) -> tuple[int, int]:
+    """`(C, n)`: the chunk length and count for T positions.
+
+    A short input (a decode step, a short prompt) is one short chunk, not a
+    chunk padded to `chunk_size`. C is a power of two, so that the paths that shorten
+    their chunks for fast decays (`chunk_size_for_decay`) can halve it.
+    """
+    C = min(chunk_size, 1 << max(T - 1, 0).bit_length())
+    return C, math.ceil(T / C)
+
+
+# The largest temporary a chunked path builds at once, in fp32 elements (256 KB). Chunks are taken a group
+# at a time, so that no temporary outgrows this: a large fresh allocation costs more than the arithmetic
+# done on it (the kernel maps and zeroes its pages on first touch; many times the arithmetic on a
+# sandboxed VM), while a small one comes back from the allocator's free lists.
+GROUP_ELEMENTS = 1 << 16
+
+
+def chunk_groups(n: int, elements_per_chunk: int) -> list[tuple[int, int]]:
+    """`(first chunk, count)` of consecutive groups of the n chunks, each group's largest temporary at
+    most `GROUP_ELEMENTS` (one chunk at the least)."""
+    size = max(1, GROUP_ELEMENTS // max(1, elements_per_chunk))
+    return [(first, min(size, n - first)) for first in range(0, n, size)]
+
+
+def pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad dim 1 (time) of `[B, T, ...]` to `length`."""
+    pad = length - x.shape[1]
+    if pad == 0:
+        return x
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
+
+
+def to_chunks(x: torch.Tensor, n: int, chunk: int) -> torch.Tensor:
+    """`[B, T, H, D]` (T = n * chunk) -> fp32 `[n, B * H, chunk, D]`, chunk-major so chunk i is contiguous."""
+    B, _, H, D = x.shape
+    out = x.new_empty(n, B, H, chunk, D, dtype=torch.float32)
+    out.copy_(x.reshape(B, n, chunk, H, D).permute(1, 0, 3, 2, 4))  # one copy, converting the dtype on the way
+    return out.view(n, B * H, chunk, D)
+
+
+def chunk_size_for_decay(g: torch.Tensor, chunk_size: int, limit: float, smallest: int) -> tuple[int, bool]:
+    """`(C, within)`: the longest chunk length C (a power of two, at most `chunk_size` and the padded T, at
+    least `smallest`) over which no channel of the log decay g `[B, T, ...]` (g <= 0) falls by more than
+    `limit` after a chunk's first position; `within` is False where even `smallest` positions fall further.
+
+    Paths with a decay per channel write the decay between positions j <= i of a chunk as
+    `exp(c_i - c_0) * exp(c_0 - c_j)`, which stays in fp32's range only while that fall is bounded.
+    Measuring costs one pass over g per halving, and a host sync.
+    """
+    T = g.shape[1]
+    C, _ = chunk_length(T, chunk_size)
+    while True:
+        n = -(-T // C)
+        blocks = pad_time(g.to(torch.float32), n * C).unflatten(1, (n, C))
+        fall = -blocks[:, :, 1:].sum(2).min().item() if C > 1 else 0.0
+        if fall <= limit:
+            return C, True
+        if C <= smallest:
+            return C, False
+        C //= 2
+
+
+def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x.cumsum(-2)` for `[..., C, D]`, as one matmul with a lower-triangular matrix of ones.
+
+    torch's CPU cumsum along a dimension that is not the last one walks the
+    strides element by element, several times slower than this small matmul
+    (which sums the same fp32 terms, so its rounding is of the same size).
+    """
+    C = x.shape[-2]
+    return torch.ones(C, C, dtype=x.dtype, device=x.device).tril_() @ x
+
+
+def state_in(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
+    """An initial state in fla's layout (`[N, H, V, K]` when `state_v_first`) -> fp32 `[N, H, K, V]`."""
+    if state is None:
+        return None
+    state = state.to(torch.float32)
+    return state.transpose(-1, -2) if state_v_first else state
+
+
+def state_out(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
+    """A final state `[N, H, K, V]` -> fla's layout, contiguous."""
+    if state is None:
+        return None
+    return state.transpose(-1, -2).contiguous() if state_v_first else state
+
+
+def each_sequence(
+    run: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+    cu_seqlens: torch.Tensor,
+    per_position: list[torch.Tensor | None],
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Packed sequences (`cu_seqlens`, batch 1): `run(*slices, initial_state)` on each alone, as fla runs them.
+
+    `per_position` are `[1, T, ...]` tensors (None passes through); state i is
+    `initial_state[i]`; no state flows from one sequence into the next.
+    """
+    if per_position[0].shape[0] != 1:
+        raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {per_position[0].shape[0]}")
+    bounds = cu_seqlens.tolist()
+    outputs, states = [], []
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        pieces = [None if x is None else x[:, start:end] for x in per_position]
+        o, s = run(*pieces, None if initial_state is None else initial_state[i : i + 1])
+        outputs.append(o)
+        states.append(s)
+    return torch.cat(outputs, dim=1), torch.cat(states) if output_final_state else None

@@ -1,0 +1,370 @@
+"""`analyze` reads the hybrids transformers ships: the right layers, the model's own maps, known answers.
+
+Each architecture is a tiny random model built from transformers' config class. Two references:
+
+- transformers' own `output_attentions=True` on the same input, with the same eager attention: the
+  captured maps must be the very tensors it returns (and so F-Attn equal to <= 1e-6, here exactly);
+- a planted answer. The weights are set so that one attention layer f puts >= 0.9 of every query's
+  attention on token 0 and the first token's residual spikes at X[f-1], the input of that layer; the
+  plant is checked against transformers' own outputs first, then `analyze` must find it.
+
+How the sink is planted, for any attention that reads q and k from the normed residual. Token 0 is
+always BOS (the tokenizer prepends it). Residual channel C carries BOS only: its embedding is M there,
+every other token's is 0, and every linear map that writes the residual has row C zeroed, so C stays
+exactly 0 for every later token at every depth. Channel Q is A for every token and is never written
+either. The attention's keys read only C (each head's last dim), its queries only Q: every key but
+BOS's is exactly 0, every query a positive multiple of one vector, so the score on BOS is large and
+all others are 0. The last dim of a head is unrotated or rotates slowest under RoPE (cos(24 * 3e-4)
+~ 1), so position does not matter. The spike: token 0 sees only itself, so its activations are the
+same for every input; the last residual-writing linear map of layer f-1 gets a row S that reads its
+own input for token 0 and writes twice token 0's peak so far there (other tokens get what that row gives them).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from gated_attention.analysis.capture import Capture, torch_linear_attention
+from gated_attention.analysis.layout import model_layout
+from gated_attention.cli import main
+from test_analysis_capture import tiny_tokenizer
+
+VOCAB, HIDDEN = 300, 64
+BASE = dict(vocab_size=VOCAB, hidden_size=HIDDEN, initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MAMBA = dict(mamba_d_state=8, mamba_expand=2)
+# name -> (config, expected 1-based softmax-attention layers, expected layer types, the layer to plant the sink in)
+ARCHITECTURES = {
+    "zamba": (
+        dict(model_type="zamba", num_hidden_layers=6, attn_layer_period=3, attn_layer_offset=2, num_attention_heads=4,
+             num_key_value_heads=4, intermediate_size=64, mamba_dt_rank=8, n_mamba_heads=2, **MAMBA),
+        [3, 6], ["linear_attention", "linear_attention", "hybrid"] * 2, 6,
+    ),
+    "zamba2": (
+        dict(model_type="zamba2", num_hidden_layers=6, layers_block_type=["mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba"],
+             num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, mamba_headdim=16, n_mamba_heads=8,
+             num_mem_blocks=1, use_shared_attention_adapter=False, use_mem_rope=True, **MAMBA),
+        [2, 5], ["linear_attention", "hybrid", "linear_attention", "linear_attention", "hybrid", "linear_attention"], 5,
+    ),
+    "falcon_h1": (
+        dict(model_type="falcon_h1", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=64, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+             mamba_chunk_size=16),
+        [1, 2, 3], ["hybrid"] * 3, 3,
+    ),
+    "nemotron_h": (
+        dict(model_type="nemotron_h", num_hidden_layers=6, hybrid_override_pattern="M-*M-*", num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, intermediate_size=64, mamba_num_heads=4, mamba_head_dim=16,
+             ssm_state_size=8, n_groups=1, chunk_size=16),
+        [3, 6], ["linear_attention", "mlp", "full_attention"] * 2, 3,
+    ),
+    "recurrent_gemma": (
+        dict(model_type="recurrent_gemma", num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+             intermediate_size=64, lru_width=64, attention_window_size=32, block_types=["recurrent", "recurrent", "attention"]),
+        [3, 6], ["linear_attention", "linear_attention", "sliding_attention"] * 2, 6,
+    ),
+    "kimi_linear": (
+        dict(model_type="kimi_linear", num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+             intermediate_size=64, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+             mlp_layer_types=["dense", "dense", "dense", "sparse"], num_local_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=16,
+             linear_attn_config={"kda_layers": [1, 3], "full_attn_layers": [2, 4], "num_heads": 4, "head_dim": 16,
+                                 "short_conv_kernel_size": 4}),
+        [2, 4], ["linear_attention", "full_attention"] * 2, 4,
+    ),
+}
+# Hybrids that were read right before the layout came from declarations: kept exact (name -> config, attention layers).
+HYBRID_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+MOE = dict(num_experts_per_tok=1)
+ALSO_EXACT = {
+    "jamba": dict(model_type="jamba", num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                  expert_layer_offset=1, num_experts=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                  mamba_d_state=8, mamba_dt_rank=8, mamba_expand=2, use_mamba_kernels=False, **MOE),
+    "bamba": dict(model_type="bamba", num_hidden_layers=4, attn_layer_indices=[1, 3], num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=64, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8,
+                  mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2),
+    "granitemoehybrid": dict(model_type="granitemoehybrid", num_hidden_layers=4, layer_types=["mamba", "attention"] * 2,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, num_local_experts=2,
+                             mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16,
+                             mamba_expand=2, **MOE),
+    "lfm2": dict(model_type="lfm2", num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=64),
+    "qwen3_5_moe_text": dict(model_type="qwen3_5_moe_text", num_hidden_layers=4, layer_types=HYBRID_TYPES,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=2,
+                             moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_value_heads=4,
+                             linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, **MOE),
+}
+M, A = 1000.0, 4.0  # BOS's channel, every token's query channel
+C, Q, S = 5, 9, 13  # residual channels: BOS only, queries, the spike
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build(name: str) -> nn.Module:
+    kwargs = dict(ARCHITECTURES[name][0])
+    model_type = kwargs.pop("model_type")
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **BASE, **kwargs)).eval()
+
+
+# ---------------------------------------------------------------- planting
+
+
+def _residual_writers(layer: nn.Module, hidden: int) -> list[nn.Linear]:
+    return [m for m in layer.modules() if isinstance(m, nn.Linear) and m.out_features == hidden]
+
+
+def _last_writer_input(model, layer: nn.Module, ids) -> tuple[nn.Linear, torch.Tensor, float]:
+    """The residual-writing linear map of `layer` that runs last, its input for token 0, and token 0's
+    largest |activation| in the residual at the input of `layer`."""
+    calls = []
+    handles = [m.register_forward_hook(lambda m, args, out: calls.append((m, args[0][0, 0].detach().clone())))
+               for m in _residual_writers(layer, model.config.hidden_size)]
+    handles.append(layer.register_forward_pre_hook(lambda m, args, kwargs: calls.append(
+        (None, (args[0] if args else kwargs["hidden_states"])[0, 0].abs().max().item())), with_kwargs=True))
+    try:
+        with torch_linear_attention(model):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    linear, x0 = calls[-1]
+    return linear, x0, next(value for m, value in calls if m is None)
+
+
+def _head_rows(out_features: int, head_dim: int, dims: range | None = None) -> list[int]:
+    """Each head's last dim (or the given dims within each head) in a head-major projection output."""
+    dims = dims if dims is not None else range(head_dim - 1, head_dim)
+    return [h * head_dim + d for h in range(out_features // head_dim) for d in dims]
+
+
+def _columns(linear: nn.Linear, channel: int, hidden: int) -> list[int]:
+    # Zamba's attention reads [residual, embeddings] concatenated: the channel appears once per copy.
+    return list(range(channel, linear.in_features, hidden))
+
+
+def _set_qk(attention: nn.Module, hidden: int) -> None:
+    name = type(attention).__name__
+    with torch.no_grad():
+        if name == "KimiLinearAttention":  # MLA: keys' rotary part from kv_a_proj, shared by the heads
+            rope, nope = attention.qk_rope_head_dim, attention.qk_nope_head_dim
+            q, kv = attention.q_proj, attention.kv_a_proj_with_mqa
+            q.weight.zero_()
+            kv.weight.zero_()  # the latent is 0: so are every key's no-rope part and every value
+            q_rows = _head_rows(q.out_features, nope + rope, range(nope + rope - 1, nope + rope))
+            k_rows = [kv.out_features - 1]
+        else:
+            head_dim = attention.head_dim
+            q, k = attention.q_proj, attention.k_proj
+            q.weight.zero_()
+            k.weight.zero_()
+            q_rows, k_rows, kv = _head_rows(q.out_features, head_dim), _head_rows(k.out_features, head_dim), k
+        for r in q_rows:
+            q.weight[r, _columns(q, Q, hidden)] = 20.0
+        for r in k_rows:
+            kv.weight[r, _columns(kv, C, hidden)] = 20.0
+        for linear in (q, kv):
+            if linear.bias is not None:
+                linear.bias.zero_()
+
+
+@torch.no_grad()
+def plant(model: nn.Module, f: int, bos: int) -> None:
+    """Sink at attention layer f (1-based), spike in channel S at X[f-1] (see the module doc)."""
+    hidden = model.config.hidden_size
+    layout = model_layout(model)
+    embed = model.get_input_embeddings().weight
+    embed[:, C] = 0.0
+    embed[:, Q] = A
+    embed[bos, C] = M
+    for layer in layout.layers:
+        for linear in _residual_writers(layer, hidden):
+            linear.weight[[C, Q]] = 0.0
+            if linear.bias is not None:
+                linear.bias[[C, Q]] = 0.0
+    _set_qk(layout.attention_modules[f], hidden)
+    ids = torch.tensor([[bos, 7, 8]])
+    writer, x0, before = _last_writer_input(model, layout.layers[f - 2], ids)
+    writer.weight[S] = 2 * before * x0 / x0.square().sum()  # row S reads token 0's input and writes twice its peak
+    if writer.bias is not None:
+        writer.bias[S] = 0.0
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+@torch.no_grad()
+def test_capture_reads_transformers_own_maps_and_layer_types(name):
+    model = build(name)
+    _, attention_layers, types, _ = ARCHITECTURES[name]
+    layout = model_layout(model)
+    assert layout.full_attention_layers == attention_layers
+    # As the model's config names them: releases before 5.24 name RecurrentGemma's by block (recurrent, attention).
+    legacy = getattr(model.config, "layer_types", None) is None and getattr(model.config, "layers_block_type", None)
+    assert layout.layer_types == (list(legacy) if legacy else types)
+    ids = torch.randint(3, VOCAB, (1, 11))
+    with Capture(model) as cap:
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    record = cap.records[-1]
+    assert sorted(record.attentions) == attention_layers
+    assert len(out.attentions) == len(attention_layers)
+    for f, reference in zip(attention_layers, out.attentions):
+        assert torch.equal(record.attentions[f], reference), f"layer {f}"
+    # The reduced capture gives the same F-Attn and received attention as the maps, in float64.
+    with Capture(model, reduce=True) as cap:
+        model(input_ids=ids, use_cache=False)
+    reduced = cap.records[-1]
+    for f, reference in zip(attention_layers, out.attentions):
+        a = reference[0].double()
+        torch.testing.assert_close(reduced.first_token_attention[f][0], a[:, 1:, 0].mean(-1), rtol=0, atol=1e-12)
+        torch.testing.assert_close(reduced.received[f][0], torch.tril(a, -1).sum(-2).mean(0), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(ALSO_EXACT))
+@torch.no_grad()
+def test_the_other_hybrids_stay_exact(name):
+    kwargs = dict(ALSO_EXACT[name])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **BASE, **kwargs)).eval()
+    layout = model_layout(model)
+    assert layout.full_attention_layers == [2, 4]
+    ids = torch.randint(3, VOCAB, (1, 11))
+    with Capture(model) as cap:
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    assert sorted(cap.records[-1].attentions) == [2, 4] and len(out.attentions) == 2
+    for f, reference in zip([2, 4], out.attentions):
+        assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
+    if name == "qwen3_5_moe_text":  # its output gate: sigmoid of q_proj's second half per head
+        assert sorted(cap.records[-1].gates) == [2, 4]
+
+
+def _csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_analyze_finds_a_planted_sink_and_spike(name, tokenizer, tmp_path):
+    model = build(name)
+    _, attention_layers, types, f = ARCHITECTURES[name]
+    plant(model, f, tokenizer.bos_token_id)
+
+    # The plant, checked with transformers' own outputs on one of the inputs analyze will read.
+    ids = tokenizer("def f(x):\n    return x * 2\n", return_tensors="pt")["input_ids"]
+    assert ids[0, 0] == tokenizer.bos_token_id
+    with torch.no_grad(), torch_linear_attention(model):
+        model.set_attn_implementation("eager")
+        out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
+    planted = out.attentions[attention_layers.index(f)][0]  # [H, T, T]
+    assert planted[:, 1:, 0].min() >= 0.9
+    m = torch.stack([h[0, 0].abs().max() for h in out.hidden_states[:-1]])  # X[0..L-1] of token 0
+    assert m[f - 1] >= 1.9 * m[: f - 1].max()
+
+    folder, report = tmp_path / name, tmp_path / "out"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "24",
+                 "--bootstrap", "20"]) == 0  # fmt: skip
+
+    layers = _csv(report / "layers.csv")
+    assert [r["layer_type"] for r in layers[1:]] == model_layout(model).layer_types
+    assert [int(r["layer"]) for r in layers if r["is_attention"] == "True"] == attention_layers
+    assert float(layers[f]["f_attn"]) >= 0.9
+    inputs = _csv(report / "inputs.csv")
+    assert [int(r["consensus_sink"]) for r in inputs] == [0, 0, 0]
+    arrays = np.load(report / "arrays.npz")
+    for trajectory in arrays["m_first"]:  # the spike: the largest of f's block sits at its input, X[f-1]
+        previous = max([a for a in attention_layers if a < f], default=0)
+        block = list(range(max(previous, 1), f))
+        assert max(block, key=lambda l: trajectory[l]) == f - 1
+    j = attention_layers.index(f)
+    assert arrays["first_token_attention"][:, j].mean() >= 0.9
+    summary = (report / "summary.md").read_text()
+    assert "consensus sink = first token in 3/3 inputs" in summary
+
+
+def test_a_model_without_softmax_attention_says_so_and_reports_no_sink_metrics(tokenizer, tmp_path):
+    import transformers
+
+    # transformers' own class: a process that imported fla has fla's Mamba2 behind the Auto classes.
+    config = transformers.Mamba2Config(**BASE, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=8, n_groups=1,
+                                       chunk_size=16, expand=2)
+    folder, report = tmp_path / "mamba2", tmp_path / "out"
+    transformers.Mamba2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16",
+                 "--bootstrap", "20"]) == 0  # fmt: skip
+    summary = (report / "summary.md").read_text()
+    assert "the model has no softmax attention" in summary
+    assert "consensus sink" not in summary.split("## Metrics")[1]
+    metrics = {r["metric"] for r in _csv(report / "metrics.csv")}
+    assert "m_act" in metrics and not metrics & {"f_attn", "sink_spike_alignment", "peak_excess", "inter_spike_retention"}
+    arrays = np.load(report / "arrays.npz")
+    assert arrays["m_first"].shape == (3, 3) and np.isfinite(arrays["m_act_layers"]).all()
+    assert (report / "trajectory.png").is_file() and not (report / "first_token_attention.png").exists()
+
+
+def test_minimax_lightning_attention_is_not_counted_as_softmax_attention():
+    config = AutoConfig.for_model(
+        "minimax", **BASE, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=64, num_local_experts=2, num_experts_per_tok=1, block_size=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    layout = model_layout(model)
+    assert layout.full_attention_layers == [2, 4]
+    ids = torch.randint(3, VOCAB, (1, 9))
+    with torch.no_grad(), Capture(model) as cap:
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    # transformers records both kinds under `attentions`, in call order: the softmax ones are the 2nd and 4th.
+    assert len(out.attentions) == 4
+    for f in (2, 4):
+        assert torch.equal(cap.records[-1].attentions[f], out.attentions[f - 1])
+
+
+def test_an_attention_layer_without_weights_is_one_line_and_writes_nothing(tokenizer, tmp_path, capsys, monkeypatch):
+    model = build("nemotron_h")
+    folder, report = tmp_path / "model", tmp_path / "out"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    # An attention that returns no weights (as a flash-only implementation would): the map cannot be captured.
+    cls = type(model_layout(model).attention_modules[3])
+    forward = cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, *a, **k: (forward(self, *a, **k)[0], None))
+    capsys.readouterr()
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16"]) == 2
+    err = capsys.readouterr().err.strip()  # after the progress bars of loading and capture
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "gated-attention analyze: error: NemotronHForCausalLM layer 3: NemotronHAttention returned no attention "
+        "weights, so its attention map cannot be captured"
+    )
+    assert not report.exists() and [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_kimi_linear_runs_on_the_cpu_where_fla_imports():
+    pytest.importorskip("fla")
+    model = build("kimi_linear")
+    ids = torch.randint(3, VOCAB, (1, 9))
+    with torch.no_grad(), Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    assert sorted(cap.records[-1].attentions) == [2, 4]
+    assert math.isfinite(float(cap.records[-1].residual[-1].abs().max()))

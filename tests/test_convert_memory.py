@@ -1,0 +1,107 @@
+"""`--max-memory`: a model larger than the budget still converts and verifies bit-identically, with what does not
+fit read from disk; a budget too small for one layer is one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from convert_helpers import PROMPT, file_hashes, make_fla_hybrid_source, make_gated, make_source, staging_leftovers
+from gated_attention.cli import main
+from gated_attention.convert.errors import ConversionError
+from gated_attention.convert.verify import verify_against_source
+from gated_attention.hub.memory_budget import MemoryBudget
+
+# Between each tiny model's largest layer and its size in bf16, so that both sides run partly from disk.
+BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "200KB"}
+# Weights read from disk while the prompt ran, as the verification's log line says: one for SRC, one for DST.
+FROM_DISK = re.compile(r"verifying: (?:SRC|DST|the ungated reference) ran with ([\d.]+ \w+) of ([\d.]+ \w+) of weights read from disk")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models on a shared 2-core machine run much faster on one thread than on two contended ones.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("family", sorted(BUDGETS))
+def test_a_budget_smaller_than_the_model_converts_and_verifies_bit_identically(tmp_path, capsys, family):
+    if family == "fla_hybrid":  # the verification's reference is SRC's weights renamed while loading
+        src, reference = make_fla_hybrid_source(tmp_path / "src", reference=tmp_path / "reference"), tmp_path / "reference"
+    else:
+        src = reference = make_source(family, tmp_path / "src")
+    dst = tmp_path / "dst"
+    assert main(["convert", str(src), str(dst), "--dtype", "bfloat16", "--max-memory", BUDGETS[family]]) == 0
+    out = capsys.readouterr().out
+    assert f"verifying within {BUDGETS[family][:-2]}.00 KB (--max-memory)" in out, out
+    assert len(FROM_DISK.findall(out)) == 2, out  # each side ran partly from disk
+    assert "bit-identical after every layer and in the logits" in out
+    assert not list(dst.rglob(".offload-*")) and staging_leftovers(dst) == []
+
+    # The result is right, whatever the verification said: every weight in memory, source against result.
+    expected = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.bfloat16).eval()
+    result = AutoModelForCausalLM.from_pretrained(dst).eval()
+    with torch.no_grad():
+        assert torch.equal(expected(PROMPT).logits, result(PROMPT).logits)
+
+
+def test_a_difference_in_a_layer_read_from_disk_is_found_and_named(tmp_path, capsys):
+    """The layer-by-layer comparison sees a change in an offloaded layer, and names the first layer it shows in."""
+    src = make_source("llama", tmp_path / "src", num_hidden_layers=3)
+    dst = tmp_path / "dst"
+    assert main(["convert", str(src), str(dst), "--dtype", "bfloat16", "--no-verify"]) == 0
+    shard = next(p for p in dst.glob("*.safetensors") if "model.layers.1.mlp.down_proj.weight" in load_file(p))
+    tensors = load_file(shard)
+    tensors["model.layers.1.mlp.down_proj.weight"][:, 0] += 1.0  # layer 2 of 3, counted from 1; large enough for bf16
+    save_file(tensors, shard, metadata={"format": "pt"})
+    capsys.readouterr()
+
+    config = AutoConfig.from_pretrained(dst)
+    with pytest.raises(ConversionError, match=r"changed the outputs, first in layer 2's output \(max abs logits diff"):
+        verify_against_source(src, dst, config, torch.bfloat16, {}, True, print, MemoryBudget(110_000, True))
+    placed = FROM_DISK.findall(capsys.readouterr().out)
+    assert len(placed) == 2  # both sides ran partly from disk
+
+
+@pytest.mark.parametrize("command", ["extend", "export"])
+def test_extend_and_export_verify_within_a_budget_smaller_than_the_model(tmp_path, capsys, command):
+    src = make_gated(tmp_path / "gated")
+    argv = [command, str(src), str(tmp_path / "out"), "--max-memory", "60KB",
+            *(["--rope-theta", "2e4"] if command == "extend" else ["--format", "qwen3_5"])]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert len(FROM_DISK.findall(out)) == 2, out
+    assert ("bit-identical after every layer" if command == "extend" else "verify: max |logits(SRC) - logits(DST)|") in out
+
+
+@pytest.mark.parametrize("command", ["convert", "extend", "export"])
+def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(tmp_path, capsys, command):
+    src = make_source("llama", tmp_path / "src") if command == "convert" else make_gated(tmp_path / "src")
+    before = file_hashes(src)
+    dst = tmp_path / "out"
+    extra = {"convert": [], "extend": ["--rope-theta", "2e4"], "export": ["--format", "qwen3_5"]}[command]
+    capsys.readouterr()
+    assert main([command, str(src), str(dst), "--max-memory", "5KB", *extra]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert re.match(rf"gated-attention {command}: error: --max-memory 5\.00 KB is too small for one layer: "
+                    r"model\.\S+ needs [\d.]+ KB in \w+; give a larger --max-memory", lines[0]), lines[0]  # fmt: skip
+    assert "nothing was written" in lines[0]
+    assert not dst.exists() and staging_leftovers(dst) == [] and file_hashes(src) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_without_verification_the_budget_bounds_nothing_and_is_not_checked(tmp_path):
+    """The conversion alone holds one tensor at a time: a budget below one layer is no reason to refuse it."""
+    src = make_source("llama", tmp_path / "src")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--max-memory", "5KB", "--no-verify"]) == 0
+    shutil.rmtree(tmp_path / "out")
