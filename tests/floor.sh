@@ -4,7 +4,8 @@
 # A throwaway venv on top of the current environment (torch, fla, accelerate, peft and
 # the editable package are shared) gets transformers==5.17.0 and the huggingface_hub 1.x
 # it needs, then runs the tests that touch every model family, generate, the cache,
-# remote code and conversion. Usage: bash tests/floor.sh [pytest args]
+# remote code, conversion and checkpoint loading (the loading info hub/loading.py reads).
+# Usage: bash tests/floor.sh [pytest args]
 #
 # "The current environment" is the one `python` runs in, a venv or not. A .pth file
 # in the floor venv adds its site-packages folders (with `site.addsitedir`, so their
@@ -29,4 +30,5 @@ PY
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" \
     tests/test_compat.py tests/test_dense.py tests/test_moe.py tests/test_hybrid.py tests/test_families.py \
     tests/test_convert.py tests/test_convert_export.py tests/test_convert_rope.py tests/test_convert_errors.py tests/test_convert_source_config.py tests/test_convert_memory.py \
-    tests/test_analysis_capture.py tests/test_analyze_architectures.py tests/test_serving.py tests/test_tensor_parallel.py tests/test_readme_code.py
+    tests/test_analysis_capture.py tests/test_analyze_architectures.py tests/test_serving.py tests/test_tensor_parallel.py tests/test_readme_code.py \
+    tests/test_loading.py

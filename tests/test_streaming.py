@@ -332,3 +332,27 @@ def test_a_tokenizer_that_adds_a_token_per_call_is_warned_about(tokenizer, tmp_p
     spec = str(write_jsonl(tmp_path / "long.jsonl", ["word " * 2_000]))
     with pytest.warns(UserWarning, match="tokenized in pieces"):
         text_stream(spec, prepending, SEQ_LEN, piece_chars=1_000).next_rows(2)
+
+
+def test_a_json_file_with_a_long_first_line_opens_without_the_python_prescan(tmp_path, monkeypatch):
+    """datasets parses a json file's first batch into Python objects too when it opens it (a 50 MB line took
+    460 MB), to find fields whose keys or type change from line to line, which it then stores as JSON text.
+    With a long first line that pass is left out: keys that change are pyarrow's to merge (a struct, not
+    JSON text), and where pyarrow cannot read the first batch (a type that changes in it) the file is opened
+    again as datasets opens it. The documents are the same either way. `JSON_CHUNK` is made small here, so
+    that a line of 100 characters counts as long."""
+    import gated_attention.hub.datasets as hub_datasets
+
+    def lines(path: Path, metas: list[dict]) -> Path:
+        path.write_text("".join(json.dumps({"text": f"document {i} " * 10, "meta": m}) + "\n" for i, m in enumerate(metas)))
+        return path
+
+    keys = lines(tmp_path / "keys.jsonl", [{"a": 1}, {"b": 2}])  # meta's keys change
+    types = lines(tmp_path / "types.jsonl", [{"x": 1}, {"x": "s"}])  # meta.x: a number, then a string
+    texts = [f"document {i} " * 10 for i in range(2)]
+    assert "Json" in str(open_text_dataset(str(keys)).features["meta"])  # datasets' prescan at work
+    monkeypatch.setattr(hub_datasets, "JSON_CHUNK", 16)
+    for path, meta in ((keys, "{'a': Value('int64'), 'b': Value('int64')}"), (types, "{'x': Json(decode=True)}")):
+        ds = open_text_dataset(str(path))
+        assert str(ds.features["meta"]) == meta
+        assert [d["text"] for d in ds] == texts

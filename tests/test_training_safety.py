@@ -239,3 +239,25 @@ def test_resuming_from_an_earlier_step_replaces_the_log_records_it_trains_again(
     assert [r["step"] for r in log] == [1, 2, 3, 4]
     assert [r["batch"] for r in log] == [json.loads(line)["batch"] for line in first]  # the same batches again
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
+
+
+@pytest.mark.parametrize(("script", "extra"), [("continued_pretraining", []), ("lora_finetune", ["--rank", "2"]),
+                                                ("long_context", ["--rope-theta", "50000", "--eval-lengths", "32"])])
+def test_ctrl_c_before_any_checkpoint_is_one_line_and_exit_130(tiny_model, tmp_path, capsys, monkeypatch, script,
+                                                               extra):
+    """Ctrl-C in the first step was a KeyboardInterrupt traceback; it is one line and exit status 130 in every
+    training example, and the output folder, still empty, is gone."""
+    from accelerate import Accelerator
+
+    def interrupted(self, loss, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Accelerator, "backward", interrupted)
+    out = tmp_path / "runs" / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        import_example(script).main(["--model", str(tiny_model), "--output-dir", str(out), "--steps", "2", *COMMON,
+                                     *extra])
+    assert exit_info.value.code == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "%|" not in line]
+    assert err == [f"interrupted; no checkpoint is complete yet in {out / 'checkpoints'}"], err
+    assert not (tmp_path / "runs").exists()

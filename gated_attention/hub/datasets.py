@@ -76,15 +76,54 @@ class reading:  # noqa: N801 - used as `with reading(spec):`, like a function
         raise DataError(f"--dataset {self.spec}: {where}cannot be read ({first_line(error)})") from error
 
 
-def _load_streaming(builder: str, spec: str, **kwargs):
-    """`datasets.load_dataset(builder, streaming=True, **kwargs)`, its read errors as `DataError`s (`reading`).
+# datasets' json builder reads a file in batches of this many bytes, each extended to the end of its last line
+JSON_CHUNK = 10 << 20
+
+
+def _long_first_batch(files: list[str]) -> bool:
+    """Whether the json builder's first batch of some file runs far past `JSON_CHUNK`: the line that crosses
+    the chunk's end goes on for another chunk or more (a document of tens of MB in one line)."""
+    for file in files:
+        with open(file, "rb") as f:
+            f.seek(JSON_CHUNK)
+            left = JSON_CHUNK
+            while left:
+                block = f.read(min(left, 1 << 20))
+                if not block or b"\n" in block:
+                    break
+                left -= len(block)
+            else:
+                return True
+    return False
+
+
+def _load_streaming(builder: str, spec: str, files: list[str], **kwargs):
+    """`datasets.load_dataset(builder, streaming=True, **kwargs)` of the corpus files `files`, its read errors
+    as `DataError`s (`reading`).
 
     A .txt file is one document, as with `--text-files` (the text builder would make every line one).
+
+    A JSON-lines file whose first batch holds a very long line is opened without `on_mixed_types`. With it
+    (datasets' default), datasets parses a file's first batch twice when it opens it: into Python objects,
+    to find fields whose keys or type change from line to line (which it then stores as JSON text), kept
+    while pyarrow parses the same bytes. Opening a file of one 50 MB line took 470 MB more memory so, and
+    290 MB without (`benchmarks/long_document.py`). Without it, such fields in that first batch are
+    pyarrow's to read; where pyarrow cannot (a type that changes), the dataset has no columns after opening
+    and is opened again with datasets' default. The one difference left: a field whose keys vary within the
+    first batch becomes a struct of those keys, not JSON text, so a later line with yet another key fails
+    to read where datasets' default reads it. A type that changes after the first batch fails either way.
     """
     from datasets import load_dataset
 
     extra = {"sample_by": "document"} if builder == "text" else {}
     with reading(spec):  # builders read the first file already, to learn its columns
+        if builder == "json" and _long_first_batch(files):
+            import pyarrow as pa
+
+            ds = load_dataset(builder, streaming=True, on_mixed_types=None, **kwargs)
+            pa.default_memory_pool().release_unused()  # what pyarrow parsed to learn the columns: not kept
+            if ds.features is not None:
+                return ds
         return load_dataset(builder, streaming=True, **extra, **kwargs)
 
 
@@ -100,7 +139,7 @@ def _data_files(folder: Path) -> dict[str, list[str]]:
 
 
 def _from_files(files: list[str], builder: str, spec: str):
-    return _load_streaming(builder, spec, data_files=files, split="train")
+    return _load_streaming(builder, spec, files, data_files=files, split="train")
 
 
 def _from_folder(folder: Path, split: str, spec: str):
@@ -121,7 +160,7 @@ def _from_folder(folder: Path, split: str, spec: str):
         raise DataError(f"--dataset {spec}: mixed file kinds ({', '.join(sorted(found))}); give one kind")
     (builder,) = found
     try:  # datasets picks the split from file names (train*.jsonl, data/validation-*.parquet, ...)
-        return _load_streaming(builder, spec, data_dir=str(folder), split=split)
+        return _load_streaming(builder, spec, found[builder], data_dir=str(folder), split=split)
     except DataError as e:
         if not isinstance(e.__cause__, ValueError) or type(e.__cause__).__module__.startswith("pyarrow"):
             raise

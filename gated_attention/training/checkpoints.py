@@ -34,7 +34,8 @@ from pathlib import Path
 from torch import nn
 
 from ..hub.command_line import first_line, sigterm_as_interrupt
-from .folders import publish, staging_path
+from ..hub.staging import staging_path
+from .folders import publish
 from .loop import check_finite_weights
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
@@ -76,7 +77,7 @@ def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.
     folder = checkpoint_dir(output_dir, step)
     if model is not None:
         check_finite_weights(model, accelerator, step=step, saving=f"checkpoint {folder.name}")
-    stage = staging_path(folder)
+    stage = staging_path(folder, "incomplete")
     if accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 

@@ -10,6 +10,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..hub.staging import RENAME_EXCHANGE, renameat2, staging_path
+
 # What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing
 # else in it is the run's to replace). `.final.incomplete-PID` and the like are `staging_path`'s.
 RUN_ENTRIES = ("log.jsonl", "checkpoints", "final", "merged", "final-yarn", "perplexity_by_length.csv")
@@ -35,35 +37,32 @@ def output_folder(path) -> Iterator[Path]:
         raise
 
 
-def staging_path(path, pid: int | None = None) -> Path:
-    """`.NAME.incomplete-PID` beside `path`: where `path` is written before it is renamed into place."""
-    path = Path(path)
-    return path.parent / f".{path.name}.incomplete-{os.getpid() if pid is None else pid}"
-
-
 def publish(stage: Path, path) -> None:
     """Rename the whole folder `stage` to `path`. An earlier `path` (a checkpoint saved again after a resume,
-    `final/` of an earlier run) is moved aside first and removed once the new one is in place: it is never
-    written into, so a process killed at any moment leaves either it or the new one at `path`, whole (or, in
-    the instant between the two renames, both under their hidden names and nothing at `path`)."""
+    `final/` of an earlier run) is never written into: on Linux the two are swapped in one atomic step
+    (renameat2 RENAME_EXCHANGE) and the old one removed after; elsewhere it is moved aside first, so a
+    process killed in the instant between the two renames leaves both, whole, under their hidden names."""
     path = Path(path)
-    if os.path.lexists(path):
-        old = path.parent / f".{path.name}.replaced-{os.getpid()}"
+    if not os.path.lexists(path):
+        os.rename(stage, path)
+    elif renameat2(stage, path, RENAME_EXCHANGE):  # `stage` now names the old folder
+        shutil.rmtree(stage)
+    else:
+        old = staging_path(path, "replaced")
         os.rename(path, old)
         os.rename(stage, path)
         shutil.rmtree(old)
-    else:
-        os.rename(stage, path)
 
 
 @contextlib.contextmanager
 def staged_output(path) -> Iterator[Path]:
-    """Yield an empty staging folder beside `path` (`staging_path`); when the block ends without an error it
-    is renamed to `path` (`publish`, replacing an earlier one), on any error it is removed. A process killed
-    meanwhile leaves only the staging folder, incomplete by its name, never a `path` that looks whole."""
+    """Yield an empty staging folder beside `path` (`.NAME.incomplete-PID`, `hub.staging.staging_path`); when
+    the block ends without an error it is renamed to `path` (`publish`, replacing an earlier one), on any
+    error it is removed. A process killed meanwhile leaves only the staging folder, incomplete by its name,
+    never a `path` that looks whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    stage = staging_path(path)
+    stage = staging_path(path, "incomplete")
     shutil.rmtree(stage, ignore_errors=True)  # an earlier process with this id was killed
     stage.mkdir()
     try:
