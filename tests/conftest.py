@@ -34,6 +34,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Set again for every test: a test that measures or sets the thread count (test_quickstart) must not
+    # leave two contended threads to the tiny models after it.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def run_without_package(tmp_path):
     def run(code: str, timeout: float = 300) -> str:

@@ -76,15 +76,6 @@ def families(*names: str) -> list:
     return [pytest.param(n, marks=hybrid_missing if n.startswith("gated_deltanet_hybrid") else ()) for n in names]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models on a shared 2-core machine run ~50x faster on one thread than on two contended ones.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def build(family: str) -> torch.nn.Module:
     kwargs = dict(FAMILIES[family][0])
     model_type = kwargs.pop("model_type")

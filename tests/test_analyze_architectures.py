@@ -104,14 +104,6 @@ M, A = 1000.0, 4.0  # BOS's channel, every token's query channel
 C, Q, S = 5, 9, 13  # residual channels: BOS only, queries, the spike
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def build(name: str) -> nn.Module:
     kwargs = dict(ARCHITECTURES[name][0])
     model_type = kwargs.pop("model_type")

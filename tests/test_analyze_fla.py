@@ -42,14 +42,6 @@ CASES = [(family, attn) for family in FAMILIES for attn in (None, HYBRID)]
 IDS = [f"{family}-{'hybrid' if attn else 'pure'}" for family, attn in CASES]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny_tokenizer()

@@ -23,15 +23,6 @@ BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "200KB"}
 FROM_DISK = re.compile(r"verifying: (?:SRC|DST|the ungated reference) ran with ([\d.]+ \w+) of ([\d.]+ \w+) of weights read from disk")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models on a shared 2-core machine run much faster on one thread than on two contended ones.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("family", sorted(BUDGETS))
 def test_a_budget_smaller_than_the_model_converts_and_verifies_bit_identically(tmp_path, capsys, family):
     if family == "fla_hybrid":  # the verification's reference is SRC's weights renamed while loading

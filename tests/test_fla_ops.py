@@ -38,14 +38,6 @@ LENGTHS = pytest.mark.parametrize("T", [1, 5, 64, 100, 200], ids=["decode-1", "s
 STATES = pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def fla_naive(op: str, name: str):
     spec = importlib.util.find_spec("fla")
     if spec is None:

@@ -50,14 +50,6 @@ CASES = [(family, attn) for family in FAMILIES for attn in (None, HYBRID)]
 IDS = [f"{family}-{'hybrid' if attn else 'pure'}" for family, attn in CASES]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def build(family: str, attn=None):
     config_class, model_class, _, fields = FAMILIES[family]
     config = getattr(fla_models, config_class)(

@@ -29,11 +29,6 @@ class _Recorder(logging.Handler):
         self.records.append(record)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 def _save(folder: Path, model) -> Path:
     model.save_pretrained(folder)
     return folder
