@@ -3,18 +3,19 @@ fit read from disk; a budget too small for one layer is one line, exit 2, nothin
 
 from __future__ import annotations
 
+import gc
 import re
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from convert_helpers import PROMPT, file_hashes, make_fla_hybrid_source, make_gated, make_source, staging_leftovers
 from gated_attention.cli import main
 from gated_attention.convert.errors import ConversionError
-from gated_attention.convert.verify import verify_against_source
+from gated_attention.convert.verify import run_prompt, verify_against_source
 from gated_attention.hub.memory_budget import MemoryBudget
 
 # Between each tiny model's largest layer and its size in bf16, so that both sides run partly from disk.
@@ -60,6 +61,23 @@ def test_a_difference_in_a_layer_read_from_disk_is_found_and_named(tmp_path, cap
         verify_against_source(src, dst, config, torch.bfloat16, {}, True, print, MemoryBudget(110_000, True))
     placed = FROM_DISK.findall(capsys.readouterr().out)
     assert len(placed) == 2  # both sides ran partly from disk
+
+
+@pytest.mark.parametrize("budget", [110_000, 1 << 30], ids=["partly on disk", "whole in memory"])
+def test_each_verified_model_is_freed_before_the_next_loads(tmp_path, budget):
+    """A model accelerate dispatched stays alive in reference cycles after its last reference goes, until a
+    collection; one whole in memory is freed by that reference alone. Either way nothing of it is left."""
+    src = make_source("llama", tmp_path / "src")
+
+    def models() -> set[int]:
+        return {id(o) for o in gc.get_objects() if isinstance(o, PreTrainedModel)}
+
+    gc.collect()
+    before = models()
+    run = run_prompt(src, MemoryBudget(budget, True), dtype=torch.bfloat16, vocab_size=97, max_positions=16,
+                     offload_dir=tmp_path)  # fmt: skip
+    assert (run.offloaded_bytes > 0) == (budget == 110_000)
+    assert models() - before == set()
 
 
 @pytest.mark.parametrize("command", ["extend", "export"])

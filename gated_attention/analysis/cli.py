@@ -251,7 +251,7 @@ def _print_rows(label: str, rows: list[dict]) -> None:
 
 
 def run(args) -> int:
-    import gc
+    import weakref
 
     from ..hub.output_folders import OutputFolderError
     from ..hub.staging import refuse_running, staged_folder
@@ -264,7 +264,7 @@ def run(args) -> int:
         _check_config(model, where[model])
     samples = _samples(args)
 
-    from ..hub.memory_budget import MemoryBudget
+    from ..hub.memory_budget import MemoryBudget, collect_if_alive
     from .analyze import run_analysis
     from .loading import loaded
     from .compare import write_comparison
@@ -296,8 +296,9 @@ def run(args) -> int:
                         )
                     except ValueError as e:
                         raise CLIError(first_line(e)) from e
+                    alive = weakref.ref(model)
                     del model
-                gc.collect()
+                collect_if_alive(alive)  # before the next model loads
                 _print_rows(f"{name:<20} " if several else "", rows)
             if several:
                 write_comparison(stage, dict(zip(names, args.model)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import torch
 
 from .. import register_auto_classes
 from ..hub.command_line import format_size
-from ..hub.memory_budget import MemoryBudget, MemoryBudgetError
+from ..hub.memory_budget import MemoryBudget, MemoryBudgetError, collect_if_alive
 from .sources import ConversionError, SourceCheckpoint
 
 VERIFY_TOKENS = 32
@@ -116,10 +116,9 @@ def run_prompt(
         with forward_context():
             out = model.eval()(verification_ids(vocab_size, max_positions), output_hidden_states=True)
         sizes = [(p.numel() * p.element_size(), p.device.type == "meta") for p in model.parameters()]
+        alive = weakref.ref(model)
         del model
-        # accelerate's hooks tie a dispatched model into reference cycles: without a collection now, its
-        # weights in memory would still be there while the next model loads.
-        gc.collect()
+        collect_if_alive(alive)  # a dispatched model's weights in memory, before the next model loads
     return PromptRun(out.logits, tuple(out.hidden_states), sum(n for n, _ in sizes), sum(n for n, off in sizes if off))
 
 

@@ -9,6 +9,8 @@
   offload folder a temporary directory that is removed on leaving, whatever happens.
 - `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
   splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
+- `collect_if_alive(ref)`: after a model's last reference is dropped, free it where accelerate's hooks keep
+  it alive.
 
 How the budget bounds memory. accelerate keeps room in memory for one largest layer and fills the rest
 of the budget with whole layers, in order; the layers that do not fit stay on disk and are read module by
@@ -23,8 +25,10 @@ Imports: torch, accelerate and psutil inside the functions only, so that importi
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import tempfile
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,3 +120,16 @@ def largest_layer(model) -> tuple[str, int]:
     sizes = compute_module_sizes(model)
     size, names = get_max_layer_size(list(model.named_children()), sizes, list(model._no_split_modules or []))
     return names[0], size
+
+
+def collect_if_alive(model: weakref.ref) -> None:
+    """Free the model `model` refers to, once its holder has dropped it, before the next one loads.
+
+    A model that accelerate dispatched (layers offloaded to disk) is tied into reference cycles by its
+    hooks and stays in memory until a garbage collection; a model held whole in memory has none and is
+    already gone. So the collection runs only where the model is still alive: in a process that has
+    imported transformers it scans millions of objects (~0.2 s here), which a small model's conversion
+    paid twice for nothing.
+    """
+    if model() is not None:
+        gc.collect()
