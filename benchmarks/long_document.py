@@ -48,7 +48,13 @@ def write_corpora(folder: Path, size_mb: int, line_chars: int) -> tuple[Path, Pa
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """This process's peak RSS. Linux's VmHWM starts afresh at exec; getrusage's ru_maxrss does not (it
+    would count the parent's peak before the fork: the 200 MB corpus it wrote)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def measure(corpus: str, batch_size: int, seq_len: int, vocab_size: int) -> dict:

@@ -350,7 +350,8 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
     "not JSON": (["--dataset", "{bad}/not_json.jsonl"],
                  "error: --dataset {bad}/not_json.jsonl: cannot be read (JSON parse error: Invalid value."),
     "truncated JSON": (["--dataset", "{bad}/truncated.jsonl"],
-                       "error: --dataset {bad}/truncated.jsonl: cannot be read (JSON parse error: Missing a closing"),
+                       "error: --dataset {bad}/truncated.jsonl: line 2 cannot be read (Unterminated string starting "
+                       "at character 10)"),
     "other field": (["--dataset", "{bad}/other_field.jsonl"],
                     "error: --text-field 'text': {bad}/other_field.jsonl has no such column (its columns: body)"),
 }

@@ -275,18 +275,20 @@ def test_text_pieces_cut_before_a_space_and_hard_only_without_one():
 
 def test_documents_cut_into_pieces_give_the_whole_documents_tokens(tokenizer):
     """The embedded byte-level BPE: every cut before a space is exact, so pieces of 1,000 characters give,
-    token for token, what each whole document gives (code and prose: indentation, runs of spaces, tabs)."""
+    token for token, what each whole document gives (code and prose: indentation, runs of spaces, tabs).
+    With `max_chars` 8,000, a longer document is cut into pieces of 8,000 / 8 characters, 8 to a call."""
     assert data.cuts_are_exact(tokenizer)
     texts = [d.text for d in data.corpus_split("train", MAX_CHARS)]
     cuts = [(text, len("".join(pieces[:i]))) for text in texts
             for pieces in [list(data.text_pieces(text, 1_000))] for i in range(1, len(pieces))]
     assert len(cuts) > 50 and all(text[c] == " " for text, c in cuts)  # no hard cut in this text
+    assert sum(len(text) > 8_000 for text in texts) >= 2
     eos = tokenizer.eos_token_id
     whole = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]]
     recording = RecordingTokenizer(tokenizer)
-    pieces = np.concatenate(list(data.encode_documents(recording, texts, max_chars=1_000)))
+    pieces = np.concatenate(list(data.encode_documents(recording, texts, max_chars=8_000)))
     assert pieces.tolist() == whole
-    assert max(recording.calls) <= 1_000
+    assert max(recording.calls) <= 8_000
 
 
 def test_text_without_spaces_is_cut_hard_and_still_encodes_the_same_text(tokenizer):
@@ -297,10 +299,10 @@ def test_text_without_spaces_is_cut_hard_and_still_encodes_the_same_text(tokeniz
 
 
 def test_a_long_document_streams_in_pieces_with_the_whole_documents_rows(tokenizer, tmp_path):
-    """A 60,000-character document between two short ones, streamed with 1,000-character pieces: no tokenizer
-    call is given more than 1,000 characters (the whole document in one call took 200 bytes of memory per
-    character), the rows are those of the whole documents, and a resume inside the long document
-    re-tokenizes only its chunk."""
+    """A 60,000-character document between two short ones, streamed with `piece_chars` 8,000 (pieces of 1,000
+    characters, 8 to a call): no tokenizer call is given more than 8,000 characters (the whole document in
+    one call took 200 bytes of memory per character), the rows are those of the whole documents, and a
+    resume inside the long document re-tokenizes only its chunk."""
     long_doc = " ".join(d.text for d in data.corpus_split("train", MAX_CHARS))[:60_000]
     texts = ["a short one", long_doc, "the last one"]
     spec = str(write_jsonl(tmp_path / "long.jsonl", texts))
@@ -308,13 +310,13 @@ def test_a_long_document_streams_in_pieces_with_the_whole_documents_rows(tokeniz
     whole = np.asarray([t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]])
     reference = data.pack(whole, SEQ_LEN, tokenizer.bos_token_id)
     recording = RecordingTokenizer(tokenizer)
-    stream = text_stream(spec, recording, SEQ_LEN, piece_chars=1_000)
+    stream = text_stream(spec, recording, SEQ_LEN, piece_chars=8_000)
     first = stream.next_rows(10)
     state = json.loads(json.dumps(stream.state_dict()))
     assert torch.equal(torch.cat([first, stream.next_rows(len(reference) - 10)]), reference)
-    assert recording.calls and max(recording.calls) <= 1_000
+    assert recording.calls and max(recording.calls) <= 8_000
 
-    resumed = text_stream(spec, tokenizer, SEQ_LEN, piece_chars=1_000)
+    resumed = text_stream(spec, tokenizer, SEQ_LEN, piece_chars=8_000)
     resumed.load_state_dict(state)
     assert torch.equal(resumed.next_rows(len(reference) - 10), reference[10:])
 

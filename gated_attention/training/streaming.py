@@ -2,18 +2,21 @@
 
 Two ways to feed `gated_attention.training.train` a corpus that does not fit in memory:
 
-- **A text stream** (`PackedStream`): `hub.datasets.open_text_dataset` opens local files
-  (txt, jsonl/json, parquet, csv), a dataset saved with `save_to_disk`, or a
-  Hub dataset from the local cache, always as a streaming `IterableDataset`.
-  Each process reads its own part (`datasets.distributed.split_dataset_by_node`:
-  whole files when their number divides the world size, else every world-th
-  document), tokenizes documents as rows need them and cuts BOS-led rows
-  exactly as `data.pack` does (documents joined by EOS). Memory holds one
-  chunk of documents, the tokens of one piece of `data.PIECE_CHARS`
-  characters (a longer document is tokenized in pieces: `data.text_pieces`)
-  and one row, whatever the corpus size or a document's length. A file that
-  cannot be read, when it is opened or when the rows reach it, is a
-  `DataError` naming it (`hub.datasets.reading`).
+- **A text stream** (`PackedStream`): `hub.datasets.open_corpus` opens local
+  JSON-lines files with the package's own reader (`hub.json_lines`: a line
+  at a time, a very long line never whole), and txt, parquet and csv files,
+  folders, a dataset saved with `save_to_disk` or a Hub dataset from the local
+  cache with `datasets`, always as a stream. Each process reads its own part
+  (whole files when their number divides the world size, else every
+  world-th document, as `datasets.distributed.split_dataset_by_node`),
+  tokenizes documents as rows need them and cuts BOS-led rows exactly as
+  `data.pack` does (documents joined by EOS). Memory holds one chunk of
+  documents, the tokens of `data.PIECE_CHARS` characters (a longer document
+  is tokenized in pieces: `data.text_pieces`) and one row, whatever the corpus
+  size or a document's length: a document longer than 4 x PIECE_CHARS bytes
+  is decoded from pyarrow's column or the JSON line a part at a time, never
+  made one Python string. A file that cannot be read, when it is opened or
+  when the rows reach it, is a `DataError` naming it (`hub.datasets.reading`).
 - **Token shards** (`write_token_shards`, `TokenShards`): the token stream
   written once as flat uint16/uint32 files with an `index.json`; training
   memory-maps them and reads any row at random, so the in-memory path's
@@ -21,11 +24,13 @@ Two ways to feed `gated_attention.training.train` a corpus that does not fit in 
   unchanged.
 
 Resuming a stream: `PackedStream.state_dict()` is the position of the next
-unread token, as (epoch, the `datasets` state before the chunk of documents
-holding it, token offset in that chunk). Restoring it re-reads one chunk and
-re-tokenizes it up to the offset, and continues with the same rows. The position is small JSON; no
-data is saved. Chunks are read with `IterableDataset.iter(batch_size=...)`, so
-a resume must use the same `chunk_docs` (checked).
+unread token, as (epoch, the reader's position before the chunk of documents
+holding it, token offset in that chunk); the reader's position is the
+JSON-lines reader's (file, byte offset, line) or the `datasets` state.
+Restoring it re-reads one chunk and re-tokenizes it up to the offset, and
+continues with the same rows. The position is small JSON; no data is saved.
+Chunks are `chunk_docs` documents, so a resume must use the same `chunk_docs`
+(checked), and the same reader (a position of the other is one line).
 
 Shuffling: the stream is read in file order (every epoch the same); shuffle a
 corpus once when writing it, or use token shards, whose rows are shuffled.
@@ -45,7 +50,8 @@ import numpy as np
 import torch
 
 from .. import GatedAttentionWarning
-from ..hub.datasets import DataError, check_text_field, open_text_dataset, reading
+from ..hub.datasets import DataError, check_text_field, open_corpus, reading
+from ..hub.json_lines import JsonLinesCorpus
 from .data import PIECE_CHARS, cuts_are_exact, encode_documents
 from .folders import output_folder
 
@@ -119,14 +125,12 @@ class PackedStream:
     # -- position ---------------------------------------------------------------------------
 
     def _start(self, epoch: int, chunk_state: dict | None, offset: int) -> None:
-        from datasets.distributed import split_dataset_by_node
-
-        ds = self.dataset.select_columns([self.text_field])
-        ds = split_dataset_by_node(ds, rank=self.rank, world_size=self.world)
-        if chunk_state is not None:
-            ds.load_state_dict(chunk_state)
-        self._ds, self._epoch = ds, epoch
-        self._chunks = ds.iter(batch_size=self.chunk_docs)
+        if isinstance(self.dataset, JsonLinesCorpus):
+            self._chunks = self.dataset.chunks(self.text_field, self.rank, self.world, chunk_state, self.chunk_docs)
+        else:
+            self._chunks = _dataset_chunks(self.dataset, self.text_field, self.rank, self.world, chunk_state,
+                                           self.chunk_docs, self.name)
+        self._epoch = epoch
         self._next_chunk_state = chunk_state  # the datasets state before the next chunk is read
         self._chunk: _Chunk | None = None
         self._read_in_epoch = 0  # tokens read this epoch (an empty part is an error, not an endless loop)
@@ -158,13 +162,17 @@ class PackedStream:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _texts(self, texts: list) -> list[str]:
-        texts = [t for t in texts if t]  # missing (None) or empty documents add nothing
-        wrong = next((t for t in texts if not isinstance(t, str)), None)
-        if wrong is not None:
-            raise DataError(f"--text-field {self.text_field!r}: {self.name}'s column holds "
-                            f"{type(wrong).__name__}, not text")
-        if not self._cuts_checked and any(len(t) > self.piece_chars for t in texts):
+    def _texts(self, documents) -> list[str | Iterator[str]]:
+        """The documents with text of one chunk: a pyarrow column (`datasets`) or a list (`JsonLinesCorpus`:
+        strings, long strings' parts, and whatever else a line holds)."""
+        texts = None if isinstance(documents, list) else _documents(documents, self.piece_chars)
+        if texts is None:  # as Python objects: a list already, or a column that does not hold strings
+            texts = [t for t in (documents if isinstance(documents, list) else documents.to_pylist()) if t]
+            wrong = next((t for t in texts if not isinstance(t, (str, Iterator))), None)  # missing, empty: dropped
+            if wrong is not None:
+                raise DataError(f"--text-field {self.text_field!r}: {self.name}'s column holds "
+                                f"{type(wrong).__name__}, not text")
+        if not self._cuts_checked and any(not isinstance(t, str) or len(t) > self.piece_chars for t in texts):
             self._cuts_checked = True
             if not cuts_are_exact(self.tokenizer):
                 warnings.warn(f"{self.name}: documents longer than {self.piece_chars:,} characters are tokenized in "
@@ -177,15 +185,15 @@ class PackedStream:
         """Make the next chunk of this process's documents current; False at the end of the epoch."""
         state = self._next_chunk_state
         with reading(self.name):
-            batch = next(self._chunks, None)
-        if batch is None:
+            chunk = next(self._chunks, None)
+        if chunk is None:
             return False
-        self._next_chunk_state = self._ds.state_dict()
-        texts = self._texts(batch[self.text_field])
+        documents, self._next_chunk_state = chunk
+        texts = self._texts(documents)
         self._chunk = _Chunk(state, self._pieces(texts))
         return True
 
-    def _pieces(self, texts: list[str]) -> Iterator[np.ndarray]:
+    def _pieces(self, texts: list[str | Iterator[str]]) -> Iterator[np.ndarray]:
         for tokens in encode_documents(self.tokenizer, texts, self.piece_chars):
             self._read_in_epoch += len(tokens)
             yield tokens
@@ -224,12 +232,70 @@ class PackedStream:
             yield self.next_rows(1)[0]
 
 
+def _dataset_chunks(dataset, field: str, rank: int, world: int, state: dict | None, size: int,
+                    name: str) -> Iterator[tuple[object, dict]]:
+    """(`field`'s pyarrow column, the `datasets` state after it) of each chunk of `size` documents of this
+    process's part of `dataset` (a `datasets` IterableDataset), from `state` on."""
+    from datasets.distributed import split_dataset_by_node
+
+    if state is not None and "reader" in state:
+        raise DataError(f"{name}: the saved stream position was written by this package's JSON-lines reader, and "
+                        "this corpus is read by datasets'; resume from the same files")
+    ds = split_dataset_by_node(dataset.select_columns([field]), rank=rank, world_size=world)
+    ds = ds.with_format("arrow")  # tables, not Python objects: a long document is decoded a part at a time
+    if state is not None:
+        ds.load_state_dict(state)
+    for batch in ds.iter(batch_size=size):
+        yield batch.column(field), ds.state_dict()
+
+
+def _documents(column, piece_chars: int) -> list[str | Iterator[str]] | None:
+    """The non-empty documents of a pyarrow column of strings, in order; None for a column of another type.
+
+    A document of more than `4 * piece_chars` bytes (more characters than one
+    piece, whatever the characters) is not made one Python string: it is
+    decoded from the column's buffer a part of that many bytes at a time
+    (`_utf8_parts`), as `data.encode_documents` takes it. A 50 MB document
+    would otherwise be held three times at once: the line's bytes and the
+    parsed column (`datasets`), and a Python string of up to 4 bytes a
+    character.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return None
+    long_bytes, texts = 4 * piece_chars, []
+    for chunk in column.chunks:
+        sizes = pc.binary_length(chunk).fill_null(0).to_numpy(zero_copy_only=False)
+        if sizes.max(initial=0) <= long_bytes:
+            texts += [t for t in chunk.to_pylist() if t]
+            continue
+        for i in np.flatnonzero(sizes):
+            value = chunk[int(i)]
+            texts.append(_utf8_parts(value.as_buffer(), long_bytes) if sizes[i] > long_bytes else value.as_py())
+    return texts
+
+
+def _utf8_parts(buffer, size: int) -> Iterator[str]:
+    """The text of UTF-8 `buffer` (valid, as pyarrow's strings are), decoded `size` bytes at a time and never
+    inside a character."""
+    data = memoryview(buffer)
+    start = 0
+    while start < len(data):
+        end = min(start + size, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte: the character goes on
+            end -= 1
+        yield str(data[start:end], "utf-8")
+        start = end
+
+
 def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str = "train",
                 rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS,
                 piece_chars: int = PIECE_CHARS) -> PackedStream:
     """`PackedStream` of a `--dataset` spec (see `open_text_dataset`); checks the text field at once."""
     name = spec if isinstance(spec, str) else " ".join(spec)
-    return PackedStream(open_text_dataset(spec, split), tokenizer, seq_len, text_field=text_field,
+    return PackedStream(open_corpus(spec, split), tokenizer, seq_len, text_field=text_field,
                         rank=rank, world=world, chunk_docs=chunk_docs, name=name, piece_chars=piece_chars)
 
 
@@ -263,7 +329,7 @@ def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", sp
         raise DataError(f"{out_dir} exists; token shards are written to a new folder")
     vocab = len(tokenizer)
     dtype = token_dtype(vocab)
-    stream = PackedStream(open_text_dataset(spec, split), tokenizer, 2, text_field=text_field,
+    stream = PackedStream(open_corpus(spec, split), tokenizer, 2, text_field=text_field,
                           chunk_docs=chunk_docs, name=spec if isinstance(spec, str) else " ".join(spec))
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     with output_folder(out_dir.parent):

@@ -1,0 +1,349 @@
+"""JSON-lines files read a line at a time, and a very long line never whole.
+
+`datasets`' json builder hands pyarrow a batch of lines at once, extended to
+the end of its last line: a document of 50 MB in one line is read into one
+`bytes`, parsed into a table (twice its size while parsing) and held while it
+is used, so memory grows with the longest line. `JsonLinesCorpus` reads the
+files itself. A line of up to `LONG_LINE` bytes is `json.loads`-ed; a longer
+one is scanned in blocks of `BLOCK` bytes to find its fields, and the text
+field's string is decoded `PART` bytes at a time, on demand, as
+`training.data.encode_documents` takes a document given in parts. Whatever a
+line's length, memory holds a block and a part.
+
+The training streams (`training.streaming.PackedStream`) read local JSON-lines
+files through it (`open_corpus`); folders, other file kinds and Hub datasets
+stay `datasets`' (`hub.datasets.open_text_dataset`). The reading position is
+small JSON (file, byte offset, line), so a resume seeks straight to it.
+
+Processes share the files as `datasets.distributed.split_dataset_by_node`
+does: whole files when their number divides the world size, else every
+world-th document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from .command_line import first_line
+from .datasets import DataError
+
+LONG_LINE = 1 << 20  # a line longer than this many bytes is scanned in blocks, never read whole
+BLOCK = 1 << 20  # bytes read at a time
+PART = 1 << 18  # bytes of a long string decoded at a time (at most that many characters)
+READER = "json-lines"  # marks this reader's positions
+
+_CONTAINER = re.compile(rb'["\[\]{}]')  # inside an array or object: a string, or a bracket
+_SCALAR = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
+_WHITESPACE = b" \t\r"
+
+
+class _BadLine(ValueError):
+    """What is wrong with one line; `JsonLinesCorpus` adds the file and line number."""
+
+
+class _Window:
+    """Bytes `[start, end)` of a file (one line, its newline left out), read `BLOCK` bytes at a time."""
+
+    def __init__(self, f, start: int, end: int):
+        self.f, self.start, self.end = f, start, end
+        self.base, self.buf = start, b""  # the bytes read last, from offset base
+
+    def _cover(self, p: int, n: int) -> None:
+        """Make the window hold bytes `[p, p + n)` (as many of them as the line has)."""
+        if not (self.base <= p and min(p + n, self.end) <= self.base + len(self.buf)):
+            self.f.seek(p)
+            self.base, self.buf = p, self.f.read(min(max(n, BLOCK), self.end - p))
+
+    def bytes(self, p: int, n: int) -> bytes:
+        """Up to n bytes from offset p (fewer only at the line's end)."""
+        self._cover(p, n)
+        return self.buf[p - self.base : p - self.base + n]
+
+    def at(self, p: int) -> int:
+        """The byte at offset p (p < end)."""
+        self._cover(p, 1)
+        return self.buf[p - self.base]
+
+    def skip_whitespace(self, p: int) -> int:
+        while p < self.end and self.at(p) in _WHITESPACE:
+            p += 1
+        return p
+
+    def expect(self, p: int, char: bytes) -> int:
+        """The offset after `char`, which must be at p."""
+        if p >= self.end or self.at(p) != char[0]:
+            found = "the line's end" if p >= self.end else repr(chr(self.at(p)))
+            raise _BadLine(f"expected {char.decode()!r} at byte {p - self.start}, found {found}")
+        return p + 1
+
+    def search(self, pattern: re.Pattern, p: int) -> int:
+        """The offset of the first match of the one-byte `pattern` at or after p; `end` if none."""
+        while p < self.end:
+            self._cover(p, 1)
+            match = pattern.search(self.buf, p - self.base)
+            if match:
+                return self.base + match.start()
+            p = self.base + len(self.buf)
+        return self.end
+
+    def string_end(self, p: int) -> int:
+        """The offset after the string that opens at p.
+
+        A block at a time (each twice the last, up to `BLOCK`): its escaped
+        backslashes and then its escaped quotes are replaced by two other bytes
+        each (offsets unchanged), so its first quote left is the string's end. A
+        block begins at a character or an escape: one that ends with an escape's
+        backslash is followed from that backslash.
+        """
+        p, size = self.expect(p, b'"'), 256  # blocks from 256 bytes up: a short string is not a long copy
+        while True:
+            self._cover(p, 2)
+            block = self.buf[p - self.base : p - self.base + size]
+            plain = block.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+            q = plain.find(b'"')
+            if q != -1:
+                return p + q + 1
+            if p + len(block) >= self.end:
+                raise _BadLine("a string is not closed")
+            p, size = p + len(block) - plain.endswith(b"\\"), min(2 * size, BLOCK)
+
+    def value_end(self, p: int) -> int:
+        """The offset after the JSON value that begins at p (a container's commas and colons unchecked)."""
+        if p >= self.end:
+            raise _BadLine("a value is missing")
+        first = self.at(p)
+        if first == ord('"'):
+            return self.string_end(p)
+        if first in b"[{":
+            depth, p = 1, p + 1
+            while depth:
+                p = self.search(_CONTAINER, p)
+                if p >= self.end:
+                    raise _BadLine("an array or object is not closed")
+                char = self.at(p)
+                if char == ord('"'):
+                    p = self.string_end(p)
+                    continue
+                depth += 1 if char in b"[{" else -1
+                p += 1
+            return p
+        match = _SCALAR.match(self.bytes(p, 400))
+        if not match:
+            raise _BadLine(f"unexpected {chr(first)!r} at byte {p - self.start}")
+        return p + match.end()
+
+    def object_fields(self, field: str) -> tuple[list[str], tuple[int, int] | None]:
+        """The keys of the object the line holds, and where `field`'s value is (its last one, as json.loads)."""
+        p = self.expect(self.skip_whitespace(self.start), b"{")
+        keys, where = [], None
+        p = self.skip_whitespace(p)
+        if p < self.end and self.at(p) == ord("}"):
+            p += 1
+        else:
+            while True:
+                key_end = self.string_end(p)
+                if key_end - p > LONG_LINE:
+                    raise _BadLine("a key is longer than 1 MB")
+                key = json.loads(self.bytes(p, key_end - p))
+                p = self.skip_whitespace(self.expect(self.skip_whitespace(key_end), b":"))
+                value_end = self.value_end(p)
+                keys.append(key)
+                if key == field:
+                    where = (p, value_end)
+                p = self.skip_whitespace(value_end)
+                if p < self.end and self.at(p) == ord(","):
+                    p = self.skip_whitespace(p + 1)
+                    continue
+                p = self.expect(p, b"}")
+                break
+        if self.skip_whitespace(p) != self.end:
+            raise _BadLine(f"more after the object, at byte {p - self.start}")
+        return keys, where
+
+
+def _escape_at(raw: bytes, q: int) -> int:
+    """The length of the escape that begins at q in a JSON string's contents `raw` (which begins at a
+    character or an escape), 0 if none begins there."""
+    if raw[q : q + 1] != b"\\":
+        return 0
+    run = q
+    while run > 0 and raw[run - 1] == ord("\\"):
+        run -= 1
+    if (q - run) % 2:  # the second of an escaped backslash
+        return 0
+    return 6 if raw[q + 1 : q + 2] == b"u" else 2
+
+
+def _cut(raw: bytes, cut: int) -> int:
+    """`cut` (at least 16) moved back, if need be, so that `raw[:cut]` (`raw` a JSON string's contents from a
+    character or an escape on) ends neither inside an escape, nor inside a UTF-8 character, nor between
+    the two escapes of a surrogate pair."""
+    inside = next((q for q in range(cut - 5, cut) if q + _escape_at(raw, q) > cut), None)
+    if inside is not None:
+        cut = inside
+    while raw[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        cut -= 1
+    if _escape_at(raw, cut - 6) == 6 and raw[cut - 4 : cut - 2].lower() in (b"d8", b"d9", b"da", b"db"):
+        cut -= 6  # a high surrogate: its low one follows
+    return cut
+
+
+def _string_parts(path: Path, start: int, end: int, where: str) -> Iterator[str]:
+    """The JSON string at bytes `[start, end)` of `path` (its quotes included), decoded `PART` bytes at a
+    time; `where` names the line for an error."""
+    with open(path, "rb") as f:
+        p, stop = start + 1, end - 1
+        while p < stop:
+            f.seek(p)
+            raw = f.read(min(PART + 12, stop - p))
+            if len(raw) < min(PART + 12, stop - p):
+                raise DataError(f"{where} cannot be read (the file was cut short while it was read)")
+            take = len(raw) if p + len(raw) == stop else _cut(raw, PART)
+            try:
+                yield json.loads(b'"' + raw[:take] + b'"')
+            except ValueError as e:
+                raise DataError(f"{where} cannot be read ({_reason(e, at=False)})") from None
+            p += take
+
+
+def _reason(error: Exception, at: bool = True) -> str:
+    """A line's error in a few words: json's message with the character it names (`at`), or the error's
+    first line."""
+    if not isinstance(error, json.JSONDecodeError):
+        return first_line(error)
+    if not at:  # a part of a long string: its position is no help
+        return error.msg
+    return f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} character {error.colno}"
+
+
+class JsonLinesCorpus:
+    """The documents of local JSON-lines files, one object per line, read without `datasets` (see the module
+    docstring). `spec` names the corpus in errors, as `--dataset` gave it.
+
+    A position is `{"reader": "json-lines", "file", "offset", "line", "document"}`: the next line to read
+    (file index, byte offset, line number) and how many documents came before it (for the every-world-th
+    split).
+    """
+
+    def __init__(self, files: list[str], spec: str):
+        self.files, self.spec = [Path(f) for f in files], spec
+
+    def start(self) -> dict:
+        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0}
+
+    # -- lines ------------------------------------------------------------------------------
+
+    def _lines(self, position: dict) -> Iterator[tuple[int, int, int, int, bytes | None]]:
+        """(file index, line number, start, end, the line's bytes or None for a long line) of each line
+        that is not blank, from `position` on; `position` moves past each line as it is yielded."""
+        for index in range(position["file"], len(self.files)):
+            resume = index == position["file"]
+            offset, number = (position["offset"], position["line"]) if resume else (0, 1)
+            with open(self.files[index], "rb") as f:
+                if offset == 0 and f.read(3) == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark
+                    offset = 3
+                f.seek(offset)
+                buf, base, i = b"", offset, 0  # buf holds the file from offset base; the next line starts at i
+                while True:
+                    newline = buf.find(b"\n", i)
+                    if newline == -1 and len(buf) - i <= LONG_LINE and (block := f.read(BLOCK)):
+                        buf, base, i = buf[i:] + block, base + i, 0
+                        continue
+                    if newline != -1:
+                        end, following = base + newline, base + newline + 1
+                    elif i == len(buf):
+                        break
+                    elif len(buf) - i <= LONG_LINE:  # the last line, without a newline
+                        end = following = base + len(buf)
+                    else:  # a long line: find its end, not keeping it
+                        end = base + len(buf)
+                        while (block := f.read(BLOCK)) and (found := block.find(b"\n")) == -1:
+                            end += len(block)
+                        following = end + found + 1 if block else end
+                        end += found if block else 0
+                    position.update(file=index, offset=following, line=number + 1)
+                    if end - base - i > LONG_LINE:
+                        yield index, number, base + i, end, None
+                    elif buf[i : end - base].strip():
+                        yield index, number, base + i, end, buf[i : end - base]
+                    number += 1
+                    if following - base <= len(buf):
+                        i = following - base
+                    else:
+                        f.seek(following)
+                        buf, base, i = b"", following, 0
+            position.update(file=index + 1, offset=0, line=1)
+
+    def _value(self, index: int, number: int, start: int, end: int, line: bytes | None, field: str):
+        """(the line's keys, its `field` value: a str, an iterator of a long string's parts, another JSON
+        value, or None where the line has no such field)."""
+        path = self.files[index]
+        where = f"--dataset {self.spec}: {'' if str(path) == self.spec else f'{path} '}line {number}"
+        try:
+            if line is not None:
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise _BadLine(f"the line holds {type(record).__name__}, not an object")
+                return list(record), record.get(field)
+            with open(path, "rb") as f:
+                window = _Window(f, start, end)
+                keys, at = window.object_fields(field)
+                if at is None:
+                    return keys, None
+                size = at[1] - at[0]
+                if size <= LONG_LINE:
+                    return keys, json.loads(window.bytes(at[0], size))
+                if window.at(at[0]) != ord('"'):
+                    raise _BadLine(f"its {field!r} value is {size:,} bytes of JSON, not a string")
+            return keys, _string_parts(path, at[0], at[1], where)
+        except (ValueError, UnicodeDecodeError) as e:  # _BadLine, json's JSONDecodeError
+            raise DataError(f"{where} cannot be read ({_reason(e)})") from None
+
+    def values(self, field: str) -> Iterator[tuple[list[str], object]]:
+        """(keys, `field`'s value) of every line (see `_value`)."""
+        for line in self._lines(self.start()):
+            yield self._value(*line, field)
+
+    # -- what the checks and the stream ask -------------------------------------------------------
+
+    def columns(self) -> list[str] | None:
+        """The keys of the first line; None for files without a line."""
+        return next((keys for keys, _ in self.values("")), None)
+
+    def has_text(self, field: str) -> bool:
+        """Whether some line has text in `field` (reads up to the first that has; a long one is not decoded)."""
+        return any(value for _, value in self.values(field))
+
+    def chunks(self, field: str, rank: int, world: int, position: dict | None,
+               size: int) -> Iterator[tuple[list[object], dict]]:
+        """This process's values of `field` (documents; None where a line has none) from `position` on,
+        `size` lines at a time, each chunk with the position after it."""
+        position = dict(position) if position is not None else self.start()
+        if position.get("reader") != READER:
+            raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
+                            "(datasets'); start the run afresh, or resume with the version that saved it")
+        whole_files = len(self.files) % world == 0
+        chunk = []
+        for line in self._lines(position):
+            document = position["document"]
+            position["document"] += 1
+            if (line[0] if whole_files else document) % world != rank:
+                continue
+            chunk.append(self._value(*line, field)[1])
+            if len(chunk) == size:
+                yield chunk, dict(position)
+                chunk = []
+        if chunk:
+            yield chunk, dict(position)
+
+
+def is_json_lines(path: Path) -> bool:
+    """Whether a .jsonl or .json file holds JSON lines (its first character `{`), not one JSON array."""
+    if path.suffix.lower() not in (".jsonl", ".json"):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"{")

@@ -1,0 +1,187 @@
+"""`hub.json_lines`: JSON-lines files read a line at a time, a long line's text decoded a part at a time.
+
+The reference is `json.loads` of each whole line (and, for the stream's rows, `datasets`' json builder). The
+module's sizes (`LONG_LINE`, `BLOCK`, `PART`) are made a few bytes here, so that short texts take every path
+of a 50 MB line: lines scanned in blocks, strings decoded in parts whose cuts fall inside escapes, surrogate
+pairs and UTF-8 characters.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from gated_attention.hub import json_lines
+from gated_attention.hub.datasets import DataError, check_has_text, check_text_field, open_corpus, open_text_dataset
+from gated_attention.hub.json_lines import JsonLinesCorpus
+from gated_attention.training import data
+from gated_attention.training.streaming import PackedStream, text_stream
+
+# Characters whose JSON takes every form: plain, escaped (\n, \", \\, \u0001), raw or escaped non-ASCII
+# (two- and three-byte UTF-8, a surrogate pair), spaces to cut pieces at.
+ALPHABET = ["a", "b", " ", "  ", "\n", "\t", '"', "\\", "é", "日", "😀", "\u2028", "/", "\x01", "zzzzz"]
+SIZES = [(1 << 20, 1 << 20, 1 << 18), (64, 16, 16), (100, 7, 17), (10, 3, 16), (30, 5, 23)]  # LONG_LINE, BLOCK, PART
+
+
+def random_records(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        text = "".join(rng.choice(ALPHABET) for _ in range(rng.choice([0, 1, 5, 50, 400, 3000])))
+        record = {"id": i, "meta": {"x": [1, 'q"}', {"y": None}]}, "text": text} if i % 3 else {"text": text, "n": -1.5e3}
+        if i % 7 == 0:
+            record = {"other": 1}
+        if i % 11 == 0:
+            record["text"] = None
+        records.append(record)
+    return records
+
+
+def write(path: Path, records: list[dict], seed: int = 0) -> Path:
+    """One record a line, ASCII-escaped or raw UTF-8 at random, with blank lines between some."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for i, record in enumerate(records):
+            f.write(json.dumps(record, ensure_ascii=rng.random() < 0.5) + ("\n\n" if i % 13 == 0 else "\n"))
+    return path
+
+
+def texts(chunk: list) -> list:
+    """A chunk's documents, a long one's parts joined."""
+    return [v if v is None or isinstance(v, (str, int, float)) else "".join(v) for v in chunk]
+
+
+@pytest.fixture(params=SIZES, ids=lambda s: "long_line={}".format(s[0]))
+def sizes(request, monkeypatch):
+    for name, value in zip(("LONG_LINE", "BLOCK", "PART"), request.param):
+        monkeypatch.setattr(json_lines, name, value)
+    return request.param
+
+
+def test_documents_are_json_loads_of_each_line_in_every_chunk_split_and_resume(tmp_path, sizes):
+    records = random_records(300)
+    corpus = JsonLinesCorpus([str(write(tmp_path / "a.jsonl", records))], "a.jsonl")
+    want = [r.get("text") for r in records]
+    chunks = list(corpus.chunks("text", 0, 1, None, 17))
+    assert [t for chunk, _ in chunks for t in texts(chunk)] == want
+    for k, (_, position) in enumerate(chunks[:-1]):  # a resume from each chunk's end reads the next chunk
+        position = json.loads(json.dumps(position))
+        assert texts(next(corpus.chunks("text", 0, 1, position, 17))[0]) == want[(k + 1) * 17 : (k + 2) * 17]
+    for rank in range(3):  # one file, three processes: every third document
+        mine = [t for chunk, _ in corpus.chunks("text", rank, 3, None, 5) for t in texts(chunk)]
+        assert mine == want[rank::3]
+    assert corpus.columns() == ["other", "text"] and corpus.has_text("text") and not corpus.has_text("nope")
+
+
+def test_two_files_over_two_processes_are_a_file_each(tmp_path, sizes):
+    a, b = random_records(40, seed=1), random_records(30, seed=2)
+    corpus = JsonLinesCorpus([str(write(tmp_path / "a.jsonl", a)), str(write(tmp_path / "b.jsonl", b))], "a b")
+    for rank, records in enumerate((a, b)):
+        assert [t for chunk, _ in corpus.chunks("text", rank, 2, None, 8) for t in texts(chunk)] == \
+            [r.get("text") for r in records]
+
+
+def test_a_long_strings_parts_are_bounded_and_end_between_characters(tmp_path, monkeypatch):
+    monkeypatch.setattr(json_lines, "LONG_LINE", 64)
+    monkeypatch.setattr(json_lines, "PART", 16)
+    text = "日本 😀 é \\ \" \n" * 50
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": text}, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    (first, second), _ = next(JsonLinesCorpus([str(path)], "long.jsonl").chunks("text", 0, 1, None, 2))
+    for document in (first, second):
+        parts = list(document)
+        assert "".join(parts) == text and len(parts) > 20 and max(map(len, parts)) <= 16
+        assert not any("\ud800" <= c <= "\udfff" for part in parts for c in part)  # no half surrogate pair
+
+
+def test_a_byte_order_mark_and_a_last_line_without_newline_are_read(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"text": "one"}\n\n  \n{"text": "two"}')
+    assert texts(next(JsonLinesCorpus([str(path)], "bom.jsonl").chunks("text", 0, 1, None, 5))[0]) == ["one", "two"]
+
+
+BAD_LINES = {
+    "not an object": ('[1, 2]', "line 2 cannot be read (the line holds list, not an object)"),
+    "truncated": ('{"text": "abc", "x": [1, 2', "line 2 cannot be read (Expecting ',' delimiter at character 27)"),
+    "long, not closed": ('{"text": "' + "a" * 200, "line 2 cannot be read (a string is not closed)"),
+    "long, more after": ('{"text": "' + "a" * 200 + '"} x', "line 2 cannot be read (more after the object, at byte 212)"),
+    "long, bad escape": ('{"text": "' + "a" * 200 + '\\q"}', "line 2 cannot be read (Invalid \\escape)"),
+    "long, a list": ('{"text": [' + "1," * 150 + "1]}", "line 2 cannot be read (its 'text' value is 303 bytes of "
+                     "JSON, not a string)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LINES))
+def test_a_bad_line_is_one_line_naming_it(tmp_path, monkeypatch, case):
+    monkeypatch.setattr(json_lines, "LONG_LINE", 64)
+    line, message = BAD_LINES[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(DataError) as error:  # a long string's escapes are decoded as its parts are read
+        [texts(chunk) for chunk, _ in open_corpus(str(path)).chunks("text", 0, 1, None, 4)]
+    assert str(error.value) == f"--dataset {path}: {message}"
+    for document in next(open_corpus(str(path)).chunks("text", 0, 1, None, 1))[0]:
+        assert document == "fine"  # the lines before it are read
+
+
+def test_long_values_that_are_not_text_are_named_by_the_stream(tmp_path, monkeypatch, tokenizer):
+    monkeypatch.setattr(json_lines, "LONG_LINE", 64)
+    path = tmp_path / "number.jsonl"
+    path.write_text(json.dumps({"pad": "a" * 200, "text": 12}) + "\n")
+    with pytest.raises(DataError, match="--text-field 'text': .*number.jsonl's column holds int, not text"):
+        text_stream(str(path), tokenizer, 16).next_rows(1)
+    null = tmp_path / "null.jsonl"
+    null.write_text(json.dumps({"text": None, "pad": "a" * 200}) + "\n")
+    with pytest.raises(DataError, match="no document has text"):
+        check_has_text(open_corpus(str(null)), "text", str(null))
+    with pytest.raises(DataError, match=r"has no such column \(its columns: text, pad\)"):
+        check_text_field(open_corpus(str(null)), "body", str(null))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return data.load_tokenizer(300, max_chars=150_000, cache=tmp_path_factory.mktemp("cache"))
+
+
+def test_the_stream_gives_datasets_rows_with_long_lines_read_in_parts(tmp_path, monkeypatch, tokenizer):
+    """The same file through `datasets`' json builder (the reference: each line parsed whole) and through
+    the JSON-lines reader with every line of more than 64 bytes long: the same rows, in 2 processes."""
+    monkeypatch.setattr(json_lines, "LONG_LINE", 64)
+    monkeypatch.setattr(json_lines, "PART", 40)
+    corpus_text = "".join(d.text for d in data.corpus_split("train", 150_000))
+    records = [{"text": corpus_text[i : i + n]} for i, n in zip(range(0, 40_000, 1_000), [30, 900, 5, 400] * 10)]
+    path = write(tmp_path / "c.jsonl", records)
+    assert isinstance(open_corpus(str(path)), JsonLinesCorpus)
+    for rank in range(2):
+        ours = text_stream(str(path), tokenizer, 32, rank=rank, world=2, chunk_docs=3, piece_chars=80)
+        reference = PackedStream(open_text_dataset(str(path)), tokenizer, 32, rank=rank, world=2, chunk_docs=3,
+                                 piece_chars=80)
+        assert torch.equal(ours.next_rows(60), reference.next_rows(60))
+
+
+def test_a_position_of_the_other_reader_is_refused_in_one_line(tmp_path, tokenizer):
+    path = str(write(tmp_path / "c.jsonl", [{"text": "some text " * 20}] * 10))
+    ours = text_stream(path, tokenizer, 16, chunk_docs=2)
+    theirs = PackedStream(open_text_dataset(path), tokenizer, 16, chunk_docs=2, name=path)
+    for stream in (ours, theirs):
+        stream.next_rows(40)  # past the first chunk: a position that is not the start
+    ours_state, theirs_state = ours.state_dict(), theirs.state_dict()
+    with pytest.raises(DataError, match="written by another reader"):
+        ours.load_state_dict(theirs_state)
+    with pytest.raises(DataError, match="written by this package's JSON-lines reader"):
+        theirs.load_state_dict(ours_state)
+
+
+def test_only_local_json_lines_files_are_read_without_datasets(tmp_path):
+    (tmp_path / "lines").mkdir()
+    lines, array = tmp_path / "lines" / "a.json", tmp_path / "b.json"
+    lines.write_text('{"text": "x"}\n')
+    array.write_text('[{"text": "x"}]\n')
+    assert isinstance(open_corpus(str(lines)), JsonLinesCorpus)
+    assert not isinstance(open_corpus(str(array)), JsonLinesCorpus)  # a JSON array: datasets reads it
+    assert not isinstance(open_corpus(str(tmp_path / "lines")), JsonLinesCorpus)  # a folder: datasets' splits
