@@ -77,8 +77,8 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
 from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
-from gated_attention.hub.datasets import DataError, check_has_text, check_text_field, open_corpus
-from gated_attention.training.streaming import TokenShards, is_token_shards, text_stream
+from gated_attention.hub.datasets import DataError
+from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream
 from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
 from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
@@ -211,9 +211,8 @@ def check_inputs(args, *, rope_change: bool = False):
                 raise DataError(f"{flag} {e}") from None
     for spec in (args.dataset, args.valid_dataset):
         if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
-            ds = open_corpus(spec[0] if len(spec) == 1 else spec, args.split)
-            check_text_field(ds, args.text_field, " ".join(spec))
-            check_has_text(ds, args.text_field, " ".join(spec))
+            corpus = open_corpus(spec[0] if len(spec) == 1 else spec, args.split)
+            check_corpus(corpus, args.text_field, " ".join(spec))
     check_output_dir(args)
     config = check_model(args)
     positions = getattr(config, "max_position_embeddings", None)

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from gated_attention.hub import json_lines
-from gated_attention.hub.datasets import DataError, check_has_text, check_text_field, open_corpus, open_text_dataset
+from gated_attention.hub.datasets import DataError, open_text_dataset
 from gated_attention.hub.json_lines import JsonLinesCorpus
 from gated_attention.training import data
-from gated_attention.training.streaming import PackedStream, text_stream
+from gated_attention.training.streaming import PackedStream, check_corpus, open_corpus, text_stream
 
 # Characters whose JSON takes every form: plain, escaped (\n, \", \\, \u0001), raw or escaped non-ASCII
 # (two- and three-byte UTF-8, a surrogate pair), spaces to cut pieces at.
@@ -138,9 +138,9 @@ def test_long_values_that_are_not_text_are_named_by_the_stream(tmp_path, monkeyp
     null = tmp_path / "null.jsonl"
     null.write_text(json.dumps({"text": None, "pad": "a" * 200}) + "\n")
     with pytest.raises(DataError, match="no document has text"):
-        check_has_text(open_corpus(str(null)), "text", str(null))
+        check_corpus(open_corpus(str(null)), "text", str(null))
     with pytest.raises(DataError, match=r"has no such column \(its columns: text, pad\)"):
-        check_text_field(open_corpus(str(null)), "body", str(null))
+        check_corpus(open_corpus(str(null)), "body", str(null))
 
 
 @pytest.fixture(scope="module")

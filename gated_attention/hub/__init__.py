@@ -24,11 +24,11 @@ small helpers every command line shares.
   `convert` verifies within it and `analysis` runs within it.
 - `datasets`: `open_text_dataset`, what every `--dataset` flag opens (txt,
   jsonl, parquet or csv files, a `save_to_disk` folder, a cached Hub dataset)
-  as a stream, with `DataError` as one line; `open_corpus`, what the training
-  streams open: the same, but local JSON-lines files through `json_lines`.
+  as a stream, with `DataError` as one line.
 - `json_lines`: `JsonLinesCorpus`, JSON-lines files read a line at a time
   without `datasets`, a line longer than 1 MB scanned in blocks and its text
-  decoded in parts, so a document of any length costs bounded memory.
+  decoded in parts, so a document of any length costs bounded memory (what
+  `training.streaming.open_corpus` opens local JSON-lines files with).
 - `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
   refuses, as `WeightsMismatch` in one line, weights that do not fit their
   config (a tensor missing, unexpected or of another shape), where

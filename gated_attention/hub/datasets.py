@@ -204,26 +204,10 @@ def open_text_dataset(spec: str | list[str], split: str = "train"):
     raise DataError(f"--dataset {missing}: no such file or folder")
 
 
-def open_corpus(spec: str | list[str], split: str = "train"):
-    """What the training streams read: local JSON-lines files as a `json_lines.JsonLinesCorpus` (a line of
-    any length in bounded memory), anything else as `open_text_dataset` opens it."""
-    from .json_lines import JsonLinesCorpus, is_json_lines
-
-    specs = [spec] if isinstance(spec, str) else list(spec)
-    paths = [Path(s).expanduser() for s in specs]
-    if all(p.is_file() and p.stat().st_size and is_json_lines(p) for p in paths):
-        return JsonLinesCorpus([str(p) for p in paths], " ".join(specs))
-    return open_text_dataset(spec, split)
-
-
 def check_text_field(ds, text_field: str, spec, flag: str = "--text-field") -> None:
-    """`DataError` unless `text_field` is a column of `ds` (an `open_corpus` corpus; known from its features
-    or first document); `flag` names the option that gave the column."""
-    from .json_lines import JsonLinesCorpus
-
-    columns = ds.columns() if isinstance(ds, JsonLinesCorpus) else ds.column_names
-    if columns is None and isinstance(ds, JsonLinesCorpus):
-        raise DataError(f"--dataset {spec}: the dataset is empty")
+    """`DataError` unless `text_field` is a column of `ds` (known from its features or first document);
+    `flag` names the option that gave the column."""
+    columns = ds.column_names
     if columns is None:  # features unknown until read: look at the first document
         with reading(spec):
             first = next(iter(ds.take(1)), None)
@@ -235,14 +219,7 @@ def check_text_field(ds, text_field: str, spec, flag: str = "--text-field") -> N
 
 
 def check_has_text(ds, text_field: str, spec) -> None:
-    """`DataError` unless some document of `ds` (an `open_corpus` corpus) has text in `text_field` (reads up
-    to the first that has)."""
-    from .json_lines import JsonLinesCorpus
-
-    if isinstance(ds, JsonLinesCorpus):
-        if ds.has_text(text_field):
-            return
-        raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
+    """`DataError` unless some document of `ds` has text in `text_field` (reads up to the first that has)."""
     with reading(spec):
         for doc in ds.select_columns([text_field]):
             if doc[text_field]:

@@ -11,7 +11,7 @@ field's string is decoded `PART` bytes at a time, on demand, as
 line's length, memory holds a block and a part.
 
 The training streams (`training.streaming.PackedStream`) read local JSON-lines
-files through it (`open_corpus`); folders, other file kinds and Hub datasets
+files through it (`training.streaming.open_corpus`); folders, other file kinds and Hub datasets
 stay `datasets`' (`hub.datasets.open_text_dataset`). The reading position is
 small JSON (file, byte offset, line), so a resume seeks straight to it.
 

@@ -23,8 +23,8 @@ attention sinks form.
 from __future__ import annotations
 
 import functools
-import itertools
 import hashlib
+import itertools
 import json
 import os
 import sysconfig

@@ -2,7 +2,7 @@
 
 Two ways to feed `gated_attention.training.train` a corpus that does not fit in memory:
 
-- **A text stream** (`PackedStream`): `hub.datasets.open_corpus` opens local
+- **A text stream** (`PackedStream`): `open_corpus` opens local
   JSON-lines files with the package's own reader (`hub.json_lines`: a line
   at a time, a very long line never whole), and txt, parquet and csv files,
   folders, a dataset saved with `save_to_disk` or a Hub dataset from the local
@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from .. import GatedAttentionWarning
-from ..hub.datasets import DataError, check_text_field, open_corpus, reading
-from ..hub.json_lines import JsonLinesCorpus
+from ..hub.datasets import DataError, check_has_text, check_text_field, open_text_dataset, reading
+from ..hub.json_lines import JsonLinesCorpus, is_json_lines
 from .data import PIECE_CHARS, cuts_are_exact, encode_documents
 from .folders import output_folder
 
@@ -119,7 +119,7 @@ class PackedStream:
         if self.bos is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
         self._cuts_checked = False
-        check_text_field(dataset, text_field, name)
+        check_corpus(dataset, text_field, name, has_text=False)
         self._start(epoch=0, chunk_state=None, offset=0)
 
     # -- position ---------------------------------------------------------------------------
@@ -131,7 +131,7 @@ class PackedStream:
             self._chunks = _dataset_chunks(self.dataset, self.text_field, self.rank, self.world, chunk_state,
                                            self.chunk_docs, self.name)
         self._epoch = epoch
-        self._next_chunk_state = chunk_state  # the datasets state before the next chunk is read
+        self._next_chunk_state = chunk_state  # the reader's position before the next chunk is read
         self._chunk: _Chunk | None = None
         self._read_in_epoch = 0  # tokens read this epoch (an empty part is an error, not an endless loop)
         self._whole_epoch = chunk_state is None and not offset
@@ -230,6 +230,33 @@ class PackedStream:
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
             yield self.next_rows(1)[0]
+
+
+def open_corpus(spec: str | list[str], split: str = "train"):
+    """What a stream reads: local JSON-lines files as a `hub.json_lines.JsonLinesCorpus` (a line of any
+    length in bounded memory), anything else as `hub.datasets.open_text_dataset` opens it."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    paths = [Path(s).expanduser() for s in specs]
+    if all(p.is_file() and p.stat().st_size and is_json_lines(p) for p in paths):
+        return JsonLinesCorpus([str(p) for p in paths], " ".join(specs))
+    return open_text_dataset(spec, split)
+
+
+def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True) -> None:
+    """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of its
+    first line) and, with `has_text`, some document has text in it (read up to the first that has)."""
+    if not isinstance(corpus, JsonLinesCorpus):
+        check_text_field(corpus, text_field, spec)
+        if has_text:
+            check_has_text(corpus, text_field, spec)
+        return
+    columns = corpus.columns()
+    if columns is None:
+        raise DataError(f"--dataset {spec}: the dataset is empty")
+    if text_field not in columns:
+        raise DataError(f"--text-field {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
+    if has_text and not corpus.has_text(text_field):
+        raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
 
 
 def _dataset_chunks(dataset, field: str, rank: int, world: int, state: dict | None, size: int,
