@@ -16,9 +16,9 @@ at every fourth layer: 3:1), built and run under `fla_torch_paths()`, over 12 in
 `gated-attention analyze` does per input (`analysis.analyze.capture_inputs`: eager attention maps, the residual
 stream and the reductions, all inside hooks) against a plain forward of the same inputs (target: at most 1.3x).
 
-Every implementation runs once per round, interleaved, so background load hits all alike; the time kept is
-the median over rounds. Ratios are peer time / ours: above 1.0 means ours is faster. Outputs are compared too,
-so a fast wrong answer cannot pass unnoticed.
+Every implementation runs once per round, in an order shuffled every round, so background load and the cache
+hit all alike; the time kept is the median over rounds. Ratios are peer time / ours: above 1.0 means ours is
+faster. Outputs are compared too, so a fast wrong answer cannot pass unnoticed.
 
     python benchmarks/fla_cpu.py [--parts mixers decode analyze] [--repeats 5] [--length 512] [--threads N]
 """
@@ -29,8 +29,9 @@ import contextlib
 import importlib.util
 import inspect
 import os
-import sys
+import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -185,11 +186,17 @@ def mixer_cases(T: int, smoke: bool, mixers=MIXERS) -> list[tuple[str, str, dict
 
 
 def interleaved_medians(fns: dict[str, Callable], repeats: int) -> tuple[dict[str, float], dict[str, object]]:
-    """Median seconds of each fn over `repeats` rounds, one call of each per round (after one untimed call)."""
+    """Median seconds of each fn over `repeats` rounds, one call of each per round (after one untimed call),
+    in an order shuffled every round (seeded): a memory-bound fn runs faster after one that left its inputs
+    in the cache, and a fixed order would favour the same fn every round (HGRN: 1.9x in one order, 3x
+    shuffled)."""
     outputs = {name: fn() for name, fn in fns.items()}  # warm-up, and the outputs to compare
     times = {name: [] for name in fns}
+    order, rng = list(fns), random.Random(0)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        rng.shuffle(order)
+        for name in order:
+            fn = fns[name]
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

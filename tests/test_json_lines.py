@@ -32,7 +32,8 @@ def random_records(n: int, seed: int = 0) -> list[dict]:
     records = []
     for i in range(n):
         text = "".join(rng.choice(ALPHABET) for _ in range(rng.choice([0, 1, 5, 50, 400, 3000])))
-        record = {"id": i, "meta": {"x": [1, 'q"}', {"y": None}]}, "text": text} if i % 3 else {"text": text, "n": -1.5e3}
+        record = ({"id": i, "meta": {"x": [1, 'q"}', {"y": None}]}, "text": text} if i % 3
+                  else {"text": text, "n": -1.5e3})
         if i % 7 == 0:
             record = {"other": 1}
         if i % 11 == 0:
@@ -109,7 +110,8 @@ BAD_LINES = {
     "not an object": ('[1, 2]', "line 2 cannot be read (the line holds list, not an object)"),
     "truncated": ('{"text": "abc", "x": [1, 2', "line 2 cannot be read (Expecting ',' delimiter at character 27)"),
     "long, not closed": ('{"text": "' + "a" * 200, "line 2 cannot be read (a string is not closed)"),
-    "long, more after": ('{"text": "' + "a" * 200 + '"} x', "line 2 cannot be read (more after the object, at byte 212)"),
+    "long, more after": ('{"text": "' + "a" * 200 + '"} x',
+                         "line 2 cannot be read (more after the object, at byte 212)"),
     "long, bad escape": ('{"text": "' + "a" * 200 + '\\q"}', "line 2 cannot be read (Invalid \\escape)"),
     "long, a list": ('{"text": [' + "1," * 150 + "1]}", "line 2 cannot be read (its 'text' value is 303 bytes of "
                      "JSON, not a string)"),

@@ -236,10 +236,15 @@ class JsonLinesCorpus:
 
     # -- lines ------------------------------------------------------------------------------
 
-    def _lines(self, position: dict) -> Iterator[tuple[int, int, int, int, bytes | None]]:
+    def _lines(self, position: dict,
+               files: range | None = None) -> Iterator[tuple[int, int, int, int, bytes | None]]:
         """(file index, line number, start, end, the line's bytes or None for a long line) of each line
-        that is not blank, from `position` on; `position` moves past each line as it is yielded."""
+        that is not blank, from `position` on, in the `files` given (by index; all by default); `position`
+        moves past each line as it is yielded."""
         for index in range(position["file"], len(self.files)):
+            if files is not None and index not in files:
+                position.update(file=index + 1, offset=0, line=1)
+                continue
             resume = index == position["file"]
             offset, number = (position["offset"], position["line"]) if resume else (0, 1)
             with open(self.files[index], "rb") as f:
@@ -325,12 +330,12 @@ class JsonLinesCorpus:
         if position.get("reader") != READER:
             raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
                             "(datasets'); start the run afresh, or resume with the version that saved it")
-        whole_files = len(self.files) % world == 0
+        whole_files = len(self.files) % world == 0  # else every world-th document
         chunk = []
-        for line in self._lines(position):
+        for line in self._lines(position, range(rank, len(self.files), world) if whole_files else None):
             document = position["document"]
             position["document"] += 1
-            if (line[0] if whole_files else document) % world != rank:
+            if not whole_files and document % world != rank:
                 continue
             chunk.append(self._value(*line, field)[1])
             if len(chunk) == size:
