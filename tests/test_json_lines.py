@@ -184,6 +184,9 @@ def test_only_local_json_lines_files_are_read_without_datasets(tmp_path):
     lines, array = tmp_path / "lines" / "a.json", tmp_path / "b.json"
     lines.write_text('{"text": "x"}\n')
     array.write_text('[{"text": "x"}]\n')
+    pretty = tmp_path / "c.json"
+    pretty.write_text(json.dumps({"text": ["x", "y"]}, indent=2))  # one object over several lines
     assert isinstance(open_corpus(str(lines)), JsonLinesCorpus)
     assert not isinstance(open_corpus(str(array)), JsonLinesCorpus)  # a JSON array: datasets reads it
+    assert not isinstance(open_corpus(str(pretty)), JsonLinesCorpus)
     assert not isinstance(open_corpus(str(tmp_path / "lines")), JsonLinesCorpus)  # a folder: datasets' splits

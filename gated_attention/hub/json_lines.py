@@ -346,9 +346,20 @@ class JsonLinesCorpus:
 
 
 def is_json_lines(path: Path) -> bool:
-    """Whether a .jsonl or .json file holds JSON lines (its first character `{`), not one JSON array."""
+    """Whether a .jsonl or .json file holds JSON lines: its first line one JSON object (or longer than
+    `LONG_LINE`, too long to be the first line of one object written over several lines). A JSON array, or
+    one object over several lines, is not (datasets' json builder reads those)."""
     if path.suffix.lower() not in (".jsonl", ".json"):
         return False
     with open(path, "rb") as f:
-        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
-    return head.startswith(b"{")
+        head = f.read(LONG_LINE + 1)
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+    if not head.startswith(b"{"):
+        return False
+    newline = head.find(b"\n")
+    if newline == -1 and len(head) > LONG_LINE:
+        return True  # a first line longer than this read: an object of its own
+    try:
+        return isinstance(json.loads(head[:newline] if newline != -1 else head), dict)
+    except ValueError:
+        return False
