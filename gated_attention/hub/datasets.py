@@ -211,9 +211,14 @@ def check_text_field(ds, text_field: str, spec, flag: str = "--text-field") -> N
     if columns is None:  # features unknown until read: look at the first document
         with reading(spec):
             first = next(iter(ds.take(1)), None)
-        if first is None:
-            raise DataError(f"--dataset {spec}: the dataset is empty")
-        columns = list(first)
+        columns = None if first is None else list(first)
+    check_columns(columns, text_field, spec, flag)
+
+
+def check_columns(columns: list[str] | None, text_field: str, spec, flag: str = "--text-field") -> None:
+    """`DataError` unless `text_field` is in `columns` (None: a corpus without documents)."""
+    if columns is None:
+        raise DataError(f"--dataset {spec}: the dataset is empty")
     if text_field not in columns:
         raise DataError(f"{flag} {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
 

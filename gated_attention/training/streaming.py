@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from .. import GatedAttentionWarning
-from ..hub.datasets import DataError, check_has_text, check_text_field, open_text_dataset, reading
+from ..hub.datasets import DataError, check_columns, check_has_text, check_text_field, open_text_dataset, reading
 from ..hub.json_lines import JsonLinesCorpus, is_json_lines
 from .data import PIECE_CHARS, cuts_are_exact, encode_documents
 from .folders import output_folder
@@ -250,11 +250,7 @@ def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True) -
         if has_text:
             check_has_text(corpus, text_field, spec)
         return
-    columns = corpus.columns()
-    if columns is None:
-        raise DataError(f"--dataset {spec}: the dataset is empty")
-    if text_field not in columns:
-        raise DataError(f"--text-field {text_field!r}: {spec} has no such column (its columns: {', '.join(columns)})")
+    check_columns(corpus.columns(), text_field, spec)
     if has_text and not corpus.has_text(text_field):
         raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
 
