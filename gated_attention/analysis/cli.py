@@ -73,7 +73,8 @@ def register(subparsers) -> None:
             "README.md, 'Analyze', and gated_attention/analysis/metrics.py."
         ),
     )
-    p.add_argument("model", metavar="MODEL", nargs="+", help="local model folder or Hugging Face Hub id (one or more)")
+    p.add_argument("model", metavar="MODEL", nargs="+", help="local model folder, Hugging Face Hub id, or .gguf file (dequantized "
+                   "by transformers' GGUF loader); one or more")
     p.add_argument("--out", required=True, metavar="DIR", type=_out_dir,
                    help="output folder, created whole at the end; an earlier analysis there is replaced")
     inputs = p.add_mutually_exclusive_group()
@@ -178,6 +179,13 @@ def _check_config(name: str, resolved: str) -> None:
     """MODEL's config.json, checked before the model is built: a million layers would allocate for minutes."""
     from ..configuration.validation import ConfigError, check_config_file
 
+    from ..hub.gguf import GGUFError, gguf_file
+
+    try:
+        if gguf_file(resolved) is not None:  # its config comes from the file's header (`loading.loaded`)
+            return
+    except GGUFError as e:
+        raise CLIError(f"MODEL {e}") from None
     if Path(resolved).is_dir():  # a local folder or a cached snapshot; a Hub id loads its config when loading
         try:
             check_config_file(resolved, f"MODEL {name} config.json")

@@ -92,7 +92,29 @@ BUDGET_REMEDY = "give a larger --max-memory or free some memory; nothing was wri
 def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
     """MODEL and its tokenizer, placed by accelerate within `budget` (the layers that do not fit stay in the
     checkpoint's files and are read as they run), for as long as the block runs. The offload folder (for
-    what transformers must rewrite) is made in `offload_dir`, on the output's disk, and removed after."""
+    what transformers must rewrite) is made in `offload_dir`, on the output's disk, and removed after.
+
+    A GGUF MODEL (a `.gguf` file, or a folder holding one) is first dequantized by transformers' GGUF loader
+    into a folder in `offload_dir` (`hub.gguf`), in `--dtype`, and loaded from there like any checkpoint."""
+    from ..hub.gguf import GGUFError, dequantized, gguf_file, read_info
+
+    files = contextlib.ExitStack()  # a GGUF MODEL's dequantized folder, removed when the block ends
+    try:
+        if (file := gguf_file(where[model_name])) is not None:
+            import torch
+
+            print(f"{model_name}: reading {read_info(file).describe()} with transformers' GGUF loader")
+            dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+            folder = files.enter_context(dequantized(file, near=offload_dir / file.name, dtype=dtype))
+            where = {**where, model_name: str(folder)}
+    except GGUFError as e:
+        raise CLIError(f"MODEL {e}") from None
+    with files, _loaded(args, model_name, where, budget, offload_dir) as pair:
+        yield pair
+
+
+@contextlib.contextmanager
+def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 

@@ -13,9 +13,18 @@ from .plan import GATE_BIAS_INIT
 from .rope import RopeChange
 
 
-def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str) -> None:
+def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str,
+                          gguf: dict | None = None) -> None:
     options = {"source": src}
     changed = []
+    if gguf is not None:  # hub.gguf's record of the file the weights were dequantized from
+        types = ", ".join(f"{n} {name}" for name, n in gguf["tensor_types"].items())
+        options["GGUF"] = f"{gguf['file']} ({gguf['quantization']})"
+        changed.append(
+            f"- Source: the GGUF file `{gguf['file']}` ({gguf['size']:,} bytes; {gguf['architecture']}, "
+            f"{gguf['quantization']}; tensors {types}), dequantized by transformers' GGUF loader. The conversion "
+            "is exact against those dequantized weights; the quantization's own error stays as it was."
+        )
     if command == "convert":
         gate = config.attn_gate["granularity"]  # the gate as the config holds it, never the flag's text
         options.update({"--gate": gate, "--init": init})

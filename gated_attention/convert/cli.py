@@ -37,7 +37,8 @@ def _shard_size(text: str) -> int:
 
 
 def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    p.add_argument("src", metavar="SRC", help="checkpoint folder, or a Hub repo id (read from the local cache when it is there, else downloaded)")
+    p.add_argument("src", metavar="SRC", help="checkpoint folder, a Hub repo id (read from the local cache when it is there, "
+                   "else downloaded), or a .gguf file (or a folder holding one), dequantized by transformers' GGUF loader")
     p.add_argument(
         "dst",
         metavar="DST",
@@ -164,6 +165,7 @@ def _user_errors(run):
     def wrapper(args) -> int:
         from .. import CLIError
         from ..configuration.validation import ConfigError, check_config_file
+        from ..hub.gguf import GGUFError, gguf_file
         from .errors import ConversionError
         from .folders import check_destination, check_source
 
@@ -171,11 +173,13 @@ def _user_errors(run):
             check_source(args.src, args.revision)
             local = Path(args.src).expanduser()
             check_destination(local if local.exists() else None, Path(args.dst), args.overwrite)
-            if local.is_dir():  # a Hub SRC's config is checked once downloaded (`sources.read_config_dict`)
+            if local.is_dir() and gguf_file(local) is None:  # a Hub SRC's config is checked once downloaded
                 check_config_file(local, "SRC config.json")
             return run(args)
         except (ConversionError, ConfigError) as e:
             raise CLIError(str(e)) from None
+        except GGUFError as e:
+            raise CLIError(f"SRC {e}") from None
 
     return wrapper
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
+from ..hub.gguf import read_record
 from ..hub.memory_budget import MemoryBudget
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
@@ -87,7 +88,8 @@ def convert_checkpoint(
     revision: str | None = None,
     log=print,
 ) -> Result:
-    """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3 or fla Gated DeltaNet hybrid checkpoint.
+    """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3 or fla Gated DeltaNet hybrid checkpoint,
+    a folder, a Hub id or a GGUF file (dequantized by transformers' GGUF loader to `dtype`, float32 by default).
 
     With `init="exact"` the result's logits are bit-identical to the source's
     (checked when `verify`, after every layer), in the source dtype or in `dtype`.
@@ -128,12 +130,13 @@ def convert_checkpoint(
             desc="converting",
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
             write_card=partial(write_conversion_card, src=src, family_name=family.name, init=init,
-                               dtype_name=dtype_name, rope=rope, config=config, command="convert"),
+                               dtype_name=dtype_name, rope=rope, config=config, command="convert",
+                               gguf=read_record(folder)),
             verify=check,
         )  # fmt: skip
 
     return run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log,
-               allow_pickle=allow_pickle, count_shards=True)  # fmt: skip
+               allow_pickle=allow_pickle, count_shards=True, takes_gguf=True, dequantize_to=requested)  # fmt: skip
 
 
 # --- extend ------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ def check_source(src: str, revision: str | None = None) -> None:
         raise ConversionError("SRC is empty: give a checkpoint folder or a Hub repo id")
     path = Path(src).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json)")
+        if not path.is_dir() and path.suffix.lower() != ".gguf":
+            raise ConversionError(f"SRC {src} is a file; give the checkpoint folder (the one with config.json) or a .gguf file")
         if revision is not None:
             raise ConversionError(f"--revision is for a Hub repo id, and SRC {src} is a local folder")
     elif missing_folder(src):

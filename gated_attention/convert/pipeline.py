@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..hub.gguf import GGUFError, dequantized, gguf_file, read_info
+from .errors import ConversionError
 from .folders import check_destination, staged_folder
 from .sources import SourceCheckpoint, resolve_source
 from .writer import OutputTensor, copy_side_files, output_size, write_sharded
@@ -53,9 +55,35 @@ def run(
     log,
     allow_pickle: bool = False,
     count_shards: bool = False,
+    takes_gguf: bool = False,
+    dequantize_to=None,
 ) -> Result:
-    """Resolve SRC, check DST, plan with `prepare(folder, dst)`, then write DST whole or not at all."""
-    folder = resolve_source(src, revision=revision, allow_pickle=allow_pickle)
+    """Resolve SRC, check DST, plan with `prepare(folder, dst)`, then write DST whole or not at all.
+
+    A GGUF SRC (a `.gguf` file, or a folder holding one and no config.json) is dequantized by transformers'
+    GGUF loader into a hidden folder beside DST (`dequantize_to`, default float32), read from there like any
+    checkpoint and removed at the end; a command that reads only gated checkpoints (`takes_gguf` False)
+    refuses it before anything is read, since a GGUF never holds one.
+    """
+    try:
+        gguf = gguf_file(src)
+        if gguf is None:
+            return _run(resolve_source(src, revision=revision, allow_pickle=allow_pickle), src, dst, prepare,
+                        overwrite=overwrite, max_shard_size=max_shard_size, log=log, count_shards=count_shards)
+        info = read_info(gguf)
+        if not takes_gguf:
+            raise ConversionError(f"SRC {src} is a {info.architecture} GGUF file, not a gated checkpoint: convert "
+                                  "it first (gated-attention convert SRC DST)")
+        check_destination(Path(src).expanduser(), Path(dst), overwrite)
+        log(f"reading {info.describe()} with transformers' GGUF loader")
+        with dequantized(gguf, near=Path(dst).expanduser(), dtype=dequantize_to) as folder:
+            return _run(folder, src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, log=log,
+                        count_shards=count_shards)
+    except GGUFError as e:
+        raise ConversionError(f"SRC {e}") from None
+
+
+def _run(folder: Path, src: str, dst, prepare, *, overwrite, max_shard_size, log, count_shards) -> Result:
     dst = Path(dst)
     check_destination(folder, dst, overwrite)
     work = prepare(folder, dst)

