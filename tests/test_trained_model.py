@@ -202,3 +202,30 @@ def test_the_record_of_a_dequantized_file(smollm2):
     record = json.loads((smollm2 / "gguf.json").read_text())
     assert record["architecture"] == "llama" and record["quantization"] == "Q4_1"
     assert record["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# quickstart --preset trained
+
+
+def test_the_trained_preset_smoke_end_to_end(smollm2, tmp_path, capsys):
+    """Two steps at 32 tokens, the first training the gates alone: the run's files, the source's sink in them,
+    and the gated model's gates still near sigmoid(0) = 0.5 after two small steps."""
+    from gated_attention.recipes.report import read_csv
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = ["quickstart", "--preset", "trained", "--smoke", "--source", str(smollm2), "--out", str(out), "--cache",
+            str(cache), "--no-progress", "--gates-first", "1"]
+    assert main(argv) == 0
+    log = capsys.readouterr().out
+    assert "logits bit-identical at step 0" in log and "the goal, gated against control at 2 steps" in log
+    results = read_csv(out / "results.csv")
+    assert [r["model"] for r in results] == ["control", "gated"]
+    assert results[0]["heldout_loss_before"] == results[1]["heldout_loss_before"]
+    assert float(results[0]["f_attn_before"]) > 0.3  # the trained model's sink, on the source's sink layers
+    assert results[0]["gate_mean"] == "nan" and abs(float(results[1]["gate_mean"]) - 0.5) < 0.01
+    layers = read_csv(out / "layers.csv")
+    assert [sum(r["model"] == m for r in layers) for m in ("source", "control", "gated")] == [30, 30, 30]
+    probes = read_csv(out / "probes.csv")
+    assert sorted({(r["model"], r["step"]) for r in probes}) == [("control", "1"), ("control", "2"), ("gated", "1"), ("gated", "2")]
+    assert (out / "trained_layers.png").stat().st_size and (out / "trained_trend.png").stat().st_size
