@@ -76,7 +76,7 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
 from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
-from gated_attention.training.data import packed_rows, text_file_paths, tokenizer_for
+from gated_attention.training.data import packed_rows, spread_rows, text_file_paths, tokenizer_for
 from gated_attention.hub.datasets import DataError
 from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream
 from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
@@ -128,6 +128,10 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
     p.add_argument("--steps", type=count, default=1000, help="optimizer steps in total")
     p.add_argument("--lr", type=rate, default=2e-5, help="learning rate of all non-gate parameters")
     p.add_argument("--gate-lr", type=rate, default=1e-3, help="learning rate of parameters named *attn_gate*")
+    p.add_argument("--train", choices=["all", "gates"], default="all",
+                   help="all (default): every parameter; gates: the attn_gate parameters alone, the rest frozen")
+    p.add_argument("--attn-implementation", metavar="NAME",
+                   help="attention implementation to load --model with (eager, sdpa, ...; default: the model's own)")
     p.add_argument("--weight-decay", type=non_negative, default=0.1)
     p.add_argument("--warmup-steps", type=bounded(int, 0), default=None, help="default: 5%% of --steps")
     p.add_argument("--max-grad-norm", type=non_negative, default=1.0, help="0: no clipping")
@@ -138,7 +142,8 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
                    help="replace the run already in --output-dir (its log.jsonl, checkpoints/, final/, ...; other "
                         "files there stay); without it, or --resume, an --output-dir that holds a run is refused")
     p.add_argument("--eval-sequences", type=bounded(int, 0), default=32,
-                   help="validation rows evaluated at the end (0: none)")
+                   help="validation rows, evenly spaced over the validation text, evaluated before and after "
+                        "training (0: none)")
     p.add_argument("--max-chars", type=count, help="use only a prefix of the embedded corpus (characters)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="weights' dtype (mixed precision comes from the accelerate config)")
@@ -251,11 +256,20 @@ def load_tokenizer(args, config):
 def load_model(args, **overrides):
     """`--model`'s weights (`overrides`: config fields, e.g. other RoPE parameters); weights that do not fit its
     config (a tensor missing, unexpected or of another shape) are refused in one line, not trained."""
+    if getattr(args, "attn_implementation", None):
+        overrides["attn_implementation"] = args.attn_implementation
     try:
-        return from_pretrained_checked(AutoModelForCausalLM, args.model, dtype=DTYPES[args.dtype],
-                                       trust_remote_code=args.trust_remote_code, **overrides)
-    except (OSError, ValueError) as e:
+        model = from_pretrained_checked(AutoModelForCausalLM, args.model, dtype=DTYPES[args.dtype],
+                                        trust_remote_code=args.trust_remote_code, **overrides)
+    except (OSError, ValueError, ImportError) as e:
         raise InputError(f"--model {args.model}: {first_line(e)}") from None
+    if getattr(args, "train", "all") == "gates":
+        if not gate_parameter_count(model):
+            raise InputError(f"--train gates: {args.model} has no attention gate (no parameter named *attn_gate*); "
+                             "convert it first (gated-attention convert)")
+        for name, p in model.named_parameters():
+            p.requires_grad_("attn_gate" in name)
+    return model
 
 
 def open_dataset(spec: list[str], args, tokenizer, accelerator, seq_len: int):
@@ -284,8 +298,8 @@ def load_data(args, tokenizer, accelerator, seq_len: int | None = None):
             valid_rows = (valid[: min(len(valid), args.eval_sequences)] if isinstance(valid, TokenShards)
                           else valid.next_rows(args.eval_sequences))
         elif args.eval_sequences and (args.valid_files or not args.dataset):
-            valid_rows = packed_rows(tokenizer, seq_len, text_files=args.valid_files, split="validation",
-                                     max_chars=args.max_chars, max_rows=args.eval_sequences)
+            valid_rows = spread_rows(packed_rows(tokenizer, seq_len, text_files=args.valid_files, split="validation",
+                                                 max_chars=args.max_chars), args.eval_sequences)
     named = {"train": (("--dataset", args.dataset), ("--text-files", args.text_files)),
              "validation": (("--valid-dataset", args.valid_dataset), ("--valid-files", args.valid_files))}
     for split, rows in (("train", train_rows), ("validation", valid_rows)):
@@ -331,8 +345,9 @@ def gate_parameter_count(model) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "attn_gate" in n and p.requires_grad)
 
 
-def run_training(args, model, train_rows, accelerator, desc: str = "train"):
-    """Prepare, optionally resume, train with checkpoints and a JSONL log. Returns the prepared model."""
+def run_training(args, model, train_rows, accelerator, desc: str = "train", valid_rows=None):
+    """Prepare, optionally resume, train with checkpoints and a JSONL log. Returns the prepared model.
+    With `valid_rows`, a run that starts at step 0 evaluates them first (the baseline the end compares with)."""
     out = Path(args.output_dir)
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
@@ -365,6 +380,11 @@ def run_training(args, model, train_rows, accelerator, desc: str = "train"):
         else:
             start = load_checkpoint(accelerator, folder, data=train_rows)
             accelerator.print(f"resumed from {folder} at step {start}")
+
+    if valid_rows is not None and start == 0:
+        loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
+        accelerator.print(f"validation before training: loss {loss:.4f}, perplexity {math.exp(loss):.3f} "
+                          f"({len(valid_rows)} rows)")
 
     # One record per step: a resume from an earlier checkpoint replaces the records of the steps it trains again.
     log = RunLog(out / "log.jsonl") if accelerator.is_main_process else None
@@ -405,7 +425,7 @@ def continued_pretraining(args):
                       f"{accelerator.num_processes} process(es)")
 
     with output_folder(args.output_dir) as out:
-        model = run_training(args, model, train_rows, accelerator, desc="continued pretraining")
+        model = run_training(args, model, train_rows, accelerator, desc="continued pretraining", valid_rows=valid_rows)
         if valid_rows is not None:
             loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
             accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")

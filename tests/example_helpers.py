@@ -33,7 +33,7 @@ def save_tiny_model(folder: Path, max_chars: int, **sizes) -> Path:
 
     tokenizer = data.load_tokenizer(300, max_chars=max_chars)
     config = gated_attention.GatedAttentionConfig(vocab_size=len(tokenizer), num_attention_heads=2,
-                                                  attn_gate={"position": "G1"}, **sizes)
+                                                  **{"attn_gate": {"position": "G1"}, **sizes})
     torch.manual_seed(0)
     gated_attention.GatedAttentionForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

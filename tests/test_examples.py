@@ -511,3 +511,39 @@ def test_finish_training_frees_the_ddp_wrapper_before_the_process_group(env, tmp
     alive = [json.loads((tmp_path / f"alive.{rank}").read_text()) for rank in (0, 1)]
     # accelerate's end_training alone destroys the group while its own list still holds the wrapper
     assert alive == ([[0], [0]] if ending == "finish" else [[1], [1]])
+
+
+def test_gates_alone_the_logged_rates_and_the_evaluation_before_training(env, tmp_path, capfd):
+    """`--train gates` moves the gates and nothing else; each step logs the learning rate it used (warmup over 2
+    steps: half, then all of --gate-lr; --lr is NaN, as no other parameter trains); the validation rows are evaluated before training too; and a tied model's
+    checkpoints are written without accelerate's "Removed shared tensor" note."""
+    from safetensors.torch import load_file
+
+    model = save_tiny_model(tmp_path / "tied", MAX_CHARS, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            max_position_embeddings=64, tie_word_embeddings=True)
+    out = tmp_path / "run"
+    cpt = import_example("continued_pretraining")
+    cpt.main(["--model", str(model), "--output-dir", str(out), "--steps", "2", "--warmup-steps", "2", "--save-every",
+              "1", "--lr", "1e-3", "--gate-lr", "1e-2", "--train", "gates", *COMMON])
+    printed = capfd.readouterr()
+    assert "validation before training: loss" in printed.out
+    assert "Removed shared tensor" not in printed.out + printed.err
+    log = read_log(out)
+    assert [r["gate_lr"] for r in log] == [5e-3, 1e-2]
+    assert all(math.isnan(r["lr"]) for r in log)  # no other parameter trains
+    before, after = load_file(model / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and all("attn_gate" in name for name in changed)
+
+
+def test_train_gates_on_a_model_without_gates_is_one_line(env, tmp_path, capsys):
+    model = save_tiny_model(tmp_path / "ungated", MAX_CHARS, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=1, max_position_embeddings=64, attn_gate=None)
+    cpt = import_example("continued_pretraining")
+    capsys.readouterr()  # what saving the model printed
+    with pytest.raises(SystemExit) as e:
+        cpt.main(["--model", str(model), "--output-dir", str(tmp_path / "run"), "--steps", "1", "--train", "gates", *COMMON])
+    assert e.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # progress bars aside
+    assert len(errors) == 1 and errors[0].startswith("error: --train gates: ") and "has no attention gate" in errors[0]
+    assert not (tmp_path / "run").exists()

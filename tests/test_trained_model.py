@@ -229,3 +229,18 @@ def test_the_trained_preset_smoke_end_to_end(smollm2, tmp_path, capsys):
     probes = read_csv(out / "probes.csv")
     assert sorted({(r["model"], r["step"]) for r in probes}) == [("control", "1"), ("control", "2"), ("gated", "1"), ("gated", "2")]
     assert (out / "trained_layers.png").stat().st_size and (out / "trained_trend.png").stat().st_size
+
+
+def test_an_instruct_tokenizers_chat_markers_do_not_join_documents(smollm2):
+    """SmolLM2-Instruct's BOS and EOS are its chat template's <|im_start|> and <|im_end|>: packed plain text starts
+    rows with, and separates documents by, its end-of-text token instead (id 0, as in its pretraining)."""
+    from gated_attention.training import data
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|im_start|>", "<|im_end|>")
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert data.document_tokens(tokenizer) == (end, end)
+    docs = [data.Document("a", "First document."), data.Document("b", "Second one.")]
+    stream = data.token_stream(tokenizer, docs)
+    assert list(stream).count(end) == 2 and tokenizer.eos_token_id not in stream
+    assert data.packed_rows(tokenizer, 4, text_files=None, max_chars=2000)[:, 0].unique().tolist() == [end]

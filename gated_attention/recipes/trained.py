@@ -160,8 +160,7 @@ def prepare_data(s: TrainedSettings, tokenizer, job: Job) -> Data:
     want = max(s.eval_sequences, s.analysis_sequences, s.probe_sequences)
     if len(all_valid) < want:
         raise CLIError(f"the held-out text has {len(all_valid)} rows of {s.seq_len} tokens, fewer than the {want} asked for")
-    # Evenly spaced over the held-out stream: the first rows alone would cover a few documents only.
-    valid = all_valid[np.linspace(0, len(all_valid) - 1, want).round().astype(int)]
+    valid = data.spread_rows(all_valid, want)
     longest_first = sorted(valid_docs, key=lambda d: -len(d.text))
     long = data.token_stream(tokenizer, longest_first)[: max(0, s.long_tokens - 1)] if s.long_tokens else np.zeros(0)
     if len(long) < s.long_tokens - 1:

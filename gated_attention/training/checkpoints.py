@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -65,6 +66,24 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message is one readable line."""
 
 
+def _shared_tensor_note(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Removed shared tensor")
+
+
+@contextlib.contextmanager
+def _without_shared_tensor_note():
+    """accelerate's `save_state` writes a model with tied weights (`lm_head.weight` is `embed_tokens.weight`)
+    once and logs "Removed shared tensor {'lm_head.weight'} ... check ... while reloading" every time. A
+    checkpoint is only ever loaded back into the live model (`load_checkpoint`), whose weights stay tied,
+    so the note is noise there; this hides that one message while the checkpoint is written."""
+    logger = logging.getLogger("accelerate.utils.other")
+    logger.addFilter(_shared_tensor_note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_shared_tensor_note)
+
+
 def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.Module | None = None) -> Path:
     """Save the prepared objects as `checkpoint_dir(output_dir, step)`, staged and renamed into place.
 
@@ -87,7 +106,8 @@ def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.
             shutil.rmtree(stage, ignore_errors=True)  # an earlier process with this id was killed
             stage.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(stage))
+        with _without_shared_tensor_note():
+            accelerator.save_state(str(stage))
         if data is not None and hasattr(data, "state_dict"):
             path = stage / f"data_state_{accelerator.process_index}.json"
             path.write_text(json.dumps(data.state_dict()), encoding="utf-8")

@@ -437,6 +437,14 @@ def token_stream(tokenizer, documents: Sequence[Document]) -> np.ndarray:
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
 
 
+def spread_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """`n` rows evenly spaced over `rows` `[N, T]` (all of them when N <= n): evaluation rows taken from the
+    start of a packed stream would cover its first documents only (32 rows of 256 tokens, 5 of 15 topics)."""
+    if len(rows) <= n:
+        return rows
+    return rows[np.linspace(0, len(rows) - 1, n).round().astype(np.int64)]
+
+
 def pack(stream: np.ndarray, seq_len: int, bos_id: int, max_rows: int | None = None) -> torch.Tensor:
     """Cut `stream` into rows `[N, seq_len]`, each `bos_id` followed by `seq_len - 1` stream tokens.
 

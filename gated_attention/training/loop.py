@@ -242,7 +242,7 @@ def train(
 
     Returns one record per step: `step` (1-based count of finished steps),
     `loss` (mean over the global batch), `gate_score` (mean score during the
-    step; NaN without gates), the learning rates, `batch` (digest of the
+    step; NaN without gates), the learning rates the step used, `batch` (digest of the
     step's global row indices) and `seconds`. `on_step(step, record)` runs
     after each step (checkpointing, logging).
     """
@@ -283,15 +283,15 @@ def train(
             if config.max_grad_norm:
                 clip = accelerator.clip_grad_norm_ if accelerator else torch.nn.utils.clip_grad_norm_
                 clip(model.parameters(), config.max_grad_norm)
+            lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}  # this step's
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
             record = {
                 "step": step + 1,
                 "loss": _reduce_mean(total, accelerator),
                 "gate_score": _reduce_mean(meter.pop(), accelerator),
-                "lr": lrs.get("decay", next(iter(lrs.values()))),
+                "lr": lrs.get("decay", lrs.get("no_decay", float("nan"))),  # NaN: the gates train alone
                 "gate_lr": lrs.get("gate", lrs.get("gate_no_decay", float("nan"))),
                 "batch": digest,
                 "seconds": time.perf_counter() - t0,
