@@ -99,7 +99,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
     from ..kernels import fla_torch_paths
-    from ..hub.memory_budget import MemoryBudgetError
+    from ..hub.memory_budget import MemoryBudgetError, read_layers_whole
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -132,6 +132,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
                                                 trust_remote_code=args.trust_remote_code, **place)
         except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
             raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        read_layers_whole(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
         except Exception as e:  # noqa: BLE001
@@ -149,8 +150,9 @@ def _placement_line(model, budget) -> str:
     where = f"on {', '.join(devices)}" if devices else ""
     if not on_disk:
         return f"all {format_size(total)} of weights {where}"
-    return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs, "
-            f"the rest {where}; budget {budget.describe()}")
+    rest = f", the rest {where}" if devices else ""
+    return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs{rest}; "
+            f"budget {budget.describe()}")
 
 
 def _model_from_config(cls, where: str, dtype, trust_remote_code: bool):

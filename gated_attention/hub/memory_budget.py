@@ -9,6 +9,8 @@
   offload folder a temporary directory that is removed on leaving, whatever happens.
 - `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
   splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
+- `read_layers_whole(model)`: after loading, each layer read from disk is read whole as it starts, not
+  module by module (code that reads a module's weights without calling it reads them too).
 - `collect_if_alive(ref)`: after a model's last reference is dropped, free it where accelerate's hooks keep
   it alive.
 
@@ -120,6 +122,37 @@ def largest_layer(model) -> tuple[str, int]:
     sizes = compute_module_sizes(model)
     size, names = get_max_layer_size(list(model.named_children()), sizes, list(model._no_split_modules or []))
     return names[0], size
+
+
+def read_layers_whole(model) -> None:
+    """Make each block accelerate never splits (`_no_split_modules`, a decoder layer) that stays on disk read
+    all its weights when it starts and drop them when it ends.
+
+    accelerate's dispatch (what `from_pretrained` runs) hooks every module of an offloaded layer on its own: a
+    module's weights are read when *it* runs. Code that reads a module's weights without calling it then reads
+    the meta tensor left in their place, uninitialised memory, and gives wrong numbers without an error: fla's
+    fused SwiGLU (`fuse_swiglu=True`, its default) hands `down_proj.weight` to its kernel, HGRN2's
+    `rms_norm_linear` `o_proj.weight`. accelerate's answer is `preload_module_classes` (a block read whole at
+    its start), which transformers does not pass; this hooks the blocks the same way after loading. The
+    budget holds room for one such block already (`check_holds`, accelerate's reserve).
+    """
+    from accelerate.hooks import AlignDevicesHook, attach_align_device_hook, remove_hook_from_module
+
+    blocks = set(model._no_split_modules or [])
+    for name, block in model.named_modules():
+        if type(block).__name__ not in blocks:
+            continue
+        hooks = [m._hf_hook for m in block.modules() if isinstance(getattr(m, "_hf_hook", None), AlignDevicesHook)]
+        offloaded = [hook for hook in hooks if hook.offload and hook.weights_map is not None]
+        if not offloaded or offloaded[0].place_submodules:  # in memory, or read whole already
+            continue
+        hook = offloaded[0]
+        remove_hook_from_module(block, recurse=True)
+        attach_align_device_hook(
+            block, execution_device=hook.execution_device, offload=True, weights_map=hook.weights_map.dataset,
+            module_name=name, skip_keys=hook.skip_keys, preload_module_classes=[type(block).__name__],
+            tied_params_map=hook.tied_params_map,
+        )
 
 
 def collect_if_alive(model: weakref.ref) -> None:
