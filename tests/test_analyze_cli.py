@@ -285,6 +285,56 @@ def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys)
     assert [p.name for p in (tmp_path / "budget").iterdir() if p.name.startswith(".")] == []  # no offload folder left
 
 
+def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(tmp_path, capsys):
+    """The default dtype (fp32) on a bf16 checkpoint, within a budget below the model: loaded in bf16, so that
+    what stays on disk is not read while loading, and cast as it runs. bf16 -> fp32 is exact: the arrays equal
+    those of the whole model in memory, and the weights in memory, in fp32, fit the budget."""
+    import re
+
+    import numpy as np
+    import torch
+
+    from gated_attention.hub.command_line import parse_size
+    from gated_attention.hub.memory_budget import largest_layer
+
+    folder = tmp_path / "model"
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4})
+    model = ga.GatedAttentionForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    budget = 4 * largest_layer(model)[1] + 2000  # two fp32 layers: accelerate's reserve for one, and one more
+    argv = ["--n-per-domain", "1", "--bootstrap", "10"]
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "whole"), *argv) == 0
+    capsys.readouterr()
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "budget"), "--max-memory", str(budget), *argv) == 0
+    placed = re.search(r"([\d.]+ \w+) of ([\d.]+ \w+) of weights read from the checkpoint", capsys.readouterr().out)
+    on_disk, total = (parse_size(size.replace(" ", "")) for size in placed.groups())
+    # sizes printed to 3 digits: within 1%
+    assert total == pytest.approx(2 * sum(p.numel() * p.element_size() for p in model.parameters()), rel=0.01)  # fp32
+    assert 0 < total - on_disk <= budget * 1.01
+    whole, budgeted = _arrays(tmp_path / "whole"), _arrays(tmp_path / "budget")
+    for key in whole:
+        np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
+
+
+def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk():
+    import torch
+
+    from gated_attention.analysis.loading import loading_dtype
+    from gated_attention.hub.memory_budget import MemoryBudget
+
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 2})
+    with torch.device("meta"):
+        skeleton = ga.GatedAttentionForCausalLM(config)  # fp32
+    size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    small, large = MemoryBudget(size // 2, True), MemoryBudget(size, True)
+    assert loading_dtype(skeleton, {"dtype": "bfloat16"}, torch.float32, small) == torch.bfloat16
+    assert loading_dtype(skeleton, {"dtype": "bfloat16"}, torch.float32, large) == torch.float32  # all in memory
+    assert loading_dtype(skeleton, {"dtype": "float32"}, torch.float32, small) == torch.float32
+    assert loading_dtype(skeleton, {}, torch.float32, small) == torch.float32  # the checkpoint's dtype unknown
+    assert loading_dtype(skeleton, {"dtype": "bfloat16"}, "auto", small) == "auto"
+
+
 def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
     capsys.readouterr()
     assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--max-memory", "1KB") == 2

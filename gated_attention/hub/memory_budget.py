@@ -66,26 +66,30 @@ class MemoryBudget:
     def describe(self) -> str:
         return f"{format_size(self.size)} ({'--max-memory' if self.given else 'free memory; --max-memory to set it'})"
 
-    def max_memory(self, *, gpus: bool = False) -> dict:
+    def max_memory(self, *, gpus: bool = False, scale: float = 1.0) -> dict:
         """accelerate's `max_memory`: the budget for the CPU, then disk for the rest (accelerate adds it).
 
         With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
-        fills the GPUs first and the budget bounds only the host's memory.
+        fills the GPUs first and the budget bounds only the host's memory. `scale`: each size times it, for
+        a model loaded in a dtype of another width than the one it will run in (`scale` = loaded bytes per
+        weight / running bytes per weight).
         """
-        if not gpus:
-            return {"cpu": self.size}
-        from accelerate.utils import get_max_memory
+        sizes = {"cpu": self.size}
+        if gpus:
+            from accelerate.utils import get_max_memory
 
-        return {**{device: free for device, free in get_max_memory().items() if device != "cpu"}, "cpu": self.size}
+            sizes = {**{device: free for device, free in get_max_memory().items() if device != "cpu"}, **sizes}
+        return {device: int(size * scale) for device, size in sizes.items()}
 
     @contextlib.contextmanager
-    def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None) -> Iterator[dict]:
+    def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None,
+                  scale: float = 1.0) -> Iterator[dict]:
         """`from_pretrained`'s keyword arguments that load a model within the budget, while inside.
 
         `device_map` is accelerate's (`"auto"`: fill the devices of `max_memory` in order, then disk). The
         offload folder is a new temporary directory under `dir` (the system's default when None), removed on
         leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
-        when the system's temporary directory may be in memory (tmpfs).
+        when the system's temporary directory may be in memory (tmpfs). `scale`: see `max_memory`.
         """
         # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
         # point, and the caller says how much stayed on disk.
@@ -94,7 +98,8 @@ class MemoryBudget:
         dispatch_log.setLevel(logging.ERROR)
         try:
             with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
-                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus), "offload_folder": folder}
+                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale),
+                       "offload_folder": folder}
         finally:
             dispatch_log.setLevel(level)
 
