@@ -141,6 +141,35 @@ def test_several_models_side_by_side(model_dir, tmp_path):
     assert "[gated](gated/summary.md)" in (out / "summary.md").read_text()
 
 
+def test_model_folders_named_like_the_comparisons_files_or_mathtext(model_dir, tmp_path):
+    """A folder named `comparison.csv` would be where the comparison goes (IsADirectoryError), and one named
+    `$\\notacommand$` is no mathtext for matplotlib's titles: the first is numbered, the second drawn as it is."""
+    import shutil
+
+    from gated_attention.analysis import compare
+    from gated_attention.analysis.cli import COMPARISON_FILES
+
+    assert COMPARISON_FILES == compare.FILES
+    models = [tmp_path / "comparison.csv", tmp_path / "$\\notacommand$"]
+    for folder in models:
+        shutil.copytree(model_dir, folder)
+    out = tmp_path / "out"
+    assert _analyze_main(*map(str, models), "--out", str(out), "--n-per-domain", "1") == 0
+    assert (out / "comparison.csv-2" / "summary.md").is_file() and (out / "$\\notacommand$" / "summary.md").is_file()
+    assert (out / "comparison.csv").is_file() and (out / "comparison.png").stat().st_size > 0
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line(model_dir, tmp_path, capsys):
+    small = tmp_path / "small"
+    ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**{**TINY, "vocab_size": 40, "num_hidden_layers": 1})).save_pretrained(small)
+    capsys.readouterr()
+    assert _analyze_main(str(small), "--tokenizer", str(model_dir), "--out", str(tmp_path / "out"), "--n-per-domain", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' progress bar
+    assert err.startswith("gated-attention analyze: error: MODEL ") and err.endswith(
+        "the model's embedding has 40 rows: the tokenizer is not this model's (see --tokenizer)"), err
+    assert not (tmp_path / "out").exists()
+
+
 def _jsonl(path: Path, docs: list[dict]) -> Path:
     import json
 

@@ -161,14 +161,21 @@ def _check_out(args) -> None:
         raise CLIError(str(e)) from None
 
 
+# The files the comparison writes beside the model folders (`compare.FILES`), written out so that the parser imports
+# no matplotlib (tests/test_analyze_cli.py checks they agree)
+COMPARISON_FILES = ("comparison.csv", "comparison.png", "summary.md")
+
+
 def output_names(models: list[str]) -> list[str]:
-    """One folder name per MODEL: its folder's name or its Hub id with '/' as '--', numbered where two agree."""
+    """One folder name per MODEL: its folder's name or its Hub id with '/' as '--', numbered where two agree or
+    where it is the name of a comparison file."""
     names = []
     for model in models:
         path = Path(model).expanduser()
         base = path.resolve().name if path.exists() else model.strip("/").replace("/", "--")
-        name, n = base or "model", 2
-        while name in names:
+        base = base or "model"
+        name, n = base, 2
+        while name in names or name in COMPARISON_FILES:
             name, n = f"{base}-{n}", n + 1
         names.append(name)
     return names
