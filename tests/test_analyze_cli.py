@@ -364,6 +364,25 @@ def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk(
     assert loading_dtype(skeleton, {"dtype": "bfloat16"}, "auto", small) == "auto"
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--device", "cuda"], "--device cuda: torch finds no cuda device on this machine; give --device cpu"),
+    (["--device-map", "cuda:0"], "--device-map cuda:0: torch finds no cuda device on this machine; give --device cpu"),
+    (["--device-map", "cpu", "--max-memory", "10KB"], "--device-map cpu holds all 1"),
+], ids=["device-cuda", "device-map-cuda", "device-map-cpu-below-the-model"])
+def test_a_placement_that_cannot_be_honoured_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, argv, expected):
+    """Where CUDA is missing, accelerate would place the model on the CPU without a word; a model put whole on the
+    CPU cannot stay within a budget below its size."""
+    import torch
+
+    if "cuda" in " ".join(argv) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gated-attention analyze: error: ") and expected in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
     capsys.readouterr()
     assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--max-memory", "1KB") == 2

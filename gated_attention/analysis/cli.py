@@ -273,7 +273,7 @@ def run(args) -> int:
 
     from ..hub.memory_budget import MemoryBudget, collect_if_alive
     from .analyze import run_analysis
-    from .loading import loaded
+    from .loading import check_device, loaded
     from .compare import write_comparison
 
     out = Path(args.out).expanduser()
@@ -281,6 +281,7 @@ def run(args) -> int:
     names = output_names(args.model)
     replace = out.is_dir()  # an earlier analysis or an empty folder (`_check_out`): replaced whole at the end
     budget = MemoryBudget.resolve(args.max_memory)  # measured once: every model gets the same
+    check_device(args)
     try:
         staging = staged_folder(out, replace, print, flag="--out", overwrite_flag=None, clear_leftovers=True,
                                 warn=lambda message: warnings.warn(message, GatedAttentionWarning))

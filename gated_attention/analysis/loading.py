@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import CLIError
-from ..hub.command_line import first_line
+from ..hub.command_line import first_line, format_size
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements
 
@@ -86,6 +86,26 @@ def placement(args) -> tuple[str | dict, bool]:
     return {"": device}, False  # one named device: the model whole on it, as --device always did
 
 
+def check_device(args) -> None:
+    """`--device` or `--device-map` naming a device this machine does not have is refused (torch would fail
+    later, or accelerate place the model on the CPU without a word)."""
+    import torch
+
+    for flag, device in (("--device", args.device), ("--device-map", args.device_map)):
+        if device is None or device in ("auto", "cpu") or device in DEVICE_MAPS:
+            continue
+        kind, _, index = device.partition(":")
+        backend = getattr(torch, kind, None)
+        available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+        if kind == "mps":
+            available = torch.backends.mps.is_available()
+        count = backend.device_count() if available and hasattr(backend, "device_count") else 1
+        if not available:
+            raise CLIError(f"{flag} {device}: torch finds no {kind} device on this machine; give --device cpu")
+        if index and int(index) >= count:
+            raise CLIError(f"{flag} {device}: this machine has {count} {kind} device(s), numbered from 0")
+
+
 BUDGET_REMEDY = "give a larger --max-memory or free some memory; nothing was written"
 
 
@@ -114,12 +134,14 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
     device_map, gpus = placement(args)
     load_dtype = dtype
+    if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
+        size = sum(p.numel() * p.element_size() for p in _skeleton(model_name, cls, where, dtype, args, building).parameters())
+        if size > budget.size:
+            raise CLIError(f"MODEL {model_name}: --device-map cpu holds all {format_size(size)} of weights in memory, "
+                           f"above --max-memory {format_size(budget.size)}; drop --device-map (the layers that do not "
+                           "fit are then read from the checkpoint as they run) or give a larger --max-memory")
     if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
-        try:
-            with building(), torch.device("meta"):
-                skeleton = _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
-        except Exception as e:  # noqa: BLE001
-            raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        skeleton = _skeleton(model_name, cls, where, dtype, args, building)
         try:
             budget.check_holds(skeleton, BUDGET_REMEDY)
         except MemoryBudgetError as e:
@@ -181,8 +203,6 @@ def cast_weights(model, loaded, dtype) -> None:
 
 
 def _placement_line(model, budget) -> str:
-    from ..hub.command_line import format_size
-
     sizes = [(p.numel() * p.element_size(), p.device.type) for p in model.parameters()]
     total, on_disk = sum(n for n, _ in sizes), sum(n for n, device in sizes if device == "meta")
     devices = sorted({device for _, device in sizes if device != "meta"})
@@ -192,6 +212,17 @@ def _placement_line(model, budget) -> str:
     rest = f", the rest {where}" if devices else ""
     return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs{rest}; "
             f"budget {budget.describe()}")
+
+
+def _skeleton(model_name: str, cls, where: dict[str, str], dtype, args, building):
+    """MODEL on the meta device (shapes and dtypes, no memory), or a `CLIError`."""
+    import torch
+
+    try:
+        with building(), torch.device("meta"):
+            return _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
 
 
 def _model_from_config(cls, where: str, dtype, trust_remote_code: bool):
