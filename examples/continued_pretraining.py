@@ -115,7 +115,8 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
                    help="streamed corpus: jsonl/json/parquet/csv/txt files or a folder of them, a save_to_disk "
                         "folder, a Hub dataset id (from the local cache), or a token-shard folder")
     p.add_argument("--text-field", default="text", help="the text column of --dataset / --valid-dataset")
-    p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id")
+    p.add_argument("--split", help="split of a --dataset folder, saved dataset or Hub id (default: train; a dataset "
+                   "saved alone: itself)")
     p.add_argument("--valid-dataset", nargs="+", metavar="SPEC",
                    help="validation corpus like --dataset (its first --eval-sequences rows)")
     p.add_argument("--text-files", nargs="+", help="training text files or folders (default: the embedded corpus)")

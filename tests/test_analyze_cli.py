@@ -210,17 +210,46 @@ def test_several_datasets_each_a_domain_with_its_own_text_field(model_dir, tmp_p
         ('{"text": "a whole line"}\n{"text": "cut', [], "cannot be read"),
         ('{"body": "some text"}\n', [], "--text-field 'text': "),
         ('{"text": "some text"}\n', ["--domain-field", "lang"], "--domain-field 'lang': "),
+        ('{"text": "some", "lang": "en"}\n{"text": "more", "lang": null}\n', ["--domain-field", "lang"],
+         "document 1 has no 'lang' value (null)"),
+        ('{"text": "some text"}\n', ["--dataset", "DATA"], "is given twice with --text-field 'text'"),
     ],
-    ids=["empty", "not-json", "truncated-json", "wrong-text-field", "wrong-domain-field"],
+    ids=["empty", "not-json", "truncated-json", "wrong-text-field", "wrong-domain-field", "null-domain", "given-twice"],
 )
 def test_a_dataset_that_cannot_be_read_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, content, flags, message):
     data = tmp_path / "data.jsonl"
     data.write_text(content)
     capsys.readouterr()
+    flags = [str(data) if flag == "DATA" else flag for flag in flags]
     assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--dataset", str(data), *flags) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("gated-attention analyze: error: ") and message in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_one_file_with_two_text_fields_is_two_domains(model_dir, tmp_path):
+    import numpy as np
+
+    data = _jsonl(tmp_path / "qa.jsonl", [{"q": f"what is {i} plus {i}?", "a": f"it is {2 * i} exactly"} for i in range(3)])
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(out), "--dataset", str(data), "--dataset", str(data),
+                         "--text-field", "q", "--text-field", "a", "--n-per-domain", "2") == 0  # fmt: skip
+    assert np.load(out / "arrays.npz")["domain"].tolist() == [f"{data} [q]"] * 2 + [f"{data} [a]"] * 2
+
+
+def test_split_of_a_dataset_saved_without_splits_is_refused(model_dir, tmp_path, capsys):
+    """A dataset saved alone has no split to choose: --split validation would read it all, as if it were one."""
+    from datasets import Dataset
+
+    Dataset.from_dict({"text": ["some text here", "more text there"]}).save_to_disk(str(tmp_path / "saved"))
+    argv = ["--dataset", str(tmp_path / "saved"), "--n-per-domain", "1"]
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), *argv, "--split", "validation") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--split 'validation' names no split of it: it was saved as a dataset without splits; "
+                        "leave --split out to read it"), err
+    assert not (tmp_path / "out").exists()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), *argv) == 0
 
 
 def test_text_field_without_a_dataset_is_refused(model_dir, tmp_path, capsys):

@@ -88,7 +88,8 @@ def register(subparsers) -> None:
     p.add_argument("--domain-field", metavar="NAME",
                    help="a --dataset column whose values are the domains to take --n-per-domain inputs from "
                    "(each dataset is then read to its end)")
-    p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id (default: %(default)s)")
+    p.add_argument("--split", help="split of a --dataset folder, saved dataset or Hub id (default: train; a dataset "
+                   "saved alone: itself)")
     p.add_argument("--n-per-domain", type=bounded(int, 1), default=4, metavar="N",
                    help="inputs per domain: built-in samples per prose, code and math, or the first N documents "
                    "with text of each --dataset domain (default: %(default)s)")

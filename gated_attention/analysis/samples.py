@@ -116,7 +116,7 @@ def dataset_samples(
     n_per_domain: int,
     *,
     domain_field: str | None = None,
-    split: str = "train",
+    split: str | None = None,
     max_chars: int | None = None,
     progress=None,
 ) -> list[Sample]:
@@ -126,11 +126,19 @@ def dataset_samples(
     `n_per_domain`-th document. With it, each value of that column is a domain and every dataset is
     read to its end (a new domain may come last). `max_chars` cuts each text (None: whole).
     Raises `DataError` (one line naming the dataset) for input that cannot be read, also when the
-    failure surfaces while reading (a truncated JSON line, a file that is not JSON).
+    failure surfaces while reading (a truncated JSON line, a file that is not JSON), for a document
+    without a domain, and for a dataset given twice with one text field (one domain twice). Given
+    with two text fields, each is a domain: `name [field]`.
     """
     samples: list[Sample] = []
+    fields: dict[tuple[str, ...], list[str]] = {}
     for d in datasets:
-        name = d.name
+        if d.text_field in fields.setdefault(d.spec, []):
+            raise DataError(f"--dataset {d.name} is given twice with --text-field {d.text_field!r}: the same "
+                            "documents as two domains; give it once")
+        fields[d.spec].append(d.text_field)
+    for d in datasets:
+        name = d.name if len(fields[d.spec]) == 1 else f"{d.name} [{d.text_field}]"
         ds = open_text_dataset(d.spec[0] if len(d.spec) == 1 else list(d.spec), split)
         with reading(d.spec):  # a streamed file fails while its documents are read: one line naming it
             check_text_field(ds, d.text_field, name)
@@ -141,8 +149,14 @@ def dataset_samples(
                 if progress is not None:
                     progress()
                 text = doc.get(d.text_field)
-                domain = str(doc.get(domain_field)) if domain_field is not None else name
-                if not isinstance(text, str) or not text.strip() or taken.get(domain, 0) >= n_per_domain:
+                if not isinstance(text, str) or not text.strip():
+                    continue
+                domain = name if domain_field is None else doc.get(domain_field)
+                if domain is None:  # "None" would be a domain of its own
+                    raise DataError(f"--dataset {name}: document {i} has no {domain_field!r} value (null), and "
+                                    "--domain-field takes each document's domain from it")
+                domain = str(domain)
+                if taken.get(domain, 0) >= n_per_domain:
                     continue
                 taken[domain] = taken.get(domain, 0) + 1
                 samples.append(Sample(domain, f"{name}:{i}", text if max_chars is None else text[:max_chars]))

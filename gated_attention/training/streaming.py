@@ -232,7 +232,7 @@ class PackedStream:
             yield self.next_rows(1)[0]
 
 
-def open_corpus(spec: str | list[str], split: str = "train"):
+def open_corpus(spec: str | list[str], split: str | None = None):
     """What a stream reads: local JSON-lines files as a `hub.json_lines.JsonLinesCorpus` (a line of any
     length in bounded memory), anything else as `hub.datasets.open_text_dataset` opens it."""
     specs = [spec] if isinstance(spec, str) else list(spec)
@@ -313,7 +313,7 @@ def _utf8_parts(buffer, size: int) -> Iterator[str]:
         start = end
 
 
-def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str = "train",
+def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str | None = None,
                 rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS,
                 piece_chars: int = PIECE_CHARS) -> PackedStream:
     """`PackedStream` of a `--dataset` spec (see `open_text_dataset`); checks the text field at once."""
@@ -336,7 +336,7 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
 
 
-def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", split: str = "train",
+def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", split: str | None = None,
                        shard_tokens: int = 1 << 28, chunk_docs: int = CHUNK_DOCS) -> dict:
     """Tokenize a `--dataset` spec into `out_dir`: flat token files plus `index.json`; returns the index.
 
