@@ -179,6 +179,22 @@ def test_a_position_of_the_other_reader_is_refused_in_one_line(tmp_path, tokeniz
         theirs.load_state_dict(ours_state)
 
 
+def test_a_file_changed_since_the_position_was_saved_is_named_with_both_sizes(tmp_path, tokenizer):
+    """A line edited before the saved offset moved every later line: the resume read from the middle of one and
+    blamed it ("line 257 cannot be read"). The position keeps each file's size."""
+    path = write(tmp_path / "c.jsonl", [{"text": f"some text {i} " * 20} for i in range(10)])
+    stream = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+    stream.next_rows(40)
+    state, before = stream.state_dict(), path.stat().st_size
+    path.write_text('{"text": "an edited first line"}\n' + path.read_text().split("\n", 1)[1])
+    with pytest.raises(DataError) as error:
+        resumed = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+        resumed.load_state_dict(state)
+        resumed.next_rows(40)
+    assert str(error.value) == (f"--dataset {path}: the file changed since the checkpoint ({before:,} bytes then, "
+                                f"{path.stat().st_size:,} now); resume with the data it was saved with, or start afresh")
+
+
 def test_only_local_json_lines_files_are_read_without_datasets(tmp_path):
     (tmp_path / "lines").mkdir()
     lines, array = tmp_path / "lines" / "a.json", tmp_path / "b.json"

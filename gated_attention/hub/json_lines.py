@@ -223,16 +223,34 @@ class JsonLinesCorpus:
     """The documents of local JSON-lines files, one object per line, read without `datasets` (see the module
     docstring). `spec` names the corpus in errors, as `--dataset` gave it.
 
-    A position is `{"reader": "json-lines", "file", "offset", "line", "document"}`: the next line to read
-    (file index, byte offset, line number) and how many documents came before it (for the every-world-th
-    split).
+    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "sizes"}`: the next line to
+    read (file index, byte offset, line number), how many documents came before it (for the every-world-th
+    split) and each file's size in bytes, so that a resume from a file changed since says so rather than
+    reading from an offset that is no longer a line's start.
     """
 
     def __init__(self, files: list[str], spec: str):
         self.files, self.spec = [Path(f) for f in files], spec
 
     def start(self) -> dict:
-        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0}
+        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "sizes": self._sizes()}
+
+    def _sizes(self) -> list[int]:
+        return [path.stat().st_size for path in self.files]
+
+    def _check_unchanged(self, position: dict) -> None:
+        """`DataError` naming the first file whose size is not the one `position` was saved with."""
+        saved = position.get("sizes")  # None: saved before sizes were kept
+        if saved is None:
+            return
+        if len(saved) != len(self.files):
+            raise DataError(f"--dataset {self.spec}: the stream position was saved with {len(saved)} file(s), and "
+                            f"{len(self.files)} are given; resume with the same files")
+        for path, then, now in zip(self.files, saved, self._sizes()):
+            if then != now:
+                named = "the file" if str(path) == self.spec else path
+                raise DataError(f"--dataset {self.spec}: {named} changed since the checkpoint ({then:,} bytes then, "
+                                f"{now:,} now); resume with the data it was saved with, or start afresh")
 
     # -- lines ------------------------------------------------------------------------------
 
@@ -330,6 +348,7 @@ class JsonLinesCorpus:
         if position.get("reader") != READER:
             raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
                             "(datasets'); start the run afresh, or resume with the version that saved it")
+        self._check_unchanged(position)
         whole_files = len(self.files) % world == 0  # else every world-th document
         chunk = []
         for line in self._lines(position, range(rank, len(self.files), world) if whole_files else None):
