@@ -165,6 +165,19 @@ def _running(pid: int) -> bool:
     return True
 
 
+def dead_staging_folders(folder: Path) -> list[Path]:
+    """What processes that are gone left staging in `folder`, for any output: `.NAME.incomplete-PID` entries
+    (the `replaced` kind is left alone: between the two renames of a non-Linux swap it is the only whole copy)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob(".*.incomplete-*")):
+        pid = path.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _running(int(pid)):
+            found.append(path)
+    return found
+
+
 def staging_leftovers(dst: Path) -> tuple[list[Path], list[tuple[Path, int]]]:
     """Staging folders beside `dst`: those of dead processes, and (folder, pid) of running ones."""
     dead, running = [], []
