@@ -286,6 +286,35 @@ def test_an_interrupted_rerun_leaves_the_earlier_analysis_as_it_was(model_dir, t
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+@pytest.mark.parametrize("inside", [True, False], ids=["inside-a-running-runs-out", "around-a-running-runs-out"])
+def test_a_run_whose_out_holds_or_lies_in_a_running_runs_out_is_refused(model_dir, tmp_path, capsys, inside):
+    """`analyze A B --out D/out` over an earlier analysis while `analyze C --out D/out/sub` ran: the first replaced
+    D/out whole and the second's finished output was gone. Whichever starts second is refused while the other
+    runs (here a sleeping process stands in for it, by its staging folder)."""
+    earlier = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(earlier), "--n-per-domain", "1") == 0
+    before = _files(earlier)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        if inside:  # the other run writes D/out/sub; this one asks for D/out
+            running, out = earlier / f".sub.incomplete-{sleeper.pid}", earlier
+        else:  # the other run writes D/out; this one asks for D/out/sub
+            running, out = tmp_path / f".out.incomplete-{sleeper.pid}", earlier / "sub"
+        running.mkdir()
+        capsys.readouterr()
+        assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "1") == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"gated-attention analyze: error: --out {out}: another run is writing an output "
+                       f"{'inside' if inside else 'around'} it (process {sleeper.pid}, {running}); wait for it or "
+                       "give another --out"), err
+        assert running.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    running.rmdir()
+    assert _files(earlier) == before
+
+
 def test_a_second_run_into_the_same_out_is_refused(model_dir, tmp_path, capsys):
     out = tmp_path / "out"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -146,7 +146,7 @@ def _check_out(args) -> None:
     """--out: not the working folder or above it, not a MODEL's folder, not being written by another run,
     and, if it holds anything, an earlier analysis (which this run replaces whole when it is done)."""
     from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
-    from ..hub.staging import refuse_running
+    from ..hub.staging import refuse_nested, refuse_running
 
     inputs = {}
     for name in args.model:
@@ -158,6 +158,7 @@ def _check_out(args) -> None:
         check_output_folder(args.out, flag="--out", what="the output of an earlier analyze (arrays.npz, summary.md)",
                             ours=holds_any(*ANALYSIS_FILES), inputs=inputs)
         refuse_running(Path(args.out).expanduser(), "--out")
+        refuse_nested(Path(args.out).expanduser(), "--out")
     except OutputFolderError as e:
         raise CLIError(str(e)) from None
 
@@ -262,7 +263,7 @@ def run(args) -> int:
     import weakref
 
     from ..hub.output_folders import OutputFolderError
-    from ..hub.staging import refuse_running, staged_folder
+    from ..hub.staging import refuse_nested, refuse_running, staged_folder
 
     _check_names(args)
     _check_inputs(args)
@@ -288,6 +289,7 @@ def run(args) -> int:
                                 warn=lambda message: warnings.warn(message, GatedAttentionWarning))
         with staging as stage:
             refuse_running(out, "--out", own=stage)  # another run that started at the same moment
+            refuse_nested(out, "--out", own=stage)
             for model_name, name in zip(args.model, names):
                 with loaded(args, model_name, where, budget, stage) as (model, tokenizer):
                     try:
