@@ -31,6 +31,10 @@ INTERVENTIONS = ("deletion", "connection")
 # torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
+# A --dataset text is read up to this many characters per token of --max-length: more than any token covers
+# (BPE and SentencePiece tokens run to tens of characters), so the first T tokens are those of the whole text,
+# and a document of one 200 MB line costs what its first characters cost.
+CHARS_PER_TOKEN = 1024
 
 
 def _device(text: str) -> str:
@@ -247,7 +251,7 @@ def _samples(args):
     with tqdm(desc="reading --dataset", unit="doc") as bar:
         try:
             return dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field, split=args.split,
-                                   progress=bar.update)
+                                   max_chars=args.max_length * CHARS_PER_TOKEN, progress=bar.update)
         except DataError as e:
             raise CLIError(str(e)) from None
 

@@ -27,8 +27,9 @@ small helpers every command line shares.
   as a stream, with `DataError` as one line.
 - `json_lines`: `JsonLinesCorpus`, JSON-lines files read a line at a time
   without `datasets`, a line longer than 1 MB scanned in blocks and its text
-  decoded in parts, so a document of any length costs bounded memory (what
-  `training.streaming.open_corpus` opens local JSON-lines files with).
+  decoded in parts, so a document of any length costs bounded memory;
+  `open_corpus`, what the training streams and `analyze --dataset` read (local
+  JSON-lines files, given or in a folder, through it; the rest through `datasets`).
 - `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
   refuses, as `WeightsMismatch` in one line, weights that do not fit their
   config (a tensor missing, unexpected or of another shape), where

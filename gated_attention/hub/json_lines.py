@@ -10,10 +10,11 @@ field's string is decoded `PART` bytes at a time, on demand, as
 `training.data.encode_documents` takes a document given in parts. Whatever a
 line's length, memory holds a block and a part.
 
-The training streams (`training.streaming.PackedStream`) read local JSON-lines
-files through it (`training.streaming.open_corpus`); folders, other file kinds and Hub datasets
-stay `datasets`' (`hub.datasets.open_text_dataset`). The reading position is
-small JSON (file, byte offset, line), so a resume seeks straight to it.
+`open_corpus` is what the training streams (`training.streaming.PackedStream`) and `analyze --dataset`
+read: local JSON-lines files, given or in a folder (the files of the split `datasets` would read there),
+through `JsonLinesCorpus`; saved datasets, other file kinds and Hub datasets stay `datasets`'
+(`hub.datasets.open_text_dataset`). The reading position is small JSON (file, byte offset, line), so a
+resume seeks straight to it.
 
 Processes share the files as `datasets.distributed.split_dataset_by_node`
 does: whole files when their number divides the world size, else every
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .command_line import first_line
-from .datasets import DataError
+from .datasets import BUILDERS, DataError, check_columns, check_has_text, check_text_field, open_text_dataset
 
 LONG_LINE = 1 << 20  # a line longer than this many bytes is scanned in blocks, never read whole
 BLOCK = 1 << 20  # bytes read at a time
@@ -330,6 +331,12 @@ class JsonLinesCorpus:
         for line in self._lines(self.start()):
             yield self._value(*line, field)
 
+    def documents(self, fields: list[str]) -> Iterator[dict]:
+        """`{field: value}` of every line for the `fields` asked (see `_value`: a long string comes as an
+        iterator of its parts), as `datasets` gives a document's columns."""
+        for line in self._lines(self.start()):
+            yield {field: self._value(*line, field)[1] for field in fields}
+
     # -- what the checks and the stream ask -------------------------------------------------------
 
     def columns(self) -> list[str] | None:
@@ -382,3 +389,53 @@ def is_json_lines(path: Path) -> bool:
         return isinstance(json.loads(head[:newline] if newline != -1 else head), dict)
     except ValueError:
         return False
+
+
+def _split_files(folder: Path, split: str | None) -> list[Path] | None:
+    """The JSON-lines files of `split` (None: train) in `folder`, as `datasets` picks a split's files from their
+    names (train*.jsonl, data/validation-*.jsonl, or every file for train); None where `datasets` should read
+    the folder: a `save_to_disk` folder, no such split, a file of another kind or one that is no JSON lines."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    if (folder / "state.json").exists() or (folder / "dataset_dict.json").exists():
+        return None
+    kinds = {BUILDERS.get(f.suffix.lower()) for f in folder.rglob("*")
+             if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts)}
+    if kinds - {None} != {"json"}:  # mixed kinds, or none: datasets' reader refuses them in one line
+        return None
+    try:
+        splits = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    except Exception:  # noqa: BLE001 - datasets says what is wrong when it opens the folder
+        return None
+    files = [Path(f) for f in splits.get(split or "train", []) if Path(f).suffix.lower() in (".jsonl", ".json")]
+    if not files:
+        return None
+    return files if all(f.stat().st_size and is_json_lines(f) for f in files) else None
+
+
+def open_corpus(spec: str | list[str], split: str | None = None):
+    """A corpus to read: local JSON-lines files, or a folder of them, as a `JsonLinesCorpus` (a line of any
+    length in bounded memory), anything else as `hub.datasets.open_text_dataset` opens it."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    paths = [Path(s).expanduser() for s in specs]
+    if len(paths) == 1 and paths[0].is_dir():
+        files = _split_files(paths[0], split)
+        if files is not None:
+            return JsonLinesCorpus([str(f) for f in files], specs[0])
+    elif all(p.is_file() and p.stat().st_size and is_json_lines(p) for p in paths):
+        return JsonLinesCorpus([str(p) for p in paths], " ".join(specs))
+    return open_text_dataset(spec, split)
+
+
+def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True, flag: str = "--text-field") -> None:
+    """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of its
+    first line) and, with `has_text`, some document has text in it (read up to the first that has); `flag`
+    names the option that gave the column."""
+    if not isinstance(corpus, JsonLinesCorpus):
+        check_text_field(corpus, text_field, spec, flag)
+        if has_text:
+            check_has_text(corpus, text_field, spec)
+        return
+    check_columns(corpus.columns(), text_field, spec, flag)
+    if has_text and not corpus.has_text(text_field):
+        raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
