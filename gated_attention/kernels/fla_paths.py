@@ -46,7 +46,9 @@ layers) and around its forwards. It patches fla as it is imported when the
 context opens, and never imports fla itself (importing fla registers its
 model types, `mamba` and `mamba2` among them, with transformers' Auto
 classes); with fla not imported it does nothing. Not covered: `attnres`
-blocks, and gradients through `parallel_retention`'s attention output.
+blocks, and backward passes through the mixers other than Gated DeltaNet's
+(the chunked paths work in place, for forwards: GLA, RetNet, HGRN2, DeltaNet
+and KDA raise autograd's in-place error, HGRN its `out=` one).
 """
 
 from __future__ import annotations
