@@ -22,9 +22,11 @@ not depend on what an earlier row left in memory. Every command runs once; on
 a shared machine, run the script again before believing a difference of a
 few percent.
 
-`analyze` runs on the same checkpoint in bf16 with a byte-level BPE trained on
-the built-in samples, 3 inputs of 128 tokens at each budget, and once more with
-inputs of 1,024 tokens within the first budget: its peak grows with one
+`analyze` runs on the same checkpoint with a byte-level BPE trained on the
+built-in samples, 3 inputs of 128 tokens at each budget, in bf16 (the
+checkpoint's dtype) and in analyze's default dtype (fp32: the layers read from
+the checkpoint as they run are cast as they are read), and once more in bf16
+with inputs of 1,024 tokens within the first budget: its peak grows with one
 layer's attention map (what the capture keeps is reduced inside its hooks),
 not with the number of layers.
 
@@ -191,22 +193,24 @@ def build_tokenizer(folder: Path) -> None:
 
 
 def analyze_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Row]:
-    """`analyze` (bf16, the built-in samples, one per domain) at each budget, and at 8x the length within the first."""
+    """`analyze` (the built-in samples, one per domain) at each budget in bf16 and in the default dtype (fp32), and
+    at 8x the length in bf16 within the first."""
     tokenizer = scratch / "tokenizer"
     subprocess.run([sys.executable, __file__, "--build-tokenizer", str(tokenizer)], check=True)
     rows = []
-    for budget, length in [*((b, 128) for b in budgets), (budgets[0], 1024)]:
+    runs = [(b, 128, dtype) for b in budgets for dtype in ("bfloat16", None)] + [(budgets[0], 1024, "bfloat16")]
+    for budget, length, dtype in runs:
         out = scratch / "analysis"
-        flags = [] if budget is None else ["--max-memory", str(budget)]
+        flags = ([] if budget is None else ["--max-memory", str(budget)]) + ([] if dtype is None else ["--dtype", dtype])
         evict(src)
         result = run([sys.executable, "-m", "gated_attention", "analyze", str(src), "--out", str(out), "--tokenizer",
-                      str(tokenizer), "--dtype", "bfloat16", "--device", "cpu", "--n-per-domain", "1", "--max-length",
-                      str(length), "--bootstrap", "100", *flags])  # fmt: skip
+                      str(tokenizer), "--device", "cpu", "--n-per-domain", "1", "--max-length", str(length),
+                      "--bootstrap", "100", *flags])  # fmt: skip
         shutil.rmtree(out)
         placed = re.search(r": (all .* of weights on .*|.* of weights read from the checkpoint as it runs)", result.out)
         within = format_size(budget) if budget else "free memory"
         note = (placed[1].split("; budget")[0] if placed else "") + f"; 3 inputs of {length} tokens"
-        rows.append(Row(f"analyze, within {within}, T={length}", result, note))
+        rows.append(Row(f"analyze {'bf16' if dtype else 'fp32 (default)'}, within {within}, T={length}", result, note))
     return rows
 
 

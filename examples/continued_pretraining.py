@@ -79,7 +79,7 @@ from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_
 from gated_attention.training.data import packed_rows, spread_rows, text_file_paths, tokenizer_for
 from gated_attention.hub.datasets import DataError
 from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream
-from gated_attention.training.folders import RUN_ENTRIES, output_folder, remove_run
+from gated_attention.training.folders import RUN_ENTRIES, DiskFullError, output_folder, remove_run
 from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
 from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
@@ -115,7 +115,8 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
                    help="streamed corpus: jsonl/json/parquet/csv/txt files or a folder of them, a save_to_disk "
                         "folder, a Hub dataset id (from the local cache), or a token-shard folder")
     p.add_argument("--text-field", default="text", help="the text column of --dataset / --valid-dataset")
-    p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id")
+    p.add_argument("--split", help="split of a --dataset folder, saved dataset or Hub id (default: train; a dataset "
+                   "saved alone: itself)")
     p.add_argument("--valid-dataset", nargs="+", metavar="SPEC",
                    help="validation corpus like --dataset (its first --eval-sequences rows)")
     p.add_argument("--text-files", nargs="+", help="training text files or folders (default: the embedded corpus)")
@@ -323,14 +324,14 @@ def describe_data(train_rows, seq_len: int) -> str:
 
 def exit_on_input_error(main):
     """Run `main`; a model, corpus or `--resume` checkpoint that cannot be used ends the process with one
-    line on stderr and exit status 2, and so does a loss that stops being finite. Ctrl-C (or SIGTERM) ends
+    line on stderr and exit status 2, and so do a loss that stops being finite and a save that fills the disk. Ctrl-C (or SIGTERM) ends
     it with one line, `interrupted; the last complete checkpoint is ...` (`training.reporting_interruption`),
     and exit status 130, as a shell reports a process ended by SIGINT; other processes of the run say nothing."""
 
     def run(argv: list[str] | None = None):
         try:
             return main(argv)
-        except (InputError, DataError, CheckpointError, FloatingPointError) as e:
+        except (InputError, DataError, CheckpointError, DiskFullError, FloatingPointError) as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
         except KeyboardInterrupt as e:

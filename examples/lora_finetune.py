@@ -39,7 +39,7 @@ from continued_pretraining import (
     set_threads,
 )
 from gated_attention.hub.command_line import bounded
-from gated_attention.training.folders import output_folder, staged_output
+from gated_attention.training.folders import full_disk_is_one_line, output_folder, staged_output
 from gated_attention.training import check_finite_weights, evaluate_loss, finish_training, reporting_interruption
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -99,7 +99,7 @@ def lora_finetune(args):
         merged = accelerator.unwrap_model(model).merge_and_unload()
         check_finite_weights(merged, accelerator, step=args.steps, saving="merged/")
         if accelerator.is_main_process:
-            with staged_output(out / "merged") as stage:  # renamed to merged/ when whole
+            with full_disk_is_one_line(out, "saving merged/"), staged_output(out / "merged") as stage:  # renamed when whole
                 merged.save_pretrained(stage)
                 tokenizer.save_pretrained(stage)
             if valid_rows is not None:

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", required=True, help="model folder or Hub id whose tokenizer to use")
     p.add_argument("--dataset", required=True, nargs="+", metavar="SPEC")
     p.add_argument("--text-field", default="text")
-    p.add_argument("--split", default="train")
+    p.add_argument("--split", help="split of a --dataset folder, saved dataset or Hub id (default: train)")
     p.add_argument("--output", required=True, help="new folder for the shards")
     p.add_argument("--shard-tokens", type=bounded(int, 1), default=1 << 28, help="tokens per shard file")
     p.add_argument("--vocab-size", type=bounded(int, MIN_VOCAB),

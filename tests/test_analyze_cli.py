@@ -141,6 +141,35 @@ def test_several_models_side_by_side(model_dir, tmp_path):
     assert "[gated](gated/summary.md)" in (out / "summary.md").read_text()
 
 
+def test_model_folders_named_like_the_comparisons_files_or_mathtext(model_dir, tmp_path):
+    """A folder named `comparison.csv` would be where the comparison goes (IsADirectoryError), and one named
+    `$\\notacommand$` is no mathtext for matplotlib's titles: the first is numbered, the second drawn as it is."""
+    import shutil
+
+    from gated_attention.analysis import compare
+    from gated_attention.analysis.cli import COMPARISON_FILES
+
+    assert COMPARISON_FILES == compare.FILES
+    models = [tmp_path / "comparison.csv", tmp_path / "$\\notacommand$"]
+    for folder in models:
+        shutil.copytree(model_dir, folder)
+    out = tmp_path / "out"
+    assert _analyze_main(*map(str, models), "--out", str(out), "--n-per-domain", "1") == 0
+    assert (out / "comparison.csv-2" / "summary.md").is_file() and (out / "$\\notacommand$" / "summary.md").is_file()
+    assert (out / "comparison.csv").is_file() and (out / "comparison.png").stat().st_size > 0
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line(model_dir, tmp_path, capsys):
+    small = tmp_path / "small"
+    ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**{**TINY, "vocab_size": 40, "num_hidden_layers": 1})).save_pretrained(small)
+    capsys.readouterr()
+    assert _analyze_main(str(small), "--tokenizer", str(model_dir), "--out", str(tmp_path / "out"), "--n-per-domain", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' progress bar
+    assert err.startswith("gated-attention analyze: error: MODEL ") and err.endswith(
+        "the model's embedding has 40 rows: the tokenizer is not this model's (see --tokenizer)"), err
+    assert not (tmp_path / "out").exists()
+
+
 def _jsonl(path: Path, docs: list[dict]) -> Path:
     import json
 
@@ -181,17 +210,46 @@ def test_several_datasets_each_a_domain_with_its_own_text_field(model_dir, tmp_p
         ('{"text": "a whole line"}\n{"text": "cut', [], "cannot be read"),
         ('{"body": "some text"}\n', [], "--text-field 'text': "),
         ('{"text": "some text"}\n', ["--domain-field", "lang"], "--domain-field 'lang': "),
+        ('{"text": "some", "lang": "en"}\n{"text": "more", "lang": null}\n', ["--domain-field", "lang"],
+         "document 1 has no 'lang' value (null)"),
+        ('{"text": "some text"}\n', ["--dataset", "DATA"], "is given twice with --text-field 'text'"),
     ],
-    ids=["empty", "not-json", "truncated-json", "wrong-text-field", "wrong-domain-field"],
+    ids=["empty", "not-json", "truncated-json", "wrong-text-field", "wrong-domain-field", "null-domain", "given-twice"],
 )
 def test_a_dataset_that_cannot_be_read_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, content, flags, message):
     data = tmp_path / "data.jsonl"
     data.write_text(content)
     capsys.readouterr()
+    flags = [str(data) if flag == "DATA" else flag for flag in flags]
     assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--dataset", str(data), *flags) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("gated-attention analyze: error: ") and message in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_one_file_with_two_text_fields_is_two_domains(model_dir, tmp_path):
+    import numpy as np
+
+    data = _jsonl(tmp_path / "qa.jsonl", [{"q": f"what is {i} plus {i}?", "a": f"it is {2 * i} exactly"} for i in range(3)])
+    out = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(out), "--dataset", str(data), "--dataset", str(data),
+                         "--text-field", "q", "--text-field", "a", "--n-per-domain", "2") == 0  # fmt: skip
+    assert np.load(out / "arrays.npz")["domain"].tolist() == [f"{data} [q]"] * 2 + [f"{data} [a]"] * 2
+
+
+def test_split_of_a_dataset_saved_without_splits_is_refused(model_dir, tmp_path, capsys):
+    """A dataset saved alone has no split to choose: --split validation would read it all, as if it were one."""
+    from datasets import Dataset
+
+    Dataset.from_dict({"text": ["some text here", "more text there"]}).save_to_disk(str(tmp_path / "saved"))
+    argv = ["--dataset", str(tmp_path / "saved"), "--n-per-domain", "1"]
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), *argv, "--split", "validation") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--split 'validation' names no split of it: it was saved as a dataset without splits; "
+                        "leave --split out to read it"), err
+    assert not (tmp_path / "out").exists()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), *argv) == 0
 
 
 def test_text_field_without_a_dataset_is_refused(model_dir, tmp_path, capsys):
@@ -226,6 +284,35 @@ def test_an_interrupted_rerun_leaves_the_earlier_analysis_as_it_was(model_dir, t
     assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "1") == 130
     assert _files(out) == before
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["inside-a-running-runs-out", "around-a-running-runs-out"])
+def test_a_run_whose_out_holds_or_lies_in_a_running_runs_out_is_refused(model_dir, tmp_path, capsys, inside):
+    """`analyze A B --out D/out` over an earlier analysis while `analyze C --out D/out/sub` ran: the first replaced
+    D/out whole and the second's finished output was gone. Whichever starts second is refused while the other
+    runs (here a sleeping process stands in for it, by its staging folder)."""
+    earlier = tmp_path / "out"
+    assert _analyze_main(str(model_dir), "--out", str(earlier), "--n-per-domain", "1") == 0
+    before = _files(earlier)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        if inside:  # the other run writes D/out/sub; this one asks for D/out
+            running, out = earlier / f".sub.incomplete-{sleeper.pid}", earlier
+        else:  # the other run writes D/out; this one asks for D/out/sub
+            running, out = tmp_path / f".out.incomplete-{sleeper.pid}", earlier / "sub"
+        running.mkdir()
+        capsys.readouterr()
+        assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "1") == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"gated-attention analyze: error: --out {out}: another run is writing an output "
+                       f"{'inside' if inside else 'around'} it (process {sleeper.pid}, {running}); wait for it or "
+                       "give another --out"), err
+        assert running.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    running.rmdir()
+    assert _files(earlier) == before
 
 
 def test_a_second_run_into_the_same_out_is_refused(model_dir, tmp_path, capsys):
@@ -283,6 +370,75 @@ def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys)
     with open(tmp_path / "whole" / "intervention.csv") as a, open(tmp_path / "budget" / "intervention.csv") as b:
         assert a.read() == b.read()
     assert [p.name for p in (tmp_path / "budget").iterdir() if p.name.startswith(".")] == []  # no offload folder left
+
+
+def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(tmp_path, capsys):
+    """The default dtype (fp32) on a bf16 checkpoint, within a budget below the model: loaded in bf16, so that
+    what stays on disk is not read while loading, and cast as it runs. bf16 -> fp32 is exact: the arrays equal
+    those of the whole model in memory, and the weights in memory, in fp32, fit the budget."""
+    import re
+
+    import numpy as np
+    import torch
+
+    from gated_attention.hub.command_line import parse_size
+    from gated_attention.hub.memory_budget import largest_layer
+
+    folder = tmp_path / "model"
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4})
+    model = ga.GatedAttentionForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    budget = 4 * largest_layer(model)[1] + 2000  # two fp32 layers: accelerate's reserve for one, and one more
+    argv = ["--n-per-domain", "1", "--bootstrap", "10"]
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "whole"), *argv) == 0
+    capsys.readouterr()
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "budget"), "--max-memory", str(budget), *argv) == 0
+    placed = re.search(r"([\d.]+ \w+) of ([\d.]+ \w+) of weights read from the checkpoint", capsys.readouterr().out)
+    on_disk, total = (parse_size(size.replace(" ", "")) for size in placed.groups())
+    # sizes printed to 3 digits: within 1%
+    assert total == pytest.approx(2 * sum(p.numel() * p.element_size() for p in model.parameters()), rel=0.01)  # fp32
+    assert 0 < total - on_disk <= budget * 1.01
+    whole, budgeted = _arrays(tmp_path / "whole"), _arrays(tmp_path / "budget")
+    for key in whole:
+        np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
+
+
+def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk():
+    import torch
+
+    from gated_attention.analysis.loading import loading_dtype
+    from gated_attention.hub.memory_budget import MemoryBudget
+
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 2})
+    with torch.device("meta"):
+        skeleton = ga.GatedAttentionForCausalLM(config)  # fp32
+    size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    small, large = MemoryBudget(size // 2, True), MemoryBudget(size, True)
+    assert loading_dtype(skeleton, {"dtype": "bfloat16"}, torch.float32, small) == torch.bfloat16
+    assert loading_dtype(skeleton, {"dtype": "bfloat16"}, torch.float32, large) == torch.float32  # all in memory
+    assert loading_dtype(skeleton, {"dtype": "float32"}, torch.float32, small) == torch.float32
+    assert loading_dtype(skeleton, {}, torch.float32, small) == torch.float32  # the checkpoint's dtype unknown
+    assert loading_dtype(skeleton, {"dtype": "bfloat16"}, "auto", small) == "auto"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--device", "cuda"], "--device cuda: torch finds no cuda device on this machine; give --device cpu"),
+    (["--device-map", "cuda:0"], "--device-map cuda:0: torch finds no cuda device on this machine; give --device cpu"),
+    (["--device-map", "cpu", "--max-memory", "10KB"], "--device-map cpu holds all 1"),
+], ids=["device-cuda", "device-map-cuda", "device-map-cpu-below-the-model"])
+def test_a_placement_that_cannot_be_honoured_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, argv, expected):
+    """Where CUDA is missing, accelerate would place the model on the CPU without a word; a model put whole on the
+    CPU cannot stay within a budget below its size."""
+    import torch
+
+    if "cuda" in " ".join(argv) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gated-attention analyze: error: ") and expected in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):

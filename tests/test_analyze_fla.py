@@ -107,3 +107,21 @@ def test_an_fla_hybrid_and_its_conversion_give_the_same_analysis(tokenizer, tmp_
         assert float(a["m_act"]) == pytest.approx(float(b["m_act"]), rel=1e-5, abs=1e-5), f"layer {a['layer']} M-Act"
         if a["f_attn"]:
             assert float(a["f_attn"]) == pytest.approx(float(b["f_attn"]), abs=1e-5), f"layer {a['layer']} F-Attn"
+
+
+def test_within_a_memory_budget_the_arrays_are_the_same(tokenizer, tmp_path, capsys):
+    """Every layer read from the checkpoint as it runs (a budget below the model): the same arrays, exactly.
+    fla's fused SwiGLU (`fuse_swiglu`, its default) hands `down_proj.weight` to its kernel without calling
+    `down_proj`, HGRN2's `rms_norm_linear` `o_proj.weight`: read module by module, as accelerate hooks an
+    offloaded layer, those weights were never read (M-Act 9e36 where 0.07 was expected)."""
+    save_fla_model(tmp_path / "model", "gated_deltanet", HYBRID, tokenizer)
+    assert analyze(tmp_path / "model", tmp_path / "whole") == 0
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "model"), "--out", str(tmp_path / "budget"), "--n-per-domain", "1",
+                 "--max-length", "24", "--bootstrap", "10", "--max-memory", "200KB"]) == 0
+    assert "of weights read from the checkpoint as it runs" in capsys.readouterr().out
+    with np.load(tmp_path / "whole" / "arrays.npz") as whole, np.load(tmp_path / "budget" / "arrays.npz") as budget:
+        assert whole.files == budget.files
+        for key in whole.files:
+            np.testing.assert_array_equal(whole[key], budget[key], err_msg=key)
+

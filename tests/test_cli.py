@@ -176,6 +176,8 @@ REFUSED_BEFORE_IMPORTS = {
     "max-memory-not-a-size": (["convert", "src", "out", "--max-memory", "lots"], "argument --max-memory: expected a size such as 4GB"),
     "max-memory-zero": (["export", "src", "out", "--format", "qwen3_5", "--max-memory", "0GB"], "argument --max-memory: expected a size above zero"),
     "max-memory-above-ram": (["extend", "src", "out", "--rope-theta", "2e4", "--max-memory", "1000TB"], "more than this machine's memory"),
+    "max-memory-400-digits": (["analyze", "src", "--out", "o", "--max-memory", "9" * 400], "(400 characters) is more than this machine's memory"),
+    "shard-size-400-digits": (["convert", "src", "out", "--max-shard-size", "9" * 400 + "GB"], "argument --max-shard-size: expected a size such as 5GB or 500MB, got '99999999999999999999'... (too large)"),
     "src-missing": (["convert", "./nope", "out"], "SRC ./nope: no such folder"),
     "src-no-repo-id": (["export", "a/b/c", "out", "--format", "qwen3_5"], "SRC a/b/c: no such folder"),
     "src-a-file": (["convert", "afile", "out"], "SRC afile is a file"),

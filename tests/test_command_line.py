@@ -65,6 +65,9 @@ def test_memory_size_is_above_zero_and_at_most_the_machines_memory():
     with pytest.raises(argparse.ArgumentTypeError, match="more than this machine's memory"):
         memory_size(str(ram + 1))
     assert memory_size(str(ram)) == ram
+    assert parse_size("9" * 400 + "GB") > ram  # exact decimals: no float to overflow
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^'99999999999999999999'\.\.\. \(400 characters\) is more than"):
+        memory_size("9" * 400)
 
 
 @pytest.mark.parametrize("size, text", [(999, "999 B"), (1000, "1.00 KB"), (1_500_000_000, "1.50 GB"), (2 * 10**12, "2.00 TB")])

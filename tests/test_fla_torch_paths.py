@@ -31,6 +31,7 @@ warnings.filterwarnings("ignore", message=".*past_key_values.*")
 
 from fla import models as fla_models  # noqa: E402
 from fla.layers.attn import Attention  # noqa: E402
+from fla.modules import FusedCrossEntropyLoss  # noqa: E402
 
 from gated_attention.kernels import fla_paths  # noqa: E402
 from gated_attention.kernels.fla_paths import fla_torch_paths  # noqa: E402
@@ -254,6 +255,78 @@ def test_attention_layer_returns_its_weights(family):
     torch.testing.assert_close(seen["weights"].double(), expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["swish", "sigmoid", "logsigmoid"])
+def test_an_activation_a_layer_stored_runs_on_the_cpu_with_its_gradient(name):
+    """`ACT2FN[name]` is fla's Triton Function itself, held by a layer from its construction (GLA's output gate
+    with `fuse_norm=False`): the kernels it calls run torch's, forward and backward. Tolerance 1e-6: fp32
+    inside, as fla's kernels compute."""
+    from fla.modules.activations import ACT2FN
+
+    x = torch.randn(3, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    with fla_torch_paths():
+        y = ACT2FN[name](x)
+        (dx,) = torch.autograd.grad(y.sum(), x)
+    expected = {"swish": F.silu, "sigmoid": torch.sigmoid, "logsigmoid": F.logsigmoid}[name](x)
+    torch.testing.assert_close(y, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dx, torch.autograd.grad(expected.sum(), x)[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("fields", [{"fuse_norm": False}, {"feature_map": "swish"}],
+                         ids=["unfused-output-gate", "feature-map"])
+def test_gla_with_a_stored_activation_equals_it_with_torchs(fields):
+    """GLA's forward paths beside its defaults (the other tests) that call an activation fla's `ACT2FN` gave
+    the layer at construction (RetNet's comes from transformers' `ACT2FN`, plain torch): replaced by torch's
+    own, the logits are the same (to fp32 rounding: 1e-6)."""
+    config = fla_models.GLAConfig(hidden_size=64, num_hidden_layers=2, vocab_size=97, intermediate_size=96,
+                                  num_heads=2, **fields)
+    torch.manual_seed(0)
+    model = fla_models.GLAForCausalLM(config).eval()
+    x = ids(T=20)
+    with fla_torch_paths(), torch.no_grad():
+        logits = model(x).logits
+        for layer in model.model.layers:
+            for attr in ("gate_fn", "feature_map_fn"):
+                if getattr(layer.attn, attr, None) is not None:
+                    setattr(layer.attn, attr, F.silu)
+        reference = model(x).logits
+    torch.testing.assert_close(logits, reference, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("fields", [{}, {"fuse_cross_entropy": False, "fuse_linear_cross_entropy": True}],
+                         ids=["fused-cross-entropy", "fused-linear-cross-entropy"])
+def test_a_forward_with_labels_gives_the_cross_entropy_of_its_logits(fields):
+    """fla's fused losses (its default with labels) on the CPU: the loss equals torch's cross-entropy of the
+    model's own logits, ignored labels left out (fp32 both: 1e-6)."""
+    config = fla_models.GLAConfig(hidden_size=64, num_hidden_layers=2, vocab_size=97, num_heads=2, **fields)
+    torch.manual_seed(0)
+    model = fla_models.GLAForCausalLM(config).eval()
+    x = ids(T=12)
+    labels = x.clone()
+    labels[0, :4] = -100
+    with fla_torch_paths(), torch.no_grad():
+        loss = model(x, labels=labels).loss
+        logits = model(x).logits
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, 97).float(), labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=0)
+
+
+def test_the_cross_entropy_options_mean_what_fla_says():
+    """Label smoothing, logit scale, softcap and z-loss (fla's `cross_entropy_loss`), against torch's
+    cross-entropy on logits transformed by hand; fp64 inputs, fp32 inside: 1e-5."""
+    from gated_attention.kernels.cross_entropy import torch_cross_entropy_loss
+
+    logits = torch.randn(6, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
+    target = torch.tensor([3, 0, -100, 10, 5, 5])
+    loss, z_loss = torch_cross_entropy_loss(logits, target, label_smoothing=0.1, logit_scale=0.5,
+                                            logit_softcapping=1.5, lse_square_scale=0.01)
+    x = 1.5 * torch.tanh(logits * 0.5 / 1.5)
+    lse = x.logsumexp(-1)
+    expected_z = torch.where(target != -100, 0.01 * lse**2, 0.0)
+    expected = F.cross_entropy(x, target, label_smoothing=0.1, reduction="none") + expected_z
+    torch.testing.assert_close(loss.double(), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(z_loss.double(), expected_z, atol=1e-5, rtol=0)
+
+
 def fla_namespaces() -> dict:
     return {name: dict(vars(module)) for name, module in sys.modules.items()
             if module is not None and (name == "fla" or name.startswith("fla."))}
@@ -262,17 +335,19 @@ def fla_namespaces() -> dict:
 def test_nothing_is_left_patched_also_after_an_error():
     before = fla_namespaces()
     forward = Attention.forward
+    loss_forward = FusedCrossEntropyLoss.forward
     with pytest.raises(RuntimeError, match="inside"):
         with fla_torch_paths():
             assert sys.modules["fla.layers.gla"].chunk_gla is not before["fla.layers.gla"]["chunk_gla"]
             assert Attention.forward is fla_paths.attention_forward
+            assert FusedCrossEntropyLoss.forward is not loss_forward
             raise RuntimeError("inside")
     after = fla_namespaces()
     changed = [(name, attr) for name, namespace in before.items() for attr, value in namespace.items()
                if after.get(name, {}).get(attr, value) is not value]
     added = [(name, attr) for name, namespace in after.items() for attr in namespace.keys() - before.get(name, {}).keys()]
     assert not changed and not added, (changed, added)
-    assert Attention.forward is forward
+    assert Attention.forward is forward and FusedCrossEntropyLoss.forward is loss_forward
 
 
 def test_without_the_context_fla_cannot_build_its_attention_without_flash_attn():

@@ -179,6 +179,22 @@ def test_a_position_of_the_other_reader_is_refused_in_one_line(tmp_path, tokeniz
         theirs.load_state_dict(ours_state)
 
 
+def test_a_file_changed_since_the_position_was_saved_is_named_with_both_sizes(tmp_path, tokenizer):
+    """A line edited before the saved offset moved every later line: the resume read from the middle of one and
+    blamed it ("line 257 cannot be read"). The position keeps each file's size."""
+    path = write(tmp_path / "c.jsonl", [{"text": f"some text {i} " * 20} for i in range(10)])
+    stream = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+    stream.next_rows(40)
+    state, before = stream.state_dict(), path.stat().st_size
+    path.write_text('{"text": "an edited first line"}\n' + path.read_text().split("\n", 1)[1])
+    with pytest.raises(DataError) as error:
+        resumed = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+        resumed.load_state_dict(state)
+        resumed.next_rows(40)
+    assert str(error.value) == (f"--dataset {path}: the file changed since the checkpoint ({before:,} bytes then, "
+                                f"{path.stat().st_size:,} now); resume with the data it was saved with, or start afresh")
+
+
 def test_only_local_json_lines_files_are_read_without_datasets(tmp_path):
     (tmp_path / "lines").mkdir()
     lines, array = tmp_path / "lines" / "a.json", tmp_path / "b.json"
@@ -189,4 +205,45 @@ def test_only_local_json_lines_files_are_read_without_datasets(tmp_path):
     assert isinstance(open_corpus(str(lines)), JsonLinesCorpus)
     assert not isinstance(open_corpus(str(array)), JsonLinesCorpus)  # a JSON array: datasets reads it
     assert not isinstance(open_corpus(str(pretty)), JsonLinesCorpus)
-    assert not isinstance(open_corpus(str(tmp_path / "lines")), JsonLinesCorpus)  # a folder: datasets' splits
+    assert isinstance(open_corpus(str(tmp_path / "lines")), JsonLinesCorpus)  # a folder of them too
+
+
+def test_analyze_reads_a_long_line_only_as_far_as_its_inputs_need(tmp_path, monkeypatch):
+    """`analyze --dataset` read JSON lines through datasets' builder, each line whole (a 200 MB line peaked at
+    7.4 GB): it reads them through the package's reader, and a long text only up to `max_chars`."""
+    from gated_attention.analysis.samples import DatasetSpec, dataset_samples
+
+    monkeypatch.setattr(json_lines, "LONG_LINE", 64)
+    monkeypatch.setattr(json_lines, "PART", 40)
+    decoded = []
+    parts = json_lines._string_parts
+
+    def counted(*args):
+        for part in parts(*args):
+            decoded.append(len(part))
+            yield part
+
+    monkeypatch.setattr(json_lines, "_string_parts", counted)
+    text = "".join(f"word{i} " for i in range(2000))  # 15,780 characters in one line
+    path = write(tmp_path / "long.jsonl", [{"text": "a short one"}, {"text": text}])
+    samples = dataset_samples([DatasetSpec((str(path),))], 2, max_chars=100)
+    assert [s.text for s in samples] == ["a short one", text[:100]]
+    assert 0 < sum(decoded) <= 140  # the parts up to 100 characters, not the 15,780
+
+
+def test_a_folder_of_json_lines_is_read_by_split_as_datasets_picks_the_files(tmp_path):
+    """A folder went to datasets' json builder: a 100 MB line took 986 MB there and 488 MB as a file. Its split's
+    files, by datasets' own rule for their names, are read by the package's reader instead."""
+    folder = tmp_path / "data"
+    (folder / "more").mkdir(parents=True)
+    for name in ("train.jsonl", "more/train-2.jsonl", "test.jsonl"):
+        write(folder / name, [{"text": name}])
+    (folder / "README.md").write_text("a dataset card")
+    for split, names in ((None, ["more/train-2.jsonl", "train.jsonl"]), ("test", ["test.jsonl"])):
+        corpus = open_corpus(str(folder), split)
+        assert isinstance(corpus, JsonLinesCorpus) and corpus.files == [folder / n for n in names], split
+        reference = open_text_dataset(str(folder), split)
+        assert [d["text"] for d in reference] == [value for _, value in corpus.values("text")]
+    (folder / "notes.txt").write_text("another kind")
+    with pytest.raises(DataError, match="mixed file kinds"):  # as datasets' reader of folders refuses it
+        open_corpus(str(folder))

@@ -117,8 +117,9 @@ def test_final_appears_only_when_whole(tiny_model, tmp_path, capsys, monkeypatch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", dies)
-    with pytest.raises(OSError, match="No space left"):
-        cpt.main(argv)
+    line = _fails(cpt.main, argv, capsys)  # a full disk: one line naming the folder and its free space
+    assert line.startswith(f"error: saving final/: the file system of {out} is full ([Errno 28] No space left on "
+                           "device), ") and " free; nothing of this save was kept" in line, line
     assert seen and seen[0][0] != "final" and seen[0][1] is False
     assert not (out / "final").exists()
     assert not [p.name for p in out.iterdir() if p.name.startswith(".final")]
@@ -225,6 +226,58 @@ def test_ctrl_c_while_a_resumed_run_saves_an_existing_step_loses_nothing(finishe
     monkeypatch.setattr(Accelerator, "save_state", original)
     cpt.main([*argv, "--steps", "5", "--resume", "latest"])  # continues from the untouched step 4
     assert _steps(out) == [1, 2, 3, 4, 5]
+
+
+def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_keeps_the_earlier_ones(finished_run, tiny_model, tmp_path,
+                                                                                       capsys, monkeypatch):
+    """safetensors' error for a full disk is no OSError: it is read from its message too."""
+    from accelerate import Accelerator
+
+    out = _copy_run(finished_run, tmp_path)
+    before = _checkpoint_files(out, 2)
+    original = Accelerator.save_state
+
+    def fills(self, output_dir=None, **kwargs):
+        original(self, output_dir, **kwargs)
+        if "step-0000004" in str(output_dir):
+            raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(Accelerator, "save_state", fills)
+    argv = ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "4", "--save-every", "2", *COMMON,
+            "--resume", str(out / "checkpoints" / "step-0000002")]
+    line = _fails(import_example("continued_pretraining").main, argv, capsys)
+    assert line.startswith(f"error: saving checkpoint step-0000004: the file system of {out / 'checkpoints'} is full "), line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
+    assert _checkpoint_files(out, 2) == before
+
+
+def test_a_disk_that_fills_while_the_log_is_rewritten_is_one_line_and_killed_saves_are_cleared(
+        finished_run, tiny_model, tmp_path, capsys, monkeypatch):
+    """A resume from step 2 rewrites log.jsonl (its records of steps 3 and 4 are replaced): a full disk there was
+    a traceback that left `.log.jsonl.incomplete-PID`. And what saves killed with SIGKILL left (their process
+    gone) is removed when the next run starts."""
+    out = _copy_run(finished_run, tmp_path)
+    dead = 2**22 + 1  # above Linux's largest process id: no process has it
+    killed = [out / "checkpoints" / f".step-0000006.incomplete-{dead}", out / f".final.incomplete-{dead}"]
+    for folder in killed:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"partial")
+    log = (out / "log.jsonl").read_text()
+    replace = os.replace
+
+    def full(src, dst, *args, **kwargs):
+        if Path(dst).name == "log.jsonl":
+            raise OSError(28, "No space left on device", str(src))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", full)
+    argv = ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "4", *COMMON,
+            "--resume", str(out / "checkpoints" / "step-0000002")]
+    line = _fails(import_example("continued_pretraining").main, argv, capsys)
+    assert line.startswith(f"error: rewriting log.jsonl: the file system of {out} is full "), line
+    assert not any(folder.exists() for folder in killed)
+    assert (out / "log.jsonl").read_text() == log and not list(out.glob(".log.jsonl*"))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
 
 
 def test_resuming_from_an_earlier_step_replaces_the_log_records_it_trains_again(finished_run, tiny_model, tmp_path):

@@ -361,6 +361,12 @@ def run_analysis(
     inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) else None)
     if not inputs:
         raise ValueError("no input has at least two tokens")
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embedding, "num_embeddings", None)
+    largest = max(int(ids.max()) for _, ids in inputs)
+    if rows is not None and largest >= rows:  # the embedding would raise IndexError
+        raise ValueError(f"MODEL {model_name}: the tokenizer gives token id {largest}, and the model's embedding has "
+                         f"{rows} rows: the tokenizer is not this model's (see --tokenizer)")
     if intervention and not model_layout(model).full_attention_layers:
         raise ValueError(f"--intervene acts at the inputs of attention layers, and {type(model).__name__} has no softmax attention")
 

@@ -31,6 +31,10 @@ INTERVENTIONS = ("deletion", "connection")
 # torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
+# A --dataset text is read up to this many characters per token of --max-length: more than any token covers
+# (BPE and SentencePiece tokens run to tens of characters), so the first T tokens are those of the whole text,
+# and a document of one 200 MB line costs what its first characters cost.
+CHARS_PER_TOKEN = 1024
 
 
 def _device(text: str) -> str:
@@ -89,7 +93,8 @@ def register(subparsers) -> None:
     p.add_argument("--domain-field", metavar="NAME",
                    help="a --dataset column whose values are the domains to take --n-per-domain inputs from "
                    "(each dataset is then read to its end)")
-    p.add_argument("--split", default="train", help="split of a --dataset folder, saved dataset or Hub id (default: %(default)s)")
+    p.add_argument("--split", help="split of a --dataset folder, saved dataset or Hub id (default: train; a dataset "
+                   "saved alone: itself)")
     p.add_argument("--n-per-domain", type=bounded(int, 1), default=4, metavar="N",
                    help="inputs per domain: built-in samples per prose, code and math, or the first N documents "
                    "with text of each --dataset domain (default: %(default)s)")
@@ -146,7 +151,7 @@ def _check_out(args) -> None:
     """--out: not the working folder or above it, not a MODEL's folder, not being written by another run,
     and, if it holds anything, an earlier analysis (which this run replaces whole when it is done)."""
     from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
-    from ..hub.staging import refuse_running
+    from ..hub.staging import refuse_nested, refuse_running
 
     inputs = {}
     for name in args.model:
@@ -158,18 +163,26 @@ def _check_out(args) -> None:
         check_output_folder(args.out, flag="--out", what="the output of an earlier analyze (arrays.npz, summary.md)",
                             ours=holds_any(*ANALYSIS_FILES), inputs=inputs)
         refuse_running(Path(args.out).expanduser(), "--out")
+        refuse_nested(Path(args.out).expanduser(), "--out")
     except OutputFolderError as e:
         raise CLIError(str(e)) from None
 
 
+# The files the comparison writes beside the model folders (`compare.FILES`), written out so that the parser imports
+# no matplotlib (tests/test_analyze_cli.py checks they agree)
+COMPARISON_FILES = ("comparison.csv", "comparison.png", "summary.md")
+
+
 def output_names(models: list[str]) -> list[str]:
-    """One folder name per MODEL: its folder's name or its Hub id with '/' as '--', numbered where two agree."""
+    """One folder name per MODEL: its folder's name or its Hub id with '/' as '--', numbered where two agree or
+    where it is the name of a comparison file."""
     names = []
     for model in models:
         path = Path(model).expanduser()
         base = path.resolve().name if path.exists() else model.strip("/").replace("/", "--")
-        name, n = base or "model", 2
-        while name in names:
+        base = base or "model"
+        name, n = base, 2
+        while name in names or name in COMPARISON_FILES:
             name, n = f"{base}-{n}", n + 1
         names.append(name)
     return names
@@ -246,7 +259,7 @@ def _samples(args):
     with tqdm(desc="reading --dataset", unit="doc") as bar:
         try:
             return dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field, split=args.split,
-                                   progress=bar.update)
+                                   max_chars=args.max_length * CHARS_PER_TOKEN, progress=bar.update)
         except DataError as e:
             raise CLIError(str(e)) from None
 
@@ -262,7 +275,7 @@ def run(args) -> int:
     import weakref
 
     from ..hub.output_folders import OutputFolderError
-    from ..hub.staging import refuse_running, staged_folder
+    from ..hub.staging import refuse_nested, refuse_running, staged_folder
 
     _check_names(args)
     _check_inputs(args)
@@ -274,7 +287,7 @@ def run(args) -> int:
 
     from ..hub.memory_budget import MemoryBudget, collect_if_alive
     from .analyze import run_analysis
-    from .loading import loaded
+    from .loading import check_device, loaded
     from .compare import write_comparison
 
     out = Path(args.out).expanduser()
@@ -282,11 +295,13 @@ def run(args) -> int:
     names = output_names(args.model)
     replace = out.is_dir()  # an earlier analysis or an empty folder (`_check_out`): replaced whole at the end
     budget = MemoryBudget.resolve(args.max_memory)  # measured once: every model gets the same
+    check_device(args)
     try:
         staging = staged_folder(out, replace, print, flag="--out", overwrite_flag=None, clear_leftovers=True,
                                 warn=lambda message: warnings.warn(message, GatedAttentionWarning))
         with staging as stage:
             refuse_running(out, "--out", own=stage)  # another run that started at the same moment
+            refuse_nested(out, "--out", own=stage)
             for model_name, name in zip(args.model, names):
                 with loaded(args, model_name, where, budget, stage) as (model, tokenizer):
                     try:

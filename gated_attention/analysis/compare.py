@@ -24,6 +24,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+# What `write_comparison` writes beside the model folders: no model folder may take one of these names.
+FILES = ("comparison.csv", "comparison.png", "summary.md")
 COLUMNS = ["model", "folder", "layer", "layer_type", "is_attention", "m_sink", "m_first", "m_act"]
 
 
@@ -57,7 +59,7 @@ def plot_comparison(rows: list[dict], path: Path) -> None:
             ax.plot(x, [r["m_first"] for r in mine], color="black", linestyle="--", label="first token (no attention)")
         for i, r in enumerate(r for r in mine if r["is_attention"]):
             ax.axvline(r["layer"], color="tab:red", linestyle=":", linewidth=1, label="attention layer" if i == 0 else None)
-        ax.set_title(folder, fontsize=9)
+        ax.set_title(folder, fontsize=9, parse_math=False)  # a folder named `$\x$` is a name, not mathtext
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("residual position l")
         ax.legend(fontsize=6, loc="best")

@@ -8,7 +8,8 @@
   type nothing else knows.
 - `placement` and `loaded`: accelerate's big-model inference within the memory budget
   (`hub.memory_budget`): the layers that fit stay in memory, the others are read from the checkpoint's
-  files as they run; a budget below one layer is refused before anything loads.
+  files as they run, whole (`read_layers_whole`) and cast to the dtype asked for as they are read
+  (`loading_dtype`); a budget below one layer is refused before anything loads.
 
 torch and transformers are imported inside the functions: the command line imports `DEVICE_MAPS` from
 here while it builds its parser.
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import CLIError
-from ..hub.command_line import first_line
+from ..hub.command_line import first_line, format_size
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements
 
@@ -85,6 +86,26 @@ def placement(args) -> tuple[str | dict, bool]:
     return {"": device}, False  # one named device: the model whole on it, as --device always did
 
 
+def check_device(args) -> None:
+    """`--device` or `--device-map` naming a device this machine does not have is refused (torch would fail
+    later, or accelerate place the model on the CPU without a word)."""
+    import torch
+
+    for flag, device in (("--device", args.device), ("--device-map", args.device_map)):
+        if device is None or device in ("auto", "cpu") or device in DEVICE_MAPS:
+            continue
+        kind, _, index = device.partition(":")
+        backend = getattr(torch, kind, None)
+        available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+        if kind == "mps":
+            available = torch.backends.mps.is_available()
+        count = backend.device_count() if available and hasattr(backend, "device_count") else 1
+        if not available:
+            raise CLIError(f"{flag} {device}: torch finds no {kind} device on this machine; give --device cpu")
+        if index and int(index) >= count:
+            raise CLIError(f"{flag} {device}: this machine has {count} {kind} device(s), numbered from 0")
+
+
 BUDGET_REMEDY = "give a larger --max-memory or free some memory; nothing was written"
 
 
@@ -121,7 +142,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
     from ..kernels import fla_torch_paths
-    from ..hub.memory_budget import MemoryBudgetError
+    from ..hub.memory_budget import MemoryBudgetError, read_layers_whole
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -134,26 +155,35 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
     device_map, gpus = placement(args)
+    load_dtype = dtype
+    if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
+        size = sum(p.numel() * p.element_size() for p in _skeleton(model_name, cls, where, dtype, args, building).parameters())
+        if size > budget.size:
+            raise CLIError(f"MODEL {model_name}: --device-map cpu holds all {format_size(size)} of weights in memory, "
+                           f"above --max-memory {format_size(budget.size)}; drop --device-map (the layers that do not "
+                           "fit are then read from the checkpoint as they run) or give a larger --max-memory")
     if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
-        try:
-            with building(), torch.device("meta"):
-                skeleton = _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
-        except Exception as e:  # noqa: BLE001
-            raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        skeleton = _skeleton(model_name, cls, where, dtype, args, building)
         try:
             budget.check_holds(skeleton, BUDGET_REMEDY)
         except MemoryBudgetError as e:
             raise CLIError(f"MODEL {model_name}: {e}") from None
+        load_dtype = loading_dtype(skeleton, config, dtype, budget)
         del skeleton
-    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir) as place:
+    # Loaded in another dtype than it runs in: accelerate places it by the sizes it will have once cast.
+    scale = 1.0 if load_dtype == dtype else load_dtype.itemsize / dtype.itemsize
+    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, scale=scale) as place:
         if not isinstance(device_map, str):
             place = {"device_map": device_map}
         try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
             with building():
-                model = from_pretrained_checked(cls, where[model_name], dtype=dtype,
+                model = from_pretrained_checked(cls, where[model_name], dtype=load_dtype,
                                                 trust_remote_code=args.trust_remote_code, **place)
         except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
             raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
+        if load_dtype != dtype:
+            cast_weights(model, load_dtype, dtype)
+        read_layers_whole(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
         except Exception as e:  # noqa: BLE001
@@ -162,17 +192,59 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         yield model.eval(), tokenizer
 
 
-def _placement_line(model, budget) -> str:
-    from ..hub.command_line import format_size
+def loading_dtype(skeleton, config: dict, dtype, budget):
+    """The dtype to load MODEL in so that it runs in `dtype` within `budget`: the checkpoint's own where
+    layers will be read from the checkpoint as they run and `dtype` is another, else `dtype`.
 
+    transformers converts every tensor of a checkpoint to the dtype asked for as it loads, those it leaves
+    on disk too: the whole checkpoint is read once and its pages count against the process (a bf16 0.85B
+    Llama analysed in fp32 within 1 GB peaked at 2.84 GB). Loaded in the checkpoint's dtype, the tensors
+    that stay on disk are not read at load; each is cast to `dtype` as its layer runs (accelerate casts a
+    tensor it reads to the dtype of the parameter it fills, which `cast_weights` sets), and the layers in
+    memory are cast once loaded. A model that keeps some modules in fp32 whatever the dtype
+    (`_keep_in_fp32_modules`) loads as transformers loads it.
+    """
+    import torch
+
+    saved = config.get("dtype") or config.get("torch_dtype")
+    if dtype == "auto" or saved not in ("float32", "bfloat16", "float16") or getattr(torch, saved) == dtype:
+        return dtype
+    if getattr(skeleton, "_keep_in_fp32_modules", None) or getattr(skeleton, "_keep_in_fp32_modules_strict", None):
+        return dtype
+    if sum(p.numel() * p.element_size() for p in skeleton.parameters()) <= budget.size:
+        return dtype  # every layer stays in memory: nothing is read as it runs
+    return getattr(torch, saved)
+
+
+def cast_weights(model, loaded, dtype) -> None:
+    """Cast the weights `from_pretrained` gave in dtype `loaded` to `dtype`: those in memory now, and those on
+    disk (meta tensors) as their layers run. `.data` keeps tied weights one tensor."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.dtype == loaded:
+            tensor.data = tensor.data.to(dtype)
+
+
+def _placement_line(model, budget) -> str:
     sizes = [(p.numel() * p.element_size(), p.device.type) for p in model.parameters()]
     total, on_disk = sum(n for n, _ in sizes), sum(n for n, device in sizes if device == "meta")
     devices = sorted({device for _, device in sizes if device != "meta"})
     where = f"on {', '.join(devices)}" if devices else ""
     if not on_disk:
         return f"all {format_size(total)} of weights {where}"
-    return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs, "
-            f"the rest {where}; budget {budget.describe()}")
+    rest = f", the rest {where}" if devices else ""
+    return (f"{format_size(on_disk)} of {format_size(total)} of weights read from the checkpoint as it runs{rest}; "
+            f"budget {budget.describe()}")
+
+
+def _skeleton(model_name: str, cls, where: dict[str, str], dtype, args, building):
+    """MODEL on the meta device (shapes and dtypes, no memory), or a `CLIError`."""
+    import torch
+
+    try:
+        with building(), torch.device("meta"):
+            return _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
 
 
 def _model_from_config(cls, where: str, dtype, trust_remote_code: bool):

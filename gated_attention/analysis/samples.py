@@ -6,9 +6,11 @@ first `def`/`class` on, past licence headers); math = docstrings of
 `statistics`, `fractions` and `math` (formulas, numbers, doctest arithmetic).
 The choice and order are fixed, so two runs on one Python analyse the same text.
 
-Datasets (`dataset_samples`): what `--dataset` reads in the training examples (`hub.datasets`),
-streamed, the first documents with text of each domain. A domain is one `--dataset`, or each
-value of a domain column, as the hybrid paper takes 100 inputs from each of its five corpora.
+Datasets (`dataset_samples`): what `--dataset` reads in the training examples (`hub.json_lines.open_corpus`:
+JSON lines through the package's reader, the rest through `datasets`), streamed, the first documents with
+text of each domain. A domain is one `--dataset`, or each value of a domain column, as the hybrid paper
+takes 100 inputs from each of its five corpora. A text is read only as far as `max_chars`: a document of
+one 200 MB line costs what its first characters cost.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hub.datasets import DataError, check_text_field, open_text_dataset, reading
+from ..hub.datasets import DataError, reading
+from ..hub.json_lines import JsonLinesCorpus, check_corpus, open_corpus
 
 _CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
 _MATH_MODULES = ("statistics", "fractions", "math", "cmath")
@@ -99,6 +102,22 @@ def read_text_file(path: str | Path) -> list[Sample]:
     return [Sample("text-file", f"{Path(path).name}:{i}", p) for i, p in enumerate(paragraphs)]
 
 
+def _head(value, max_chars: int | None):
+    """A document's text cut to `max_chars` (None: whole); a long JSON-lines string comes as an iterator of its
+    parts (`JsonLinesCorpus`), read only as far as needed. Anything else is returned as it is."""
+    if isinstance(value, str):
+        return value if max_chars is None else value[:max_chars]
+    if value is None or isinstance(value, (int, float, bool, list, dict)):
+        return value
+    text, size = [], 0
+    for part in value:
+        text.append(part)
+        size += len(part)
+        if max_chars is not None and size >= max_chars:
+            break
+    return "".join(text)[:max_chars]
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """One `--dataset`: its files, folder or Hub id (as the training examples take it) and its text column."""
@@ -116,7 +135,7 @@ def dataset_samples(
     n_per_domain: int,
     *,
     domain_field: str | None = None,
-    split: str = "train",
+    split: str | None = None,
     max_chars: int | None = None,
     progress=None,
 ) -> list[Sample]:
@@ -126,26 +145,42 @@ def dataset_samples(
     `n_per_domain`-th document. With it, each value of that column is a domain and every dataset is
     read to its end (a new domain may come last). `max_chars` cuts each text (None: whole).
     Raises `DataError` (one line naming the dataset) for input that cannot be read, also when the
-    failure surfaces while reading (a truncated JSON line, a file that is not JSON).
+    failure surfaces while reading (a truncated JSON line, a file that is not JSON), for a document
+    without a domain, and for a dataset given twice with one text field (one domain twice). Given
+    with two text fields, each is a domain: `name [field]`.
     """
     samples: list[Sample] = []
+    fields: dict[tuple[str, ...], list[str]] = {}
     for d in datasets:
-        name = d.name
-        ds = open_text_dataset(d.spec[0] if len(d.spec) == 1 else list(d.spec), split)
+        if d.text_field in fields.setdefault(d.spec, []):
+            raise DataError(f"--dataset {d.name} is given twice with --text-field {d.text_field!r}: the same "
+                            "documents as two domains; give it once")
+        fields[d.spec].append(d.text_field)
+    for d in datasets:
+        name = d.name if len(fields[d.spec]) == 1 else f"{d.name} [{d.text_field}]"
+        ds = open_corpus(d.spec[0] if len(d.spec) == 1 else list(d.spec), split)
         with reading(d.spec):  # a streamed file fails while its documents are read: one line naming it
-            check_text_field(ds, d.text_field, name)
+            check_corpus(ds, d.text_field, name, has_text=False)
             if domain_field is not None:
-                check_text_field(ds, domain_field, name, flag="--domain-field")
+                check_corpus(ds, domain_field, name, has_text=False, flag="--domain-field")
+            if isinstance(ds, JsonLinesCorpus):
+                ds = ds.documents([d.text_field] + ([domain_field] if domain_field is not None else []))
             taken: dict[str, int] = {}
             for i, doc in enumerate(ds):
                 if progress is not None:
                     progress()
-                text = doc.get(d.text_field)
-                domain = str(doc.get(domain_field)) if domain_field is not None else name
-                if not isinstance(text, str) or not text.strip() or taken.get(domain, 0) >= n_per_domain:
+                text = _head(doc.get(d.text_field), max_chars)
+                if not isinstance(text, str) or not text.strip():
+                    continue
+                domain = name if domain_field is None else doc.get(domain_field)
+                if domain is None:  # "None" would be a domain of its own
+                    raise DataError(f"--dataset {name}: document {i} has no {domain_field!r} value (null), and "
+                                    "--domain-field takes each document's domain from it")
+                domain = str(domain)
+                if taken.get(domain, 0) >= n_per_domain:
                     continue
                 taken[domain] = taken.get(domain, 0) + 1
-                samples.append(Sample(domain, f"{name}:{i}", text if max_chars is None else text[:max_chars]))
+                samples.append(Sample(domain, f"{name}:{i}", text))
                 if domain_field is None and taken[domain] >= n_per_domain:
                     break
         if not taken:

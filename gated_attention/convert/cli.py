@@ -31,6 +31,8 @@ def _shard_size(text: str) -> int:
         size = parse_size_to_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a size such as 5GB or 500MB (units KB, MB, GB, TB), got {text!r}") from None
+    except OverflowError:  # huggingface_hub multiplies a float: 400 digits are inf
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB or 500MB, got {text[:20]!r}... (too large)") from None
     if size <= 0:
         raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
     return size

@@ -26,7 +26,7 @@ import torch
 
 from .. import register_auto_classes
 from ..hub.command_line import format_size
-from ..hub.memory_budget import MemoryBudget, MemoryBudgetError, collect_if_alive
+from ..hub.memory_budget import MemoryBudget, MemoryBudgetError, collect_if_alive, read_layers_whole
 from .sources import ConversionError, SourceCheckpoint
 
 VERIFY_TOKENS = 32
@@ -110,6 +110,7 @@ def run_prompt(
             folder, dtype=dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
             **placement, **load_kwargs,
         )  # fmt: skip
+        read_layers_whole(model)
         lost = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
         if strict and lost:  # from_pretrained would only warn, and fill a missing weight with random numbers
             raise ConversionError(f"verification failed: SRC's weights do not fit the reference model ({lost[0]})")

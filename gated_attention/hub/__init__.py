@@ -27,8 +27,9 @@ small helpers every command line shares.
   as a stream, with `DataError` as one line.
 - `json_lines`: `JsonLinesCorpus`, JSON-lines files read a line at a time
   without `datasets`, a line longer than 1 MB scanned in blocks and its text
-  decoded in parts, so a document of any length costs bounded memory (what
-  `training.streaming.open_corpus` opens local JSON-lines files with).
+  decoded in parts, so a document of any length costs bounded memory;
+  `open_corpus`, what the training streams and `analyze --dataset` read (local
+  JSON-lines files, given or in a folder, through it; the rest through `datasets`).
 - `gguf`: a GGUF file as a source checkpoint: `gguf_file` (a `.gguf` file, or a folder holding one),
   `read_info` (its header, checked against what transformers' GGUF loader reads), `dequantize` /
   `dequantized` (transformers' loader, then an ordinary safetensors folder with its tokenizer and a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import decimal
 import math
 import os
 import re
@@ -58,7 +59,9 @@ def parse_size(text: str) -> int:
     found = _SIZE.match(text)
     if not found or found[2].upper() not in _SIZE_UNITS:
         raise ValueError(f"expected a size such as 4GB or 512MiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}")
-    return int(float(found[1]) * _SIZE_UNITS[found[2].upper()])
+    # Decimal, not float: a number of 400 digits is a size too large for anything (refused by its caller), not
+    # an OverflowError from int(inf).
+    return int(decimal.Decimal(found[1]) * _SIZE_UNITS[found[2].upper()])
 
 
 def format_size(size: int) -> str:
@@ -91,7 +94,8 @@ def memory_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
     ram = physical_memory()
     if ram is not None and size > ram:
-        raise argparse.ArgumentTypeError(f"{text!r} is more than this machine's memory ({format_size(ram)})")
+        shown = repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown} is more than this machine's memory ({format_size(ram)})")
     return size
 
 

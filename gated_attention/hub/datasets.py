@@ -149,9 +149,14 @@ def _from_folder(folder: Path, split: str, spec: str):
         with reading(spec):
             ds = load_from_disk(str(folder))
         if hasattr(ds, "keys"):  # a DatasetDict
+            split = split or "train"
             if split not in ds:
                 raise DataError(f"--dataset {spec}: no split {split!r} (it has {', '.join(ds.keys())})")
             ds = ds[split]
+        elif split is not None and str(ds.split) != split:  # one saved split, or a dataset without any
+            saved = f"one split, {str(ds.split)!r}" if ds.split is not None else "a dataset without splits"
+            raise DataError(f"--dataset {spec}: --split {split!r} names no split of it: it was saved as {saved}; "
+                            "leave --split out to read it")
         return ds.to_iterable_dataset()
     found = _data_files(folder)
     if not found:
@@ -160,7 +165,7 @@ def _from_folder(folder: Path, split: str, spec: str):
         raise DataError(f"--dataset {spec}: mixed file kinds ({', '.join(sorted(found))}); give one kind")
     (builder,) = found
     try:  # datasets picks the split from file names (train*.jsonl, data/validation-*.parquet, ...)
-        return _load_streaming(builder, spec, found[builder], data_dir=str(folder), split=split)
+        return _load_streaming(builder, spec, found[builder], data_dir=str(folder), split=split or "train")
     except DataError as e:
         if not isinstance(e.__cause__, ValueError) or type(e.__cause__).__module__.startswith("pyarrow"):
             raise
@@ -175,12 +180,14 @@ def _cached_hub_dataset(repo_id: str) -> Path:
         raise DataError(f"--dataset {repo_id}: no such file or folder, and {e}") from None
 
 
-def open_text_dataset(spec: str | list[str], split: str = "train"):
+def open_text_dataset(spec: str | list[str], split: str | None = None):
     """A streaming `datasets.IterableDataset` of documents, not yet split across processes.
 
     `spec` is one or more files (`BUILDERS` suffixes, one kind), a folder of such
     files, a folder written by `save_to_disk`, or a Hub dataset id (`owner/name`,
-    read from the local cache when there, so offline once cached). Raises
+    read from the local cache when there, so offline once cached). `split`: of a
+    folder, saved `DatasetDict` or Hub id (None: "train"); a dataset saved alone
+    is read when `split` is None or the split it was saved from. Raises
     `DataError` with a one-line message when it cannot.
     """
     specs = [spec] if isinstance(spec, str) else list(spec)

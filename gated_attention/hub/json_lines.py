@@ -10,10 +10,11 @@ field's string is decoded `PART` bytes at a time, on demand, as
 `training.data.encode_documents` takes a document given in parts. Whatever a
 line's length, memory holds a block and a part.
 
-The training streams (`training.streaming.PackedStream`) read local JSON-lines
-files through it (`training.streaming.open_corpus`); folders, other file kinds and Hub datasets
-stay `datasets`' (`hub.datasets.open_text_dataset`). The reading position is
-small JSON (file, byte offset, line), so a resume seeks straight to it.
+`open_corpus` is what the training streams (`training.streaming.PackedStream`) and `analyze --dataset`
+read: local JSON-lines files, given or in a folder (the files of the split `datasets` would read there),
+through `JsonLinesCorpus`; saved datasets, other file kinds and Hub datasets stay `datasets`'
+(`hub.datasets.open_text_dataset`). The reading position is small JSON (file, byte offset, line), so a
+resume seeks straight to it.
 
 Processes share the files as `datasets.distributed.split_dataset_by_node`
 does: whole files when their number divides the world size, else every
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .command_line import first_line
-from .datasets import DataError
+from .datasets import BUILDERS, DataError, check_columns, check_has_text, check_text_field, open_text_dataset
 
 LONG_LINE = 1 << 20  # a line longer than this many bytes is scanned in blocks, never read whole
 BLOCK = 1 << 20  # bytes read at a time
@@ -223,16 +224,34 @@ class JsonLinesCorpus:
     """The documents of local JSON-lines files, one object per line, read without `datasets` (see the module
     docstring). `spec` names the corpus in errors, as `--dataset` gave it.
 
-    A position is `{"reader": "json-lines", "file", "offset", "line", "document"}`: the next line to read
-    (file index, byte offset, line number) and how many documents came before it (for the every-world-th
-    split).
+    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "sizes"}`: the next line to
+    read (file index, byte offset, line number), how many documents came before it (for the every-world-th
+    split) and each file's size in bytes, so that a resume from a file changed since says so rather than
+    reading from an offset that is no longer a line's start.
     """
 
     def __init__(self, files: list[str], spec: str):
         self.files, self.spec = [Path(f) for f in files], spec
 
     def start(self) -> dict:
-        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0}
+        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "sizes": self._sizes()}
+
+    def _sizes(self) -> list[int]:
+        return [path.stat().st_size for path in self.files]
+
+    def _check_unchanged(self, position: dict) -> None:
+        """`DataError` naming the first file whose size is not the one `position` was saved with."""
+        saved = position.get("sizes")  # None: saved before sizes were kept
+        if saved is None:
+            return
+        if len(saved) != len(self.files):
+            raise DataError(f"--dataset {self.spec}: the stream position was saved with {len(saved)} file(s), and "
+                            f"{len(self.files)} are given; resume with the same files")
+        for path, then, now in zip(self.files, saved, self._sizes()):
+            if then != now:
+                named = "the file" if str(path) == self.spec else path
+                raise DataError(f"--dataset {self.spec}: {named} changed since the checkpoint ({then:,} bytes then, "
+                                f"{now:,} now); resume with the data it was saved with, or start afresh")
 
     # -- lines ------------------------------------------------------------------------------
 
@@ -312,6 +331,12 @@ class JsonLinesCorpus:
         for line in self._lines(self.start()):
             yield self._value(*line, field)
 
+    def documents(self, fields: list[str]) -> Iterator[dict]:
+        """`{field: value}` of every line for the `fields` asked (see `_value`: a long string comes as an
+        iterator of its parts), as `datasets` gives a document's columns."""
+        for line in self._lines(self.start()):
+            yield {field: self._value(*line, field)[1] for field in fields}
+
     # -- what the checks and the stream ask -------------------------------------------------------
 
     def columns(self) -> list[str] | None:
@@ -330,6 +355,7 @@ class JsonLinesCorpus:
         if position.get("reader") != READER:
             raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
                             "(datasets'); start the run afresh, or resume with the version that saved it")
+        self._check_unchanged(position)
         whole_files = len(self.files) % world == 0  # else every world-th document
         chunk = []
         for line in self._lines(position, range(rank, len(self.files), world) if whole_files else None):
@@ -363,3 +389,53 @@ def is_json_lines(path: Path) -> bool:
         return isinstance(json.loads(head[:newline] if newline != -1 else head), dict)
     except ValueError:
         return False
+
+
+def _split_files(folder: Path, split: str | None) -> list[Path] | None:
+    """The JSON-lines files of `split` (None: train) in `folder`, as `datasets` picks a split's files from their
+    names (train*.jsonl, data/validation-*.jsonl, or every file for train); None where `datasets` should read
+    the folder: a `save_to_disk` folder, no such split, a file of another kind or one that is no JSON lines."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    if (folder / "state.json").exists() or (folder / "dataset_dict.json").exists():
+        return None
+    kinds = {BUILDERS.get(f.suffix.lower()) for f in folder.rglob("*")
+             if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts)}
+    if kinds - {None} != {"json"}:  # mixed kinds, or none: datasets' reader refuses them in one line
+        return None
+    try:
+        splits = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    except Exception:  # noqa: BLE001 - datasets says what is wrong when it opens the folder
+        return None
+    files = [Path(f) for f in splits.get(split or "train", []) if Path(f).suffix.lower() in (".jsonl", ".json")]
+    if not files:
+        return None
+    return files if all(f.stat().st_size and is_json_lines(f) for f in files) else None
+
+
+def open_corpus(spec: str | list[str], split: str | None = None):
+    """A corpus to read: local JSON-lines files, or a folder of them, as a `JsonLinesCorpus` (a line of any
+    length in bounded memory), anything else as `hub.datasets.open_text_dataset` opens it."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    paths = [Path(s).expanduser() for s in specs]
+    if len(paths) == 1 and paths[0].is_dir():
+        files = _split_files(paths[0], split)
+        if files is not None:
+            return JsonLinesCorpus([str(f) for f in files], specs[0])
+    elif all(p.is_file() and p.stat().st_size and is_json_lines(p) for p in paths):
+        return JsonLinesCorpus([str(p) for p in paths], " ".join(specs))
+    return open_text_dataset(spec, split)
+
+
+def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True, flag: str = "--text-field") -> None:
+    """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of its
+    first line) and, with `has_text`, some document has text in it (read up to the first that has); `flag`
+    names the option that gave the column."""
+    if not isinstance(corpus, JsonLinesCorpus):
+        check_text_field(corpus, text_field, spec, flag)
+        if has_text:
+            check_has_text(corpus, text_field, spec)
+        return
+    check_columns(corpus.columns(), text_field, spec, flag)
+    if has_text and not corpus.has_text(text_field):
+        raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")

@@ -9,6 +9,8 @@
   offload folder a temporary directory that is removed on leaving, whatever happens.
 - `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
   splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
+- `read_layers_whole(model)`: after loading, each layer read from disk is read whole as it starts, not
+  module by module (code that reads a module's weights without calling it reads them too).
 - `collect_if_alive(ref)`: after a model's last reference is dropped, free it where accelerate's hooks keep
   it alive.
 
@@ -64,26 +66,30 @@ class MemoryBudget:
     def describe(self) -> str:
         return f"{format_size(self.size)} ({'--max-memory' if self.given else 'free memory; --max-memory to set it'})"
 
-    def max_memory(self, *, gpus: bool = False) -> dict:
+    def max_memory(self, *, gpus: bool = False, scale: float = 1.0) -> dict:
         """accelerate's `max_memory`: the budget for the CPU, then disk for the rest (accelerate adds it).
 
         With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
-        fills the GPUs first and the budget bounds only the host's memory.
+        fills the GPUs first and the budget bounds only the host's memory. `scale`: each size times it, for
+        a model loaded in a dtype of another width than the one it will run in (`scale` = loaded bytes per
+        weight / running bytes per weight).
         """
-        if not gpus:
-            return {"cpu": self.size}
-        from accelerate.utils import get_max_memory
+        sizes = {"cpu": self.size}
+        if gpus:
+            from accelerate.utils import get_max_memory
 
-        return {**{device: free for device, free in get_max_memory().items() if device != "cpu"}, "cpu": self.size}
+            sizes = {**{device: free for device, free in get_max_memory().items() if device != "cpu"}, **sizes}
+        return {device: int(size * scale) for device, size in sizes.items()}
 
     @contextlib.contextmanager
-    def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None) -> Iterator[dict]:
+    def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None,
+                  scale: float = 1.0) -> Iterator[dict]:
         """`from_pretrained`'s keyword arguments that load a model within the budget, while inside.
 
         `device_map` is accelerate's (`"auto"`: fill the devices of `max_memory` in order, then disk). The
         offload folder is a new temporary directory under `dir` (the system's default when None), removed on
         leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
-        when the system's temporary directory may be in memory (tmpfs).
+        when the system's temporary directory may be in memory (tmpfs). `scale`: see `max_memory`.
         """
         # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
         # point, and the caller says how much stayed on disk.
@@ -92,7 +98,8 @@ class MemoryBudget:
         dispatch_log.setLevel(logging.ERROR)
         try:
             with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
-                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus), "offload_folder": folder}
+                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale),
+                       "offload_folder": folder}
         finally:
             dispatch_log.setLevel(level)
 
@@ -120,6 +127,37 @@ def largest_layer(model) -> tuple[str, int]:
     sizes = compute_module_sizes(model)
     size, names = get_max_layer_size(list(model.named_children()), sizes, list(model._no_split_modules or []))
     return names[0], size
+
+
+def read_layers_whole(model) -> None:
+    """Make each block accelerate never splits (`_no_split_modules`, a decoder layer) that stays on disk read
+    all its weights when it starts and drop them when it ends.
+
+    accelerate's dispatch (what `from_pretrained` runs) hooks every module of an offloaded layer on its own: a
+    module's weights are read when *it* runs. Code that reads a module's weights without calling it then reads
+    the meta tensor left in their place, uninitialised memory, and gives wrong numbers without an error: fla's
+    fused SwiGLU (`fuse_swiglu=True`, its default) hands `down_proj.weight` to its kernel, HGRN2's
+    `rms_norm_linear` `o_proj.weight`. accelerate's answer is `preload_module_classes` (a block read whole at
+    its start), which transformers does not pass; this hooks the blocks the same way after loading. The
+    budget holds room for one such block already (`check_holds`, accelerate's reserve).
+    """
+    from accelerate.hooks import AlignDevicesHook, attach_align_device_hook, remove_hook_from_module
+
+    blocks = set(model._no_split_modules or [])
+    for name, block in model.named_modules():
+        if type(block).__name__ not in blocks:
+            continue
+        hooks = [m._hf_hook for m in block.modules() if isinstance(getattr(m, "_hf_hook", None), AlignDevicesHook)]
+        offloaded = [hook for hook in hooks if hook.offload and hook.weights_map is not None]
+        if not offloaded or offloaded[0].place_submodules:  # in memory, or read whole already
+            continue
+        hook = offloaded[0]
+        remove_hook_from_module(block, recurse=True)
+        attach_align_device_hook(
+            block, execution_device=hook.execution_device, offload=True, weights_map=hook.weights_map.dataset,
+            module_name=name, skip_keys=hook.skip_keys, preload_module_classes=[type(block).__name__],
+            tied_params_map=hook.tied_params_map,
+        )
 
 
 def collect_if_alive(model: weakref.ref) -> None:

@@ -165,6 +165,19 @@ def _running(pid: int) -> bool:
     return True
 
 
+def dead_staging_folders(folder: Path) -> list[Path]:
+    """What processes that are gone left staging in `folder`, for any output: `.NAME.incomplete-PID` entries
+    (the `replaced` kind is left alone: between the two renames of a non-Linux swap it is the only whole copy)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob(".*.incomplete-*")):
+        pid = path.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _running(int(pid)):
+            found.append(path)
+    return found
+
+
 def staging_leftovers(dst: Path) -> tuple[list[Path], list[tuple[Path, int]]]:
     """Staging folders beside `dst`: those of dead processes, and (folder, pid) of running ones."""
     dead, running = [], []
@@ -222,6 +235,40 @@ def refuse_running(dst: Path, flag: str, own: Path | None = None) -> None:
         raise OutputFolderError(
             f"{flag} {dst} is being written by another run (process {pid}, {path.name}); wait for it or give "
             f"another {flag}"
+        )
+
+
+def running_inside_or_around(dst: Path) -> list[tuple[Path, int]]:
+    """(staging folder, pid) of running processes writing an output inside `dst` (their staging folder is
+    in it) or one that holds `dst` (theirs is beside one of its parents). Replacing `dst` whole would take
+    the first one's output away; the second one will replace `dst`'s parent whole, with this output."""
+    dst = Path(os.path.abspath(dst))
+    found = []
+    if dst.is_dir():
+        for root, folders, _ in os.walk(dst):
+            for name in folders:
+                pid = name.rsplit("-", 1)[-1]
+                if name.startswith(".") and f".{STAGING_KINDS[0]}-" in name and pid.isdigit() and _running(int(pid)):
+                    found.append((Path(root) / name, int(pid)))
+    for parent in list(dst.parents)[:-1]:  # not the root, which has no name to stage beside
+        found += staging_leftovers(parent)[1]
+    return found
+
+
+def refuse_nested(dst: Path, flag: str, own: Path | None = None) -> None:
+    """OutputFolderError when another running process writes an output inside `dst` or around it
+    (`running_inside_or_around`). With `own`, this process's staging folder, only a run that staged first
+    counts (as in `refuse_running`)."""
+    running = running_inside_or_around(dst)
+    if own is not None:
+        mine = (os.stat(own).st_mtime_ns, os.getpid())
+        running = [(path, pid) for path, pid in running if (os.stat(path).st_mtime_ns, pid) < mine]
+    if running:
+        path, pid = running[0]
+        where = "inside" if Path(os.path.abspath(path)).is_relative_to(os.path.abspath(dst)) else "around"
+        raise OutputFolderError(
+            f"{flag} {dst}: another run is writing an output {where} it (process {pid}, {path}); wait for it or "
+            f"give another {flag}"
         )
 
 

@@ -30,6 +30,7 @@ The torch paths of the layers in fla's models (one op per file, fla's
 - `norms`: fla's fused RMSNorm / LayerNorm, with residual, gate and linear.
 - `rotary`: fla's rotary embedding.
 - `softmax_attention`: causal softmax attention returning its weights.
+- `cross_entropy`: fla's fused cross-entropy losses (a forward with labels).
 - `chunking`: chunk sizes, the chunk-major layout, packed sequences.
 
 Imports: `compat` at most, never a model (see docs/architecture.md). triton

@@ -23,6 +23,8 @@ every name is put back, also when the body raised.
 | `layer_norm`, `rms_norm`, `*_norm_linear`, `*_norm_gated`, `*_norm_swish_gate_linear` | `norms` |
 | `rotary_embedding` (`RotaryEmbedding`) | `rotary.torch_rotary_embedding` |
 | `swish`, `sigmoid`, `logsigmoid`, `elu_p1`, `swiglu`, `swiglu_linear` | torch's functions |
+| `swish_fwd`, `swish_bwd`, ... (the kernels behind a stored `ACT2FN[...]`) | torch's functions |
+| `fused_linear_cross_entropy_loss` (`fuse_linear_cross_entropy=True`) | `cross_entropy.torch_linear_cross_entropy_loss` |
 
 fla's softmax `Attention` layer (the full-attention layers of fla's hybrids,
 `config.attn`) is different: it needs flash-attn, on any device. Without it,
@@ -34,15 +36,19 @@ fla's own steps (projections, q/k norms, its rotary, its cache) and then
 `[B, H, T, S]` as the layer's second output (fla returns None there) for a
 forward hook to read.
 
+fla's `FusedCrossEntropyLoss` (a forward with labels, `fuse_cross_entropy=True`,
+fla's default) asserts a CUDA tensor before its kernel runs: while the context
+is open, its forward on any other tensor is `cross_entropy_forward`, the same
+loss in torch (`cross_entropy.torch_cross_entropy_loss`).
+
 Open the context before building or loading an fla model (for the attention
 layers) and around its forwards. It patches fla as it is imported when the
 context opens, and never imports fla itself (importing fla registers its
 model types, `mamba` and `mamba2` among them, with transformers' Auto
-classes); with fla not imported it does nothing. Not covered: activations a
-layer stored at construction (`ACT2FN[...]` with GLA's and RetNet's
-`fuse_norm=False` or a `feature_map`), fla's fused cross-entropy (a forward
-with labels), `attnres` blocks, and gradients through `parallel_retention`'s
-attention output.
+classes); with fla not imported it does nothing. Not covered: `attnres`
+blocks, and backward passes through the mixers other than Gated DeltaNet's
+(the chunked paths work in place, for forwards: GLA, RetNet, HGRN2, DeltaNet
+and KDA raise autograd's in-place error, HGRN its `out=` one).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import torch.nn.functional as F
 from transformers.utils import logging
 
 from .chunking import state_in, state_out
+from .cross_entropy import reduced, torch_cross_entropy_loss, torch_linear_cross_entropy_loss
 from .delta_rule import torch_delta_rule
 from .gated_delta_rule import torch_gated_delta_rule
 from .gla import torch_gla
@@ -85,7 +92,7 @@ logger = logging.get_logger(__name__)
 # indices); the torch paths compute the same numbers without them.
 _KERNEL_ONLY = frozenset(
     {"cu_seqlens_cpu", "chunk_indices", "chunk_size", "disable_recompute", "use_graph", "max_num_seqs",
-     "safe_gate", "cp_context", "backend", "seq_idx"}
+     "safe_gate", "cp_context", "backend", "seq_idx", "inplace_backward", "num_chunks", "accumulate_grad_in_fp32"}
 )
 
 
@@ -206,11 +213,57 @@ def _elu_p1(x):
     return (F.elu(x.float()) + 1.0).to(x.dtype)
 
 
+# The kernels behind fla's activation Functions (`SwishFunction.forward` calls `swish_fwd`, its backward
+# `swish_bwd`). A layer that stored an activation at construction (`self.gate_fn = ACT2FN["swish"]`, GLA's and
+# RetNet's output gate with `fuse_norm=False`, a `feature_map`) holds fla's Function itself, which no name
+# replaced here reaches; the Function looks these names up as it runs, so they route it by device.
+def _swish_fwd(x, output_contiguous=False):
+    return _swish(x)
+
+
+def _sigmoid_fwd(x, output_contiguous=False):
+    return _sigmoid(x)
+
+
+def _logsigmoid_fwd(x, temperature: float = 1.0, output_contiguous=False):
+    return _logsigmoid(x, temperature)
+
+
+def _swish_bwd(x, dy, output_contiguous=False):
+    s = torch.sigmoid(x.float())
+    return (dy.float() * s * (1 + x.float() * (1 - s))).to(x.dtype)
+
+
+def _sigmoid_bwd(x, dy, output_contiguous=False):
+    s = torch.sigmoid(x.float())
+    return (dy.float() * s * (1 - s)).to(x.dtype)
+
+
+def _logsigmoid_bwd(x, dy, temperature: float = 1.0, output_contiguous=False):
+    return (dy.float() * torch.sigmoid(-x.float()) / temperature).to(x.dtype)
+
+
+def _elu_p1_bwd(x, dy):
+    return (dy.float() * torch.where(x > 0, 1.0, x.float().exp())).to(x.dtype)
+
+
+def _linear_cross_entropy(x, target, weight, bias=None, ignore_index=-100, label_smoothing=0.0, logit_scale=1.0,
+                          logit_softcapping=None, reduction="mean", use_l2warp=False, l2_penalty_factor=1e-4,
+                          process_group=None, **kwargs):
+    _kernel_options_only("fused_linear_cross_entropy", dict(kwargs, process_group=process_group))
+    return torch_linear_cross_entropy_loss(
+        x, target, weight, bias, ignore_index=ignore_index, label_smoothing=label_smoothing, logit_scale=logit_scale,
+        logit_softcapping=logit_softcapping, reduction=reduction, use_l2warp=use_l2warp,
+        l2_penalty_factor=l2_penalty_factor,
+    )
+
+
 # "module.where.fla.defines.it:name" -> the torch path. Tests may point an entry elsewhere
 # (at fla's naive references) to compare a whole model against them.
 TORCH_PATHS: dict[str, Callable] = {
     "fla.ops.gla:chunk_gla": _gla,
     "fla.ops.gla:fused_recurrent_gla": _gla,
+    "fla.ops.gla:fused_chunk_gla": _gla,
     "fla.ops.simple_gla:chunk_simple_gla": _simple_gla,
     "fla.ops.simple_gla:fused_chunk_simple_gla": _simple_gla,
     "fla.ops.simple_gla:fused_recurrent_simple_gla": _simple_gla,
@@ -243,6 +296,15 @@ TORCH_PATHS: dict[str, Callable] = {
     "fla.modules.activations.ops:elu_p1": _elu_p1,
     "fla.modules.activations.ops:swiglu": _swiglu,
     "fla.modules.activations.ops:swiglu_linear": _swiglu_linear,
+    "fla.modules.fused_linear_cross_entropy.ops:fused_linear_cross_entropy_loss": _linear_cross_entropy,
+    "fla.modules.activations.ops:swish_fwd": _swish_fwd,
+    "fla.modules.activations.ops:swish_bwd": _swish_bwd,
+    "fla.modules.activations.ops:sigmoid_fwd": _sigmoid_fwd,
+    "fla.modules.activations.ops:sigmoid_bwd": _sigmoid_bwd,
+    "fla.modules.activations.ops:logsigmoid_fwd": _logsigmoid_fwd,
+    "fla.modules.activations.ops:logsigmoid_bwd": _logsigmoid_bwd,
+    "fla.modules.activations.ops:elu_p1_fwd": _elu_p1,
+    "fla.modules.activations.ops:elu_p1_bwd": _elu_p1_bwd,
 }
 
 
@@ -347,6 +409,23 @@ def attention_forward(
     return self.o_proj(o.reshape(batch_size, q_len, -1)), weights, past_key_values
 
 
+# ------------------------------------------------------------------ fla's fused cross-entropy loss
+
+
+def cross_entropy_forward(self, input: torch.Tensor, target: torch.Tensor):
+    """fla's `FusedCrossEntropyLoss.forward` on the torch path: logits `[N, V]`, targets `[N]` -> the loss reduced
+    as fla reduces it (and the z-loss with `return_z_loss`)."""
+    if self.process_group is not None:
+        raise NotImplementedError("fla's cross-entropy on the torch path: a process_group is not implemented")
+    loss, z_loss = torch_cross_entropy_loss(
+        input, target, label_smoothing=self.label_smoothing, logit_scale=self.logit_scale,
+        lse_square_scale=self.lse_square_scale, logit_softcapping=self.logit_softcapping,
+        ignore_index=self.ignore_index,
+    )
+    loss, z_loss = (reduced(t, target, self.reduction, self.ignore_index) for t in (loss, z_loss))
+    return (loss, z_loss) if self.return_z_loss else loss
+
+
 def _flash_attn_stands_in(*args, **kwargs):
     raise RuntimeError("flash-attn is not installed; inside fla_torch_paths() fla's Attention runs attention_forward")
 
@@ -365,6 +444,7 @@ def fla_torch_paths() -> Iterator[None]:
     try:
         _patch_functions(restore)
         _patch_attention(restore)
+        _patch_cross_entropy(restore)
         yield
     finally:
         for undo in reversed(restore):
@@ -406,3 +486,21 @@ def _patch_attention(restore: list[Callable[[], None]]) -> None:
                 delattr, module, name)
             setattr(module, name, _flash_attn_stands_in)
             restore.append(undo)
+
+
+def _patch_cross_entropy(restore: list[Callable[[], None]]) -> None:
+    module = sys.modules.get("fla.modules.fused_cross_entropy.ops")
+    loss = getattr(module, "FusedCrossEntropyLoss", None)
+    if loss is None:
+        return
+    original_forward = loss.forward
+
+    # fla's forward asserts a CUDA tensor before its kernel runs: the layer's forward is replaced, not a name.
+    @functools.wraps(original_forward)
+    def forward(self, input, target):
+        if input.device.type == "cuda":
+            return original_forward(self, input, target)
+        return cross_entropy_forward(self, input, target)
+
+    loss.forward = forward
+    restore.append(lambda: setattr(loss, "forward", original_forward))

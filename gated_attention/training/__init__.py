@@ -12,7 +12,8 @@
   corpus), the byte-level BPE tokenizer trained on them, packing into BOS-led rows.
 - `streaming`: Hugging Face `datasets` streams packed on the fly, and token shards.
 - `folders`: output folders that a failed run removes again while they are empty, `final/` staged and
-  renamed when whole, and what a rerun with `--overwrite` removes (`RUN_ENTRIES`).
+  renamed when whole, what killed saves left cleared at the next start, a full disk during a save as one
+  line (`DiskFullError`), and what a rerun with `--overwrite` removes (`RUN_ENTRIES`).
 - `threads`: the default count of torch CPU threads (the cores the load average leaves free).
 
 Of this package it imports only `hub` (a `--dataset` Hub id fetched as every

@@ -36,7 +36,7 @@ from torch import nn
 
 from ..hub.command_line import first_line, sigterm_as_interrupt
 from ..hub.staging import staging_path
-from .folders import publish
+from .folders import full_disk_is_one_line, publish
 from .loop import check_finite_weights
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
@@ -101,6 +101,12 @@ def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.
         from accelerate.utils import broadcast_object_list
 
         stage = Path(broadcast_object_list([str(stage)])[0])  # the main process's
+    with full_disk_is_one_line(folder.parent, f"saving checkpoint {folder.name}"):
+        _save_staged(accelerator, stage, folder, step, data)
+    return folder
+
+
+def _save_staged(accelerator, stage: Path, folder: Path, step: int, data) -> None:
     try:
         if accelerator.is_main_process:
             shutil.rmtree(stage, ignore_errors=True)  # an earlier process with this id was killed
@@ -120,7 +126,6 @@ def save_checkpoint(accelerator, output_dir, step: int, data=None, *, model: nn.
         if accelerator.is_main_process:
             shutil.rmtree(stage, ignore_errors=True)
         raise
-    return folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,13 +259,20 @@ class RunLog:
 
     def _rewrite(self, lines: list[tuple[int | None, str]]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.incomplete-{os.getpid()}")
-        tmp.write_text("".join(line + "\n" for _, line in lines), encoding="utf-8")
-        os.replace(tmp, self.path)
+        with full_disk_is_one_line(self.path.parent, f"rewriting {self.path.name}"):
+            try:
+                tmp.write_text("".join(line + "\n" for _, line in lines), encoding="utf-8")
+                os.replace(tmp, self.path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
 
     def write(self, record: dict) -> None:
         line, step = json.dumps(record), record["step"]
         if step > self._last:
-            with open(self.path, "a", encoding="utf-8") as f:
+            # a line cut short by a full disk is dropped when the log is next read (`_read`)
+            with full_disk_is_one_line(self.path.parent, f"writing {self.path.name}"), \
+                    open(self.path, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
             self._last = step
             return

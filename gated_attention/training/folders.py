@@ -1,29 +1,77 @@
 """Output folders: made so that a failed run does not leave them behind empty, written so that a killed
 save leaves nothing that looks complete (`final/`, `merged/` and every checkpoint are staged beside their
-place and renamed into it), and cleared for a rerun only of what a run writes."""
+place and renamed into it), cleared at the next start of what killed saves left, cleared for a rerun only of
+what a run writes; a file system that fills up during a save is one line (`DiskFullError`)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..hub.staging import RENAME_EXCHANGE, renameat2, staging_path
+from ..hub.command_line import first_line, format_size
+from ..hub.staging import RENAME_EXCHANGE, dead_staging_folders, renameat2, staging_path
 
 # What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing
 # else in it is the run's to replace). `.final.incomplete-PID` and the like are `staging_path`'s.
 RUN_ENTRIES = ("log.jsonl", "checkpoints", "final", "merged", "final-yarn", "perplexity_by_length.csv")
 
 
+class DiskFullError(ValueError):
+    """A save that found its file system full: one line naming the folder and the space left."""
+
+
+# How a full disk reads where it is no OSError: safetensors' SafetensorError, torch.save's RuntimeError.
+_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
+
+
+@contextlib.contextmanager
+def full_disk_is_one_line(folder, what: str) -> Iterator[None]:
+    """Inside the block, a file system that fills up is a `DiskFullError` naming `what` was saved, `folder`
+    and the space free after the block's own cleanup (run it around a staged save, whose staging folder is
+    gone by then): nothing of the save is kept, and what was saved before is as it was."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - tested for a full disk below, re-raised otherwise
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if not (full or any(text in str(e) for text in _FULL)):
+            raise
+        folder = Path(folder)
+        held = next(p for p in (folder, *folder.parents) if p.exists())
+        free = shutil.disk_usage(held).free
+        raise DiskFullError(
+            f"{what}: the file system of {folder} is full ({first_line(e)}), {format_size(free)} free; nothing of "
+            "this save was kept and what was saved before is as it was (free some space and resume)"
+        ) from None
+
+
+def clear_killed_saves(path: Path, log=print) -> None:
+    """Remove the staging folders (and the log's staging file) that saves killed with SIGKILL left in `path` and
+    `path/checkpoints` (`.step-0000004.incomplete-PID`, `.final.incomplete-PID`): their process is gone, and
+    nothing reads them. Those of running processes stay."""
+    dead = [leftover for folder in (path, path / "checkpoints") for leftover in dead_staging_folders(folder)]
+    for leftover in dead:
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)  # another process of this run may be removing it too
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+    if dead:
+        log(f"removed what {len(dead)} killed save(s) left in {path}: {', '.join(p.name for p in dead)}")
+
+
 @contextlib.contextmanager
 def output_folder(path) -> Iterator[Path]:
-    """Create `path` (and its missing parents) for a run; if the run fails, remove the folders it created
-    that are still empty. Nothing else is removed: not what existed before, not what the run wrote."""
+    """Create `path` (and its missing parents) for a run, clearing what killed saves left in it
+    (`clear_killed_saves`); if the run fails, remove the folders it created that are still empty. Nothing
+    else is removed: not what existed before, not what the run wrote."""
     path = Path(path)
     created = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     path.mkdir(parents=True, exist_ok=True)
+    clear_killed_saves(path)
     try:
         yield path
     except BaseException:

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .folders import staged_output
+from .folders import full_disk_is_one_line, staged_output
 
 GATE_KEY = "attn_gate"
 
@@ -383,7 +383,7 @@ def save_final(accelerator, model, folder, tokenizer=None, *, step: int | None =
     check_finite_weights(model, accelerator, step=step, saving=f"{folder.name}/")
     state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process calls it
     if accelerator.is_main_process:
-        with staged_output(folder) as stage:
+        with full_disk_is_one_line(folder.parent, f"saving {folder.name}/"), staged_output(folder) as stage:
             accelerator.unwrap_model(model).save_pretrained(stage, state_dict=state_dict)
             if tokenizer is not None:
                 tokenizer.save_pretrained(stage)

@@ -2,11 +2,11 @@
 
 Two ways to feed `gated_attention.training.train` a corpus that does not fit in memory:
 
-- **A text stream** (`PackedStream`): `open_corpus` opens local
-  JSON-lines files with the package's own reader (`hub.json_lines`: a line
-  at a time, a very long line never whole), and txt, parquet and csv files,
-  folders, a dataset saved with `save_to_disk` or a Hub dataset from the local
-  cache with `datasets`, always as a stream. Each process reads its own part
+- **A text stream** (`PackedStream`): `open_corpus` (`hub.json_lines`) opens
+  local JSON-lines files, given or in a folder, with the package's own reader
+  (a line at a time, a very long line never whole), and txt, parquet and csv
+  files, folders of them, a dataset saved with `save_to_disk` or a Hub dataset
+  from the local cache with `datasets`, always as a stream. Each process reads its own part
   (whole files when their number divides the world size, else every
   world-th document, as `datasets.distributed.split_dataset_by_node`),
   tokenizes documents as rows need them and cuts BOS-led rows exactly as
@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from .. import GatedAttentionWarning
-from ..hub.datasets import DataError, check_columns, check_has_text, check_text_field, open_text_dataset, reading
-from ..hub.json_lines import JsonLinesCorpus, is_json_lines
+from ..hub.datasets import DataError, reading
+from ..hub.json_lines import JsonLinesCorpus, check_corpus, open_corpus
 from .data import PIECE_CHARS, cuts_are_exact, document_tokens, encode_documents
 from .folders import output_folder
 
@@ -231,29 +231,6 @@ class PackedStream:
             yield self.next_rows(1)[0]
 
 
-def open_corpus(spec: str | list[str], split: str = "train"):
-    """What a stream reads: local JSON-lines files as a `hub.json_lines.JsonLinesCorpus` (a line of any
-    length in bounded memory), anything else as `hub.datasets.open_text_dataset` opens it."""
-    specs = [spec] if isinstance(spec, str) else list(spec)
-    paths = [Path(s).expanduser() for s in specs]
-    if all(p.is_file() and p.stat().st_size and is_json_lines(p) for p in paths):
-        return JsonLinesCorpus([str(p) for p in paths], " ".join(specs))
-    return open_text_dataset(spec, split)
-
-
-def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True) -> None:
-    """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of its
-    first line) and, with `has_text`, some document has text in it (read up to the first that has)."""
-    if not isinstance(corpus, JsonLinesCorpus):
-        check_text_field(corpus, text_field, spec)
-        if has_text:
-            check_has_text(corpus, text_field, spec)
-        return
-    check_columns(corpus.columns(), text_field, spec)
-    if has_text and not corpus.has_text(text_field):
-        raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")
-
-
 def _dataset_chunks(dataset, field: str, rank: int, world: int, state: dict | None, size: int,
                     name: str) -> Iterator[tuple[object, dict]]:
     """(`field`'s pyarrow column, the `datasets` state after it) of each chunk of `size` documents of this
@@ -312,7 +289,7 @@ def _utf8_parts(buffer, size: int) -> Iterator[str]:
         start = end
 
 
-def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str = "train",
+def text_stream(spec, tokenizer, seq_len: int, *, text_field: str = "text", split: str | None = None,
                 rank: int = 0, world: int = 1, chunk_docs: int = CHUNK_DOCS,
                 piece_chars: int = PIECE_CHARS) -> PackedStream:
     """`PackedStream` of a `--dataset` spec (see `open_text_dataset`); checks the text field at once."""
@@ -335,7 +312,7 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
 
 
-def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", split: str = "train",
+def write_token_shards(spec, tokenizer, out_dir, *, text_field: str = "text", split: str | None = None,
                        shard_tokens: int = 1 << 28, chunk_docs: int = CHUNK_DOCS) -> dict:
     """Tokenize a `--dataset` spec into `out_dir`: flat token files plus `index.json`; returns the index.
 
