@@ -1,4 +1,4 @@
-"""The recipes: `gated-attention quickstart` and its `--preset sinks`, built on the library.
+"""The recipes: `gated-attention quickstart` and its `--preset sinks` and `--preset trained`, built on the library.
 
 - `settings`: what decides each recipe's numbers, as dataclasses (no torch), and
   their validation from the parsed flags;
@@ -6,6 +6,9 @@
 - `common`: device placement, the run's folder/cache/log (`Job`), the model pairs;
 - `quickstart`: the main job (from scratch, and conversion + continued training);
 - `sinks`: the paper's sink pair at a larger scale, per-layer metrics and probes;
+- `trained`: the paper's experiment on a trained model (SmolLM2 from its GGUF): the
+  exact G1 conversion trained beside the ungated source, sink and activation metrics
+  before and after, long-text perplexity with and without YaRN;
 - `report`: plain-text tables, CSV files and the plots drawn from them.
 
 Each recipe's `run(args)` reads top-down as named steps: prepare the data,
