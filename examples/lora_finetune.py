@@ -99,7 +99,8 @@ def lora_finetune(args):
         merged = accelerator.unwrap_model(model).merge_and_unload()
         check_finite_weights(merged, accelerator, step=args.steps, saving="merged/")
         if accelerator.is_main_process:
-            with full_disk_is_one_line(out, "saving merged/"), staged_output(out / "merged") as stage:  # renamed when whole
+            # renamed to merged/ when whole; a full disk is one line
+            with full_disk_is_one_line(out, "saving merged/"), staged_output(out / "merged") as stage:
                 merged.save_pretrained(stage)
                 tokenizer.save_pretrained(stage)
             if valid_rows is not None:

@@ -44,7 +44,8 @@ small helpers every command line shares.
   that is not the package's own. Standard library only, so the commands check
   before importing torch.
 - `staging`: output folders that appear whole or not at all (`staged_folder`: written beside the
-  output, renamed into place; renameat2 without replacing; what killed runs leave behind). Standard
+  output, renamed into place; renameat2 without replacing; what killed runs leave behind; runs that
+  write the same output, or one inside or around another's, refused while the other runs). Standard
   library only.
 
 Imports: nothing else of this package (it sits on the layer of
