@@ -117,7 +117,8 @@ def dequantize(file: Path, folder: Path, *, dtype=None) -> GGUFInfo:
     except Exception as e:  # noqa: BLE001 - any failure of transformers' loader is this file's
         raise GGUFError(f"transformers cannot load {file.name}: {first_line(e)}") from None
     config = quantized.config
-    del config.quantization_config  # save_pretrained refuses a model that says it is quantized
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # save_pretrained refuses a model that says it is quantized
     with torch.device("meta"):
         model = type(quantized)(config)
     model.load_state_dict(quantized.state_dict(), assign=True)  # the tensors move, no copy
