@@ -360,3 +360,121 @@ def test_kimi_linear_runs_on_the_cpu_where_fla_imports():
         model(input_ids=ids, use_cache=False)
     assert sorted(cap.records[-1].attentions) == [2, 4]
     assert math.isfinite(float(cap.records[-1].residual[-1].abs().max()))
+
+
+# ---------------------------------------------------------------- legacy classes, refusals, models without attention
+
+# Model types whose classes predate `_can_record_outputs` (layout.LEGACY_DECLARATIONS): the fields a tiny model
+# needs beyond SIZES, given to transformers' config class (its `attribute_map` takes the common names).
+SIZES = dict(BASE, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+LEGACY = {
+    "bloom": {}, "falcon": {}, "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),  # layer 2: local
+    "mpt": {}, "openai-gpt": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
+    "rembert": dict(is_decoder=True), "roformer": dict(is_decoder=True), "mvp": dict(decoder_layers=2), "trocr": {},
+}
+
+
+def tiny(model_type: str, **fields) -> nn.Module:
+    # None: the default (a config that takes the field under other names only)
+    config = AutoConfig.for_model(model_type, **{k: v for k, v in {**SIZES, **fields}.items() if v is not None})
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_every_legacy_record_is_tested():
+    from gated_attention.analysis.layout import LEGACY_DECLARATIONS
+
+    assert sorted(LEGACY) == sorted(LEGACY_DECLARATIONS)
+
+
+@pytest.mark.parametrize("name", list(LEGACY))
+@torch.no_grad()
+def test_a_legacy_record_reads_transformers_own_maps(name):
+    model = tiny(name, **LEGACY[name])
+    from transformers import PreTrainedModel
+
+    declared = [type(m).__name__ for m in model.modules() if isinstance(m, PreTrainedModel) and getattr(m, "_can_record_outputs", None)]
+    assert not declared, f"transformers declares {declared} now: delete the {name!r} record of layout.LEGACY_DECLARATIONS"
+    layout = model_layout(model)
+    assert layout.full_attention_layers == [1, 2] and layout.weights_on_request
+    ids = torch.randint(3, VOCAB, (1, 11))
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    assert len(out.attentions) == 2
+    for f, reference in zip([1, 2], out.attentions):
+        assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
+    assert len(cap.records[-1].residual) == 3
+
+
+def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenizer, tmp_path):
+    from gated_attention.analysis.samples import builtin_samples
+
+    model = tiny("falcon")
+    folder, report = tmp_path / "falcon", tmp_path / "out"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "24",
+                 "--bootstrap", "20"]) == 0  # fmt: skip
+    # transformers' own maps on the same inputs: F-Attn per layer, the mean over inputs, heads and queries q >= 1.
+    first = {1: [], 2: []}
+    with torch.no_grad():
+        for sample in builtin_samples(1):
+            ids = tokenizer(sample.text, truncation=True, max_length=24, return_tensors="pt")["input_ids"]
+            for f, a in zip([1, 2], model(input_ids=ids, output_attentions=True, use_cache=False).attentions):
+                first[f].append(a[0, :, 1:, 0].double().mean(-1))
+    layers = _csv(report / "layers.csv")
+    for f in (1, 2):
+        assert abs(float(layers[f]["f_attn"]) - torch.stack(first[f]).mean().item()) <= 1e-6
+
+
+# Model types whose weights are no per-layer [T, T] map of the input (layout.UNREADABLE), and the fields of a tiny one.
+REFUSED = {
+    "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
+                     attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
+    "xlnet": dict(d_head=16), "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2), "cpmant": {}, "xlm": {},
+}
+
+
+def test_every_refusal_is_tested():
+    from gated_attention.analysis.layout import UNREADABLE
+
+    assert sorted(REFUSED) == sorted(UNREADABLE)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
+    from gated_attention.analysis.layout import UNREADABLE, LayoutError
+
+    model = tiny(name, **REFUSED[name])
+    with pytest.raises(LayoutError) as e:
+        model_layout(model)
+    assert str(e.value) == f"{type(model).__name__} cannot be analysed: {UNREADABLE[name]}"
+    if name == "reformer":  # the reason, as transformers' own output shows it: chunks, not [B, H, T, T]
+        with torch.no_grad():
+            out = model(input_ids=torch.randint(3, VOCAB, (1, 16)), output_attentions=True, use_cache=False)
+        assert out.attentions[0].shape == (1, 4, 4, 4, 8)
+
+
+def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, capsys):
+    folder, report = tmp_path / "model", tmp_path / "out"
+    tiny("reformer", **REFUSED["reformer"]).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    capsys.readouterr()
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("gated-attention analyze: error: ReformerModelWithLMHead cannot be analysed: ")
+    assert not report.exists()
+
+
+def test_xlstm_has_no_softmax_attention(tokenizer, tmp_path):
+    model = tiny("xlstm", num_blocks=2, num_heads=4)
+    layout = model_layout(model)
+    assert layout.num_layers == 2 and layout.full_attention_layers == []
+    folder, report = tmp_path / "xlstm", tmp_path / "out"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16",
+                 "--bootstrap", "20"]) == 0  # fmt: skip
+    assert "the model has no softmax attention" in (report / "summary.md").read_text()

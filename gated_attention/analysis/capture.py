@@ -16,7 +16,9 @@ Attention maps come from the model's own eager attention path: while a
 weights each attention module returns, as transformers' `output_attentions`
 does. Recomputing them from captured q/k instead would need every family's
 RoPE, q/k-norm and GQA details; the eager path is the model's own arithmetic,
-for every family at once. An attention layer that returns no weights, or does
+for every family at once. A legacy class (`layout.LEGACY_DECLARATIONS`) computes
+its weights only when asked: the model is then called with `output_attentions=True`
+while the capture is open. An attention layer that returns no weights, or does
 not run, is a `CaptureError` naming the model class and the layer: never a
 missing map that later metrics would silently skip.
 
@@ -111,6 +113,23 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def weights_requested(model: nn.Module) -> Iterator[None]:
+    """Call `model` with `output_attentions=True`: a legacy attention class (`layout.LEGACY_DECLARATIONS`) computes
+    its weights only when asked. The model then also returns every layer's map, as transformers' own flag does."""
+
+    def pre_hook(module, args, kwargs):
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+        bound.arguments["output_attentions"] = True
+        return bound.args, bound.kwargs
+
+    handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
 def torch_linear_attention(model: nn.Module) -> Iterator[None]:
     """On CPU, make transformers' gated-delta-rule and KDA layers call their torch implementations.
 
@@ -188,11 +207,11 @@ def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
 
     def make_post_hook(l: int):
         def post_hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            new = fn(l, hidden)
+            several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
+            new = fn(l, output[0] if several else output)
             if new is None:
                 return None
-            return (new, *output[1:]) if isinstance(output, tuple) else new
+            return type(output)([new, *output[1:]]) if several else new
 
         return post_hook
 
@@ -330,7 +349,7 @@ class Capture:
         l = self._layer
         if l not in self.layout.attention_modules:
             return  # called outside the decoder layers that hold it (none of ours do)
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             raise CaptureError(
                 f"{self._where(l)}: {type(module).__name__} returned no attention weights, so its attention map "
@@ -364,7 +383,11 @@ class Capture:
     def __enter__(self) -> Capture:
         stack = contextlib.ExitStack()
         try:
-            if self.want_attentions:
+            if self.want_attentions and self.layout.weights_on_request:
+                # A legacy class picks its weight-returning path itself when asked, as transformers' flag does
+                # (Falcon cannot switch its implementation and says so).
+                stack.enter_context(weights_requested(self.model))
+            elif self.want_attentions:
                 stack.enter_context(eager_attention(self.model))
             stack.enter_context(torch_linear_attention(self.model))
             self._layer_hooks(stack)

@@ -12,6 +12,12 @@ declaration does not say enough, a record below says it, as data, in this one pl
   class in `_no_split_modules`, their attention the package's softmax-attention class.
 - `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax map (MiniMax's
   lightning attention is linear attention).
+- `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
+  (Reformer's chunks and hash buckets): refused with the reason, in one line.
+- `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
+  GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
+  Their attention returns its weights only when the model is called with `output_attentions=True`,
+  which `Capture` then passes (`ModelLayout.weights_on_request`).
 
 Decoder layers: the entries of the `ModuleList` that holds (or is made of) the declared
 hidden-state modules, one per `config.num_hidden_layers`, in order. A declared module nested in a
@@ -37,12 +43,40 @@ from torch import nn
 
 # ---------------------------------------------------------------- records: what declarations do not say
 
-# transformers model types without `_can_record_outputs`, because they have no attention output to record.
-UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv"}
+# transformers model types that declare no attention output, because they have no attention (xLSTM declares
+# its hidden states only).
+UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
 # Packages whose model classes declare nothing: the module of their softmax attention class.
 PACKAGE_DECLARATIONS = {"fla": {"attentions": ("fla.layers.attn", "Attention")}}
 # Classes declared under "attentions" whose output is no softmax attention map.
 NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
+# transformers model types that declare nothing because their classes predate the declaration, although their
+# attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
+# attention class, and the attribute the attention sits under where a layer holds another of the same class
+# (an encoder-decoder's decoder layer also holds its cross-attention, which a causal LM never runs).
+# tests/test_analyze_architectures.py fails for a record once transformers declares that model: delete it then.
+LEGACY_DECLARATIONS = {
+    "bloom": ("BloomBlock", "BloomAttention", None),
+    "falcon": ("FalconDecoderLayer", "FalconAttention", None),
+    "gpt_neo": ("GPTNeoBlock", "GPTNeoSelfAttention", None),
+    "mpt": ("MptBlock", "MptAttention", None),
+    "openai-gpt": ("Block", "Attention", None),
+    "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
+    "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
+    "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
+    "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
+    "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
+    "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
+}
+# transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
+# tokens, with the reason, said in one line instead of a wrong number.
+UNREADABLE = {
+    "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
+    "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
+    "prophetnet": "its decoder layers carry the n-gram streams beside the main stream ([B, (1 + ngram) T, D])",
+    "cpmant": "it prepends its prompt tokens to every input, so the first position is no token of the input",
+    "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
+}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -104,6 +138,16 @@ def _package_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
     return declared
 
 
+def _legacy_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
+    record = LEGACY_DECLARATIONS.get(getattr(getattr(module, "config", None), "model_type", None))
+    if record is None:
+        return None
+    layer, attention, attribute = record
+    source = importlib.import_module(type(module).__module__)
+    return {"hidden_states": [Spec(target_class=getattr(source, layer))],
+            "attentions": [Spec(target_class=getattr(source, attention), layer_name=attribute)]}
+
+
 def _no_split_specs(module: nn.Module) -> list[Spec]:
     # accelerate's `_no_split_modules`: the class names of the blocks a model is made of, its decoder layers.
     names = getattr(module, "_no_split_modules", None) or []
@@ -111,13 +155,20 @@ def _no_split_specs(module: nn.Module) -> list[Spec]:
 
 
 def declaration(model: nn.Module) -> dict[str, list[Spec]]:
-    """The hidden-state and attention specs of `model`: its declaration, merged over submodels, completed by the records."""
-    declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": []}
+    """The hidden-state and attention specs of `model`: its declaration, merged over submodels, completed by the records.
+
+    Key "legacy": one entry per submodel read from `LEGACY_DECLARATIONS` (its attention returns weights on request).
+    """
+    declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": [], "legacy": []}
     undeclared_attention = []
     for sub in _pretrained_models(model):
         own = {k: _specs(v) for k, v in (getattr(sub, "_can_record_outputs", None) or {}).items()}
         package = _package_declaration(sub)
         model_type = getattr(getattr(sub, "config", None), "model_type", None)
+        if model_type in UNREADABLE:
+            raise LayoutError(f"{type(model).__name__} cannot be analysed: {UNREADABLE[model_type]}")
+        if not own and (legacy := _legacy_declaration(sub)) is not None:
+            own = {**legacy, "legacy": legacy["attentions"]}
         if not own.get("hidden_states"):
             own["hidden_states"] = _no_split_specs(sub)
         if "attentions" not in own:
@@ -162,6 +213,8 @@ class ModelLayout:
     full_attention_layers: list[int]  # 1-based: the layers that contain softmax attention
     attention_modules: dict[int, nn.Module]  # 1-based attention layer -> its softmax-attention module
     gates: dict[int, GateSite]  # 1-based attention layer -> gate site
+    # The attention returns its weights only when the model is called with `output_attentions=True` (a legacy class).
+    weights_on_request: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -173,11 +226,13 @@ def text_config(model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _decoder_layers(model: nn.Module, specs: list[Spec], num_layers: int | None) -> list[nn.Module]:
+def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int]) -> list[nn.Module]:
     """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it.
 
     Declared modules may sit in more than one list (a multi-token-prediction head reuses the layer
-    class): the list that holds `num_layers` of them is the decoder's.
+    class; a vision or audio tower uses the same class, or as many layers): the list that holds as many
+    of them as one of `counts` (config field -> number of layers) is the decoder's, and of several such, the one in the model's own text decoder
+    (`get_decoder()`).
     """
     groups: dict[str, list[nn.Module]] = {}  # list name ("" for none) -> its layers, in order
     names = dict(model.named_modules())
@@ -196,16 +251,29 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], num_layers: int | None)
             group.append(layer)
     if not groups:
         raise LayoutError(f"cannot find the decoder layers of {type(model).__name__} (nothing matches its declared hidden-state modules)")
-    if num_layers is None:
+    if not counts:
         return max(groups.values(), key=len)
-    for layers in groups.values():
-        if len(layers) == num_layers:
-            return layers
+    matching = [layers for layers in groups.values() if len(layers) in counts.values()]
+    if len(matching) > 1:
+        decoder = _text_decoder(model)
+        inside = {id(m) for m in decoder.modules()} if decoder is not None else set()
+        matching = [layers for layers in matching if id(layers[0]) in inside] or matching
+    if matching:
+        return matching[0]
     found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
     raise LayoutError(
-        f"{type(model).__name__}: its config has num_hidden_layers={num_layers}, and the modules of its declared "
+        f"{type(model).__name__}: its config has {', '.join(f'{k}={n}' for k, n in counts.items())}, and the modules of its declared "
         f"decoder-layer class are {found}"
     )
+
+
+def _text_decoder(model: nn.Module) -> nn.Module | None:
+    """The model's own text decoder (transformers' `get_decoder()`), or None where it names none."""
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    return decoder if isinstance(decoder, nn.Module) and decoder is not model else None
 
 
 def _softmax_attention(specs: list[Spec]):
@@ -251,8 +319,9 @@ def model_layout(model: nn.Module) -> ModelLayout:
     """
     config = text_config(model)
     declared = declaration(model)
-    num_layers = getattr(config, "num_hidden_layers", None)
-    layers = _decoder_layers(model, declared["hidden_states"], num_layers if isinstance(num_layers, int) else None)
+    # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder.
+    counts = {key: n for key in ("num_hidden_layers", "decoder_layers") if isinstance(n := getattr(config, key, None), int)}
+    layers = _decoder_layers(model, declared["hidden_states"], counts)
     is_attention = _softmax_attention(declared["attentions"])
     attention_modules, gates = {}, {}
     for l, layer in enumerate(layers, start=1):
@@ -265,4 +334,4 @@ def model_layout(model: nn.Module) -> ModelLayout:
     names = layer_type_names(config, len(layers))
     if names is None:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
-    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates)
+    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]))
