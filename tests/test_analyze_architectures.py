@@ -478,3 +478,60 @@ def test_xlstm_has_no_softmax_attention(tokenizer, tmp_path):
     assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16",
                  "--bootstrap", "20"]) == 0  # fmt: skip
     assert "the model has no softmax attention" in (report / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------- attention output gates transformers ships
+
+
+def catalog():
+    """benchmarks/analyze_catalog.py, whose tiny model of any causal-LM type these tests build."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "analyze_catalog" not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / "analyze_catalog.py"
+        spec = importlib.util.spec_from_file_location("analyze_catalog", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["analyze_catalog"]
+
+
+# model type -> (the gate's name under the decoder layer, its score when its projection outputs 0)
+GATED = {
+    "lfm3": ("self_attn.g_proj", 0.5),
+    "bailing_hybrid": ("self_attn.g_proj", 0.5),
+    "laguna": ("self_attn.g_proj", math.log(2.0)),  # softplus
+    "inkling2_text": ("self_attn.o_proj.gate_proj", 0.5),
+    "dots3_note_text": ("self_attn.g_proj", 0.5),
+    "hy_v4": ("self_attn.gate_proj", 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(GATED))
+@torch.no_grad()
+def test_output_gates_transformers_ships_are_captured_by_their_own_names(name):
+    model = catalog().build(name)
+    layout = model_layout(model)
+    gate, at_zero = GATED[name]
+    assert sorted(layout.gates) == layout.full_attention_layers and layout.gates
+    assert {site.name for site in layout.gates.values()} == {gate}
+    ids = torch.randint(3, 200, (1, 12))
+    f = layout.full_attention_layers[-1]
+    site, attention = layout.gates[f], layout.attention_modules[f]
+    seen = []
+    handle = attention.register_forward_hook(lambda m, args, out: seen.append(out[0]))
+    try:
+        with torch_linear_attention(model):
+            model(input_ids=ids, use_cache=False)
+            site.module.weight.zero_()  # the gate's projection outputs 0: every score is its activation at 0
+            model(input_ids=ids, use_cache=False)
+    finally:
+        handle.remove()
+    assert not torch.equal(*seen)  # the gate is the one the attention's output goes through
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    scores = cap.records[-1].gates[f]
+    assert scores.shape[:3] == (1, 12, site.num_heads)
+    torch.testing.assert_close(scores, torch.full_like(scores, at_zero), rtol=0, atol=1e-7)

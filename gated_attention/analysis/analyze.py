@@ -283,6 +283,13 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _gate_name(site) -> str:
+    """A gate as the model names it: its module under the decoder layer, and what makes its scores."""
+    how = {"attn_gate": "this package's gate", "q_proj": "sigmoid of each head's second half",
+           "projection": site.activation}[site.kind]
+    return f"`{site.name}`, {how}"
+
+
 def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, metric_rows, intervention_rows, plots) -> None:
     fa = layout.full_attention_layers
     domains: dict[str, int] = {}
@@ -303,7 +310,8 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, 
         )
     else:
         lines += [
-            f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}",
+            f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}"
+            + "".join(f" ({name})" for name in dict.fromkeys(_gate_name(site) for site in layout.gates.values())),
             f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
         ]
     lines += [

@@ -68,6 +68,10 @@ _LAYER_DELTA_RULE_ATTRS = {
 }
 
 
+# The activations of `layout.OUTPUT_GATES`.
+GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
+
+
 class CaptureError(ValueError):
     """What a model gave cannot be captured as asked; the message is one line for the user."""
 
@@ -276,6 +280,9 @@ def gate_scores(site: GateSite, module: nn.Module, output: torch.Tensor) -> torc
     """The gate's scores from its module's output: `[B, T, H, D or 1]`, or `[B, T, hidden]` for G5."""
     if site.kind == "attn_gate":
         return module.gate_scores.to_heads(module.gate_scores(output))
+    if site.kind == "projection":  # [B, T, H * W] -> [B, T, H, W], activated as the model does, in float32
+        scores = GATE_ACTIVATIONS[site.activation](output.float())
+        return scores.view(*scores.shape[:-1], site.num_heads, site.head_dim)
     # q_proj -> [B, T, H, 2 * head_dim]: query, then gate logits, per head
     return torch.sigmoid(output.view(*output.shape[:-1], site.num_heads, 2 * site.head_dim)[..., site.head_dim :])
 

@@ -77,6 +77,20 @@ UNREADABLE = {
     "cpmant": "it prepends its prompt tokens to every input, so the first position is no token of the input",
     "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
 }
+# Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
+# (named under the attention module as the model names its parameters) and the activation the model applies to its
+# output, `[B, T, H]` (a score per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width.
+OUTPUT_GATES = {
+    "Lfm3Attention": ("g_proj", "sigmoid"),
+    "BailingHybridAttention": ("g_proj", "sigmoid"),
+    "LagunaAttention": ("g_proj", "softplus"),
+    "Dots3NoteTextAttention": ("g_proj", "sigmoid"),
+    "HYV4Attention": ("gate_proj", "sigmoid"),
+    "Inkling2SlidingAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2FullAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2LoopSlidingAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2LoopFullAttention": ("o_proj.gate_proj", "sigmoid"),
+}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -197,13 +211,17 @@ class GateSite:
 
     kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the gate's logits flat and whose
     `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
-    output gate, the second half of each head's q_proj output, `sigmoid`-ed.
+    output gate, the second half of each head's q_proj output, `sigmoid`-ed. kind "projection": a linear
+    map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]` or `[B, T, H * W]`).
+    `name`: the gate's module under the decoder layer, as the model names its parameters.
     """
 
     kind: str
     module: nn.Module
     num_heads: int = 0
     head_dim: int = 0
+    activation: str = "sigmoid"
+    name: str = ""
 
 
 @dataclass
@@ -304,12 +322,25 @@ def layer_type_names(config, num_layers: int) -> list[str] | None:
 def _gate_site(config, attention: nn.Module) -> GateSite | None:
     gate = getattr(attention, "attn_gate", None)
     if isinstance(gate, nn.Module):
-        return GateSite("attn_gate", gate)
+        return GateSite("attn_gate", gate, name="attn_gate")
     q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
-    num_heads = getattr(config, "num_attention_heads", None)
+    num_heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
+    if (record := OUTPUT_GATES.get(type(attention).__name__)) is not None:
+        name, activation = record
+        projection = attention.get_submodule(name) if _has_submodule(attention, name) else None
+        if isinstance(projection, nn.Linear) and num_heads and projection.out_features % num_heads == 0:
+            return GateSite("projection", projection, num_heads, projection.out_features // num_heads, activation, name)
+        return None  # the model was built without its gate (Lfm3's `use_attention_gate=False`)
     if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
-        return GateSite("q_proj", q_proj, num_heads, head_dim)
+        return GateSite("q_proj", q_proj, num_heads, head_dim, name="q_proj")
     return None
+
+
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        return module.get_submodule(name) is not None
+    except AttributeError:
+        return False
 
 
 def model_layout(model: nn.Module) -> ModelLayout:
@@ -330,6 +361,8 @@ def model_layout(model: nn.Module) -> ModelLayout:
             continue
         attention_modules[l] = attention
         if (site := _gate_site(config, attention)) is not None:
+            where = next(n for n, m in layer.named_modules(remove_duplicate=False) if m is attention)
+            site.name = f"{where}.{site.name}".strip(".")
             gates[l] = site
     names = layer_type_names(config, len(layers))
     if names is None:

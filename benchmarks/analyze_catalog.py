@@ -1,0 +1,272 @@
+"""Every causal LM the installed transformers ships, analysed: exact, no softmax attention, or refused with its reason.
+
+For each model type in transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` this builds a tiny random model
+from the type's default config (hidden 64, 2 layers, 4 layers where the config names each layer's type,
+4 heads, windows of 16; sub-configs such as a vision tower shrunk the same way), then:
+
+- `model_layout`: the decoder layers and softmax-attention layers `analyze` reads;
+- `Capture(reduce=True)`, what `analyze` runs, on one input of 24 random tokens;
+- transformers' own `output_attentions=True` on the same input (eager attention): per-layer F-Attn
+  (the mean attention on token 0 over heads and queries q >= 1) must agree within 1e-6, and the
+  number of maps must be the number of attention layers.
+
+Each outcome is printed against its expected class (`EXPECTED`): "exact", "no softmax attention", or
+"refused" with the words its one-line reason must hold. A model type with no expectation (a new
+transformers release) is flagged NEW; an outcome that differs from its expectation is flagged
+UNEXPECTED, and the script exits 1 if there is any. `--markdown PATH` writes the table
+(docs/analyze_catalog.md is its output).
+
+    python benchmarks/analyze_catalog.py                     # every type, ~1 minute on 2 cores
+    python benchmarks/analyze_catalog.py bloom gemma3        # some types
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import sys
+import time
+import warnings
+
+# Expected outcome per model type: "exact", "none" (no softmax attention) or the words of the refusal.
+NONE = "none"
+EXACT = "exact"
+REFUSED = {
+    "reformer": "per chunk and hash bucket",
+    "xlnet": "time-major",
+    "prophetnet": "n-gram streams",
+    "cpmant": "prepends its prompt tokens",
+    "xlm": "its layers are no modules",
+}
+NO_ATTENTION = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
+# Filled in from the first run of the issue-44 catalog (transformers 5.24): everything exact unless listed.
+EXPECTED: dict[str, str] = {}
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, WINDOW = 64, 4, 2, 16, 64, 16
+SIZE_KEYS = {
+    "hidden": ("hidden_size", "n_embd", "d_model", "n_embed", "embed_dim", "dim", "model_dim", "hidden_dim", "d_embed",
+               "word_embed_proj_dim", "embedding_size", "dim_model"),
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "encoder_layers",
+               "num_decoder_layers", "num_encoder_layers", "num_blocks"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads",
+              "encoder_attention_heads", "num_decoder_attention_heads", "num_encoder_attention_heads"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_kv_heads"),
+    "ffn": ("intermediate_size", "ffn_dim", "d_ff", "n_inner", "decoder_ffn_dim", "encoder_ffn_dim", "ffn_hidden_size",
+            "moe_intermediate_size", "shared_expert_intermediate_size", "d_inner", "dim_ff", "expert_intermediate_size",
+            "feed_forward_size"),
+    "window": ("sliding_window", "attention_window_size", "window_size", "local_window_size"),
+    "experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+}
+
+
+def shrink(d: dict, layers: int = 2) -> dict:
+    """A config dict with every size named in SIZE_KEYS made tiny, sub-configs (dicts with a model_type) too."""
+    out = dict(d)
+    old_layers = next((d[k] for k in SIZE_KEYS["layers"] if isinstance(d.get(k), int)), None)
+    n = layers
+    for key, value in d.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = shrink(value, layers)
+    rules = {"hidden": HIDDEN, "layers": n, "heads": HEADS, "kv_heads": KV_HEADS, "ffn": FFN, "window": WINDOW,
+             "experts": 8}
+    old_hidden = next((d[k] for k in SIZE_KEYS["hidden"] if isinstance(d.get(k), int)), None)
+    old_heads = next((d[k] for k in SIZE_KEYS["heads"] if isinstance(d.get(k), int)), None)
+    for group, value in rules.items():
+        for key in SIZE_KEYS[group]:
+            current = d.get(key)
+            if isinstance(current, bool) or current is None:
+                continue
+            if group == "kv_heads" and isinstance(current, int):
+                value = HEADS if current == old_heads else min(current, KV_HEADS)  # MLA keeps one kv head per head
+            if group == "layers" and isinstance(current, int):
+                value = min(current, n)
+            if isinstance(current, int):
+                out[key] = value
+            elif isinstance(current, list) and current and all(isinstance(x, int) for x in current) and old_layers and len(current) == old_layers:
+                out[key] = [value] * n  # a per-layer list (Gemma 3n's intermediate sizes)
+    # A head size that is the hidden size over the heads stays so; a rotary part stays within the head.
+    if old_hidden and old_heads and d.get("head_dim") == old_hidden // old_heads:
+        out["head_dim"] = HIDDEN // HEADS
+    if isinstance(d.get("rotary_dim"), int):
+        out["rotary_dim"] = min(d["rotary_dim"], HIDDEN // HEADS // 2)
+    if isinstance(out.get("num_experts_per_tok"), int):
+        out["num_experts_per_tok"] = min(out["num_experts_per_tok"], 2)
+    if isinstance(out.get("n_shared_experts"), int):
+        out["n_shared_experts"] = min(out["n_shared_experts"], 1)
+    for key in ("n_group", "num_group", "num_expert_group"):  # 8 experts in at most 2 groups, one group chosen
+        if isinstance(out.get(key), int):
+            out[key] = min(out[key], 2)
+    if isinstance(out.get("topk_group"), int):
+        out["topk_group"] = 1
+    # Per-layer values as long as the old depth: the layer types spread so that each kind stays, the others
+    # their first n entries; per-layer overrides keyed by layer index, those of the first n layers.
+    if old_layers:
+        for key, value in d.items():
+            if isinstance(value, list) and len(value) == old_layers and key in TYPE_LISTS:
+                out[key] = spread(value, n)
+            elif isinstance(value, list) and len(value) == old_layers and not isinstance(out[key], list) is False:
+                out[key] = out[key][:n] if len(out[key]) == old_layers else out[key]
+            elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+                out[key] = {k: v for k, v in value.items() if int(k) < n}
+    return out
+
+
+TYPE_LISTS = ("layer_types", "layers_block_type", "mlp_layer_types", "block_types")
+
+
+def spread(types: list, n: int) -> list:
+    """n entries of a per-layer list that keep each kind it has, in its order (a hybrid keeps its attention layers)."""
+    kinds = list(dict.fromkeys(types))
+    if len(kinds) >= n:
+        return kinds[:n]
+    # the first occurrence of each kind, padded with the model's own first layers
+    picked = sorted({types.index(k) for k in kinds})
+    rest = [i for i in range(len(types)) if i not in picked]
+    return [types[i] for i in sorted(picked + rest[: n - len(picked)])]
+
+
+# Fields the rules above get wrong for a type, given after them.
+FIELDS = {
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
+    "mamba2": dict(num_heads=2),
+    "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32)),
+    "xlnet": dict(d_head=16),
+}
+
+
+def build(model_type: str):
+    """A tiny random model of `model_type`, with transformers' own classes (importing fla registers other
+    models under some of transformers' model types: `bitnet`, `mamba2`)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    config_class = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+    defaults = config_class().to_dict()
+    layers = 4 if any(isinstance(defaults.get(k), list) for k in ("layer_types", "layers_block_type", "block_types")) else 2
+    kwargs = {**shrink(defaults, layers), **FIELDS.get(model_type, {})}
+    for key in ("model_type", "transformers_version", "architectures", "_name_or_path"):
+        kwargs.pop(key, None)
+    config = config_class(**kwargs)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()  # transformers' config class: transformers' model
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+
+
+def outcome(model_type: str) -> tuple[str, str]:
+    """(class, detail): class is exact / none / refused / mismatch / error / build failed."""
+    import torch
+
+    from gated_attention.analysis.capture import Capture, torch_linear_attention
+    from gated_attention.analysis.layout import model_layout
+
+    try:
+        model = build(model_type)
+    except Exception as e:  # noqa: BLE001 - the catalog's own limit, reported as such
+        return "build failed", first_line(e)
+    try:
+        layout = model_layout(model)
+    except ValueError as e:
+        return "refused", str(e)
+    except Exception as e:  # noqa: BLE001 - a traceback analyze would show
+        return "error", first_line(e)
+    fa = layout.full_attention_layers
+    if not fa:
+        return NONE, f"{layout.num_layers} layers"
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(3, min(vocab, 1000), (1, 24), generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad(), Capture(model, reduce=True) as cap:
+            model(input_ids=ids, use_cache=False)
+        record = cap.records[-1]
+    except ValueError as e:
+        return "refused", str(e)
+    except Exception as e:  # noqa: BLE001
+        return "error", first_line(e)
+    try:
+        with torch.no_grad(), torch_linear_attention(model):
+            with contextlib.suppress(Exception):
+                model.set_attn_implementation("eager")
+            reference = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+    except Exception as e:  # noqa: BLE001
+        return "no reference", first_line(e)
+    maps = [a for a in reference or () if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if len(maps) == layout.num_layers != len(fa):  # transformers also records non-softmax attention (MiniMax's)
+        maps = [maps[f - 1] for f in fa]
+    if len(maps) != len(fa):
+        return "mismatch", f"{len(fa)} attention layers, transformers returns {len(maps)} maps"
+    diff = max(abs(record.first_token_attention[f][0].mean().item() - a[0, :, 1:, 0].double().mean().item())
+               for f, a in zip(fa, maps))
+    if not diff <= 1e-6:
+        return "mismatch", f"F-Attn differs by {diff:.2g}"
+    gates = f", gates in {sorted(layout.gates)}" if layout.gates else ""
+    return EXACT, f"{len(fa)} of {layout.num_layers} layers{gates}, |dF-Attn| {diff:.1g}"
+
+
+def expected(model_type: str) -> str | None:
+    if model_type in NO_ATTENTION:
+        return NONE
+    if model_type in REFUSED:
+        return "refused"
+    return EXPECTED.get(model_type, EXACT if model_type in KNOWN else None)
+
+
+KNOWN: set[str] = set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("types", nargs="*", help="model types (default: all)")
+    p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
+    args = p.parse_args(argv)
+    types = args.types or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    rows, start = [], time.perf_counter()
+    for model_type in types:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            kind, detail = outcome(model_type)
+        want = expected(model_type)
+        if want is None:
+            flag = "NEW"
+        elif kind != want or (kind == "refused" and REFUSED.get(model_type, "\0") not in detail):
+            flag = "UNEXPECTED"
+        else:
+            flag = ""
+        rows.append((model_type, kind, want or "", flag, detail))
+        print(f"{model_type:<28} {kind:<14} {flag:<10} {detail}  ({time.perf_counter() - t0:.1f}s)", flush=True)
+    total = time.perf_counter() - start
+    counts: dict[str, int] = {}
+    for _, kind, _, _, _ in rows:
+        counts[kind] = counts.get(kind, 0) + 1
+    print(f"\n{len(rows)} model types in {total:.0f} s: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    flagged = [r for r in rows if r[3]]
+    print(f"flagged: {len(flagged)} ({', '.join(r[0] for r in flagged) or 'none'})")
+    if args.markdown:
+        write_markdown(args.markdown, rows, counts)
+    return 1 if any(r[3] == "UNEXPECTED" for r in rows) else 0
+
+
+def write_markdown(path: str, rows, counts) -> None:
+    import transformers
+
+    lines = [f"| model type | outcome | detail |", "|---|---|---|"]
+    for model_type, kind, _, flag, detail in rows:
+        lines.append(f"| `{model_type}` | {kind}{' (' + flag + ')' if flag else ''} | {detail.replace('|', '/')} |")
+    with open(path, "w") as f:
+        f.write(f"<!-- written by benchmarks/analyze_catalog.py, transformers {transformers.__version__} -->\n")
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
