@@ -535,3 +535,65 @@ def test_output_gates_transformers_ships_are_captured_by_their_own_names(name):
     scores = cap.records[-1].gates[f]
     assert scores.shape[:3] == (1, 12, site.num_heads)
     torch.testing.assert_close(scores, torch.full_like(scores, at_zero), rtol=0, atol=1e-7)
+
+
+# ---------------------------------------------------------------- hyper-connections, towers, loops, composite configs
+
+
+@pytest.mark.parametrize("name", ["deepseek_v4", "hy_v4"])
+@torch.no_grad()
+def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
+    model = catalog().build(name)
+    layout = model_layout(model)
+    assert layout.residual_head is model.model.hc_head
+    ids = torch.randint(3, 200, (1, 12))
+    with torch_linear_attention(model):
+        model.set_attn_implementation("eager")
+        out = model.model(input_ids=ids, output_attentions=True, use_cache=False)
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    record = cap.records[-1]
+    assert [tuple(x.shape) for x in record.residual] == [(1, 12, HIDDEN)] * (layout.num_layers + 1)
+    # X[L] is what the model's own head reduces its streams to: through the final norm, its last hidden state.
+    torch.testing.assert_close(model.model.norm(record.residual[-1]), out.last_hidden_state, rtol=0, atol=0)
+    for f, reference in zip(layout.full_attention_layers, out.attentions):
+        assert torch.equal(record.attentions[f], reference), f"layer {f}"
+
+
+@pytest.mark.parametrize("name", ["git", "got_ocr2", "gemma3"])
+@torch.no_grad()
+def test_the_text_model_beside_a_tower_as_deep_is_the_one_read(name):
+    model = catalog().build(name)  # the catalog makes the vision tower as deep as the text model: 2 layers each
+    layout = model_layout(model)
+    text = model.get_decoder() if name != "git" else model.git.encoder
+    assert all(any(layer is m for m in text.modules()) for layer in layout.layers)
+    ids = torch.randint(3, 200, (1, 12))
+    with Capture(model) as cap:  # GOT-OCR2's text model is switched to eager attention too
+        model(input_ids=ids, use_cache=False)
+    model.set_attn_implementation("eager")
+    for sub in model.modules():  # the reference: every submodel eager, as the capture runs it
+        if hasattr(sub, "set_attn_implementation") and sub.config._attn_implementation != "eager":
+            sub.set_attn_implementation("eager")
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    maps = [a for a in out.attentions if a.shape[-1] == 12]
+    assert len(maps) == len(layout.full_attention_layers)
+    for f, reference in zip(layout.full_attention_layers, maps):
+        assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
+
+
+def test_a_layer_that_runs_twice_in_one_forward_is_one_line_not_the_last_pass():
+    from gated_attention.analysis.capture import CaptureError
+
+    model = tiny("llama", num_key_value_heads=2)
+    with Capture(model) as cap:
+        model.config.num_hidden_layers = 4  # the model now runs its two layers twice (a loop from layer 1)
+        model.model.layers = nn.ModuleList([*model.model.layers, *model.model.layers])
+        with pytest.raises(CaptureError, match=r"^LlamaForCausalLM layer 1 ran again in one forward \(the model runs its layers in a loop\)"):
+            model(input_ids=torch.randint(3, VOCAB, (1, 9)), use_cache=False)
+
+
+def test_two_attention_blocks_in_one_layer_are_one_line():
+    from gated_attention.analysis.layout import LayoutError
+
+    with pytest.raises(LayoutError, match="^LongcatFlashDecoderLayer holds 2 attention modules; the analysis reads one per layer$"):
+        model_layout(catalog().build("longcat_flash"))

@@ -104,16 +104,27 @@ def input_device(model: nn.Module) -> torch.device:
 
 @contextlib.contextmanager
 def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run `model` with `attn_implementation="eager"` (attention modules then return their weights)."""
-    previous = getattr(model.config, "_attn_implementation", None)
-    if previous in (None, "eager"):
+    """Run `model` with `attn_implementation="eager"` (attention modules then return their weights).
+
+    A composite model's submodels keep their own setting (GOT-OCR2's text model stays "sdpa" when the
+    whole is set): each submodel that is not eager afterwards is set too, and each restored on exit.
+    """
+    from transformers import PreTrainedModel
+
+    subs = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    previous = [(m, getattr(m.config, "_attn_implementation", None)) for m in subs]
+    if all(p in (None, "eager") for _, p in previous):
         yield
         return
-    model.set_attn_implementation("eager")
+    for m in subs:
+        if getattr(m.config, "_attn_implementation", None) not in (None, "eager"):
+            m.set_attn_implementation("eager")
     try:
         yield
     finally:
-        model.set_attn_implementation(previous)
+        for m, p in previous:
+            if getattr(m.config, "_attn_implementation", None) != p:
+                m.set_attn_implementation(p)
 
 
 @contextlib.contextmanager
@@ -271,9 +282,10 @@ def first_token_attention_of(weights: torch.Tensor) -> torch.Tensor:
 def received_attention_of(weights: torch.Tensor) -> torch.Tensor:
     """`metrics.received_attention` on a batch of maps: `[B, H, T, T]` -> `[B, T]` float64.
 
-    The sum runs in float64 over the map as the model computed it; `tril` copies one map in its dtype.
+    The sum runs in float64 over the map as the model computed it; `tril` copies one map in its dtype. Keys past
+    the T tokens (DeepSeek-V4 appends its compressed blocks after them: `[B, H, T, T + blocks]`) are no token's.
     """
-    return weights.tril(-1).sum(-2, dtype=torch.float64).mean(1)
+    return weights[..., : weights.shape[-2]].tril(-1).sum(-2, dtype=torch.float64).mean(1)
 
 
 def gate_scores(site: GateSite, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
@@ -312,6 +324,7 @@ class Capture:
         self.layout = model_layout(model)
         self.records: list[Record] = []
         self._layer: int | None = None  # the decoder layer running now (1-based)
+        self._next = 0
         self._stack: contextlib.ExitStack | None = None
 
     def clear(self) -> None:
@@ -321,10 +334,22 @@ class Capture:
         return f"{type(self.model).__name__} layer {l}" if l is not None else f"{type(self.model).__name__}"
 
     # hooks -----------------------------------------------------------
+    def _on_forward(self, module, args) -> None:
+        self.records.append(Record())
+        self._next = 0  # the residual state l the next decoder-layer hook must give
+
     def _on_residual(self, l: int, x: torch.Tensor) -> None:
-        if l == 0:  # layer 1's input: a new forward call starts
-            self.records.append(Record())
+        # Each state once per forward, in order: a layer that runs again (a model that loops over its layers)
+        # would otherwise replace the first pass's numbers with the last's.
+        if l != self._next:
+            raise CaptureError(
+                f"{self._where(max(l, 1))} ran {'again' if l < self._next else 'out of order'} in one forward (the model "
+                f"runs its layers in a loop); the analysis reads each decoder layer once"
+            )
+        self._next += 1
         record = self.records[-1]
+        if self.layout.residual_head is not None and x.dim() == 4:  # hyper-connection streams, reduced as the model does
+            x = self.layout.residual_head(x)
         if self.want_residual:
             if self.reduce:
                 record.token_max.append(x.detach().abs().amax(-1).float())
@@ -397,8 +422,9 @@ class Capture:
             elif self.want_attentions:
                 stack.enter_context(eager_attention(self.model))
             stack.enter_context(torch_linear_attention(self.model))
+            stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record
             self._layer_hooks(stack)
-            # The residual hook opens each Record, so it is always installed.
+            # The residual hook checks each layer runs once, so it is always installed.
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
             if self.want_attentions:
                 for module in {id(m): m for m in self.layout.attention_modules.values()}.values():

@@ -14,6 +14,9 @@ declaration does not say enough, a record below says it, as data, in this one pl
   lightning attention is linear attention).
 - `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
   (Reformer's chunks and hash buckets): refused with the reason, in one line.
+- `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
+  that reduces them before the final norm is where the residual state is read through.
+- `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
   GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
   Their attention returns its weights only when the model is called with `output_attentions=True`,
@@ -91,6 +94,10 @@ OUTPUT_GATES = {
     "Inkling2LoopSlidingAttention": ("o_proj.gate_proj", "sigmoid"),
     "Inkling2LoopFullAttention": ("o_proj.gate_proj", "sigmoid"),
 }
+# Hyper-connections: model types whose decoder layers pass several residual streams on ([B, T, N, D]) and reduce them
+# to one before the final norm with a module of their own (the attribute of the text model named here). The residual
+# state X[l] is read through it, as the model reads its last one.
+RESIDUAL_HEADS = {"deepseek_v4": "hc_head", "hy_v4": "hc_head"}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -109,6 +116,8 @@ class Spec:
     target_class: type | None = None
     class_name: str | None = None
     layer_name: str | None = None
+    # The config field that counts these modules, where it is not num_hidden_layers (Longcat-Flash: num_layers).
+    num_layers_key: str | None = None
 
     def matches(self, name: str, module: nn.Module) -> bool:
         hit = (self.target_class is not None and isinstance(module, self.target_class)) or (
@@ -128,7 +137,9 @@ def _specs(value) -> list[Spec]:
         elif isinstance(item, str):
             out.append(Spec(class_name=item))
         else:  # transformers' OutputRecorder
-            out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None), getattr(item, "layer_name", None)))
+            key = getattr(item, "num_hidden_layers_key", None)
+            out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None),
+                            getattr(item, "layer_name", None), None if key == "num_hidden_layers" else key))
     return out
 
 
@@ -233,6 +244,8 @@ class ModelLayout:
     gates: dict[int, GateSite]  # 1-based attention layer -> gate site
     # The attention returns its weights only when the model is called with `output_attentions=True` (a legacy class).
     weights_on_request: bool = False
+    # Reduces the hyper-connection streams `[B, T, N, D]` of a residual state to `[B, T, D]` (`RESIDUAL_HEADS`).
+    residual_head: nn.Module | None = None
 
     @property
     def num_layers(self) -> int:
@@ -244,13 +257,13 @@ def text_config(model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int]) -> list[nn.Module]:
+def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int], text_type: str | None) -> list[nn.Module]:
     """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it.
 
     Declared modules may sit in more than one list (a multi-token-prediction head reuses the layer
     class; a vision or audio tower uses the same class, or as many layers): the list that holds as many
-    of them as one of `counts` (config field -> number of layers) is the decoder's, and of several such, the one in the model's own text decoder
-    (`get_decoder()`).
+    of them as one of `counts` (config field -> number of layers) is the decoder's, and of several such,
+    the one whose innermost model is the text model (its config's model type is `text_type`).
     """
     groups: dict[str, list[nn.Module]] = {}  # list name ("" for none) -> its layers, in order
     names = dict(model.named_modules())
@@ -273,9 +286,9 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int])
         return max(groups.values(), key=len)
     matching = [layers for layers in groups.values() if len(layers) in counts.values()]
     if len(matching) > 1:
-        decoder = _text_decoder(model)
-        inside = {id(m) for m in decoder.modules()} if decoder is not None else set()
-        matching = [layers for layers in matching if id(layers[0]) in inside] or matching
+        owners = _innermost_models(model)
+        text = [layers for layers in matching if getattr(owners[id(layers[0])].config, "model_type", None) == text_type]
+        matching = text or matching
     if matching:
         return matching[0]
     found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
@@ -285,13 +298,13 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int])
     )
 
 
-def _text_decoder(model: nn.Module) -> nn.Module | None:
-    """The model's own text decoder (transformers' `get_decoder()`), or None where it names none."""
-    try:
-        decoder = model.get_decoder()
-    except (AttributeError, NotImplementedError, ValueError):
-        return None
-    return decoder if isinstance(decoder, nn.Module) and decoder is not model else None
+def _innermost_models(model: nn.Module) -> dict[int, nn.Module]:
+    """id of each module -> the innermost `PreTrainedModel` that holds it (a tower, the text model, the whole)."""
+    owners = {}
+    for sub in _pretrained_models(model):  # outer models come first: an inner one overrides them
+        for module in sub.modules():
+            owners[id(module)] = sub
+    return owners
 
 
 def _softmax_attention(specs: list[Spec]):
@@ -351,8 +364,10 @@ def model_layout(model: nn.Module) -> ModelLayout:
     config = text_config(model)
     declared = declaration(model)
     # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder.
-    counts = {key: n for key in ("num_hidden_layers", "decoder_layers") if isinstance(n := getattr(config, key, None), int)}
-    layers = _decoder_layers(model, declared["hidden_states"], counts)
+    # A declaration may name its own count (Longcat-Flash's layers hold two attention blocks each: num_layers).
+    keys = [s.num_layers_key for s in declared["hidden_states"] if s.num_layers_key] or ["num_hidden_layers", "decoder_layers"]
+    counts = {key: n for key in keys if isinstance(n := getattr(config, key, None), int)}
+    layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None))
     is_attention = _softmax_attention(declared["attentions"])
     attention_modules, gates = {}, {}
     for l, layer in enumerate(layers, start=1):
@@ -367,4 +382,13 @@ def model_layout(model: nn.Module) -> ModelLayout:
     names = layer_type_names(config, len(layers))
     if names is None:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
-    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]))
+    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
+                       _residual_head(model))
+
+
+def _residual_head(model: nn.Module) -> nn.Module | None:
+    for sub in _pretrained_models(model):
+        attribute = RESIDUAL_HEADS.get(getattr(getattr(sub, "config", None), "model_type", None))
+        if attribute is not None and isinstance(getattr(sub, attribute, None), nn.Module):
+            return getattr(sub, attribute)
+    return None
