@@ -80,11 +80,13 @@ class GateAccumulator:
 
 
 def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
-    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`)."""
+    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`).
+
+    Layers with fewer heads than others (Inkling2's full and sliding layers differ) are NaN-padded to the most."""
     token_max = torch.stack([x[b].cpu() for x in record.token_max]).numpy()  # the layers may sit on several devices
     fa = layout.full_attention_layers
     sink = M.consensus_sink_of(record.received[f][b].cpu().numpy() for f in fa)
-    first = np.stack([record.first_token_attention[f][b].cpu().numpy() for f in fa]) if fa else np.zeros((0, 0))
+    first = _pad_heads([record.first_token_attention[f][b].cpu().numpy()[None] for f in fa])[:, 0] if fa else np.zeros((0, 0))
     return token_max, sink, first
 
 
@@ -179,7 +181,7 @@ def run_interventions(model: nn.Module, inputs, device, kind: str, k: int) -> li
 def input_metrics(result: InputResult, full_attention_layers: list[int]) -> dict:
     fa = full_attention_layers
     row = {
-        "f_attn": float(np.mean(result.first_token_attention)) if result.first_token_attention.size else M.NAN,
+        "f_attn": float(np.nanmean(result.first_token_attention)) if result.first_token_attention.size else M.NAN,
         "m_act": float(result.m_act_layers[1:].mean()),
         **{f"gate_{key}": value for key, value in result.gate.items()},
     }

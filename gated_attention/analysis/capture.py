@@ -370,12 +370,24 @@ class Capture:
         for l, layer in enumerate(self.layout.layers, start=1):
             def enter(module, args, l=l):
                 self._layer = l
+                if self.want_attentions and l in self.layout.attention_modules:
+                    self._follow_attention(l, stack)
 
             def leave(module, args, output):
                 self._layer = None
 
             stack.callback(layer.register_forward_pre_hook(enter).remove)
             stack.callback(layer.register_forward_hook(leave).remove)
+
+    def _follow_attention(self, l: int, stack: contextlib.ExitStack) -> None:
+        """Hook the attention module layer l holds now, if the model replaced the one the layout found."""
+        current = self.layout.attention_in(l)
+        if current is None or current is self.layout.attention_modules[l]:
+            return
+        hooked = {id(m) for m in self.layout.attention_modules.values()}
+        self.layout.attention_modules[l] = current
+        if id(current) not in hooked:
+            stack.callback(current.register_forward_hook(self._attention_hook).remove)
 
     def _attention_hook(self, module, args, output) -> None:
         l = self._layer

@@ -39,7 +39,7 @@ name for the others.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from torch import nn
@@ -246,10 +246,17 @@ class ModelLayout:
     weights_on_request: bool = False
     # Reduces the hyper-connection streams `[B, T, N, D]` of a residual state to `[B, T, D]` (`RESIDUAL_HEADS`).
     residual_head: nn.Module | None = None
+    # Whether a module is a declared softmax attention (`attention_in` asks it again of a layer).
+    is_attention: Callable[[str, nn.Module], bool] | None = None
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def attention_in(self, l: int) -> nn.Module | None:
+        """The softmax-attention module layer l (1-based) holds now: a model may replace it as it runs (BigBird
+        swaps its block-sparse attention for full attention at inputs too short for blocks)."""
+        return _layer_attention(self.layers[l - 1], self.is_attention) if self.is_attention else self.attention_modules.get(l)
 
 
 def text_config(model: nn.Module):
@@ -383,7 +390,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
     if names is None:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
-                       _residual_head(model))
+                       _residual_head(model), is_attention)
 
 
 def _residual_head(model: nn.Module) -> nn.Module | None:
