@@ -597,3 +597,32 @@ def test_two_attention_blocks_in_one_layer_are_one_line():
 
     with pytest.raises(LayoutError, match="^LongcatFlashDecoderLayer holds 2 attention modules; the analysis reads one per layer$"):
         model_layout(catalog().build("longcat_flash"))
+
+
+# ---------------------------------------------------------------- a sample of the whole catalog
+
+# Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
+# models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
+# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps.
+SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
+          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer"]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_a_sample_of_the_catalog_has_its_expected_outcome(name):
+    cat = catalog()
+    from gated_attention.analysis.samples import builtin_samples
+
+    kind, detail = cat.outcome(name, cat.tokenizer(), builtin_samples(1))
+    assert kind == cat.expected(name), detail
+    if kind == "refused":
+        assert cat.EXPECTED_REFUSED[name] in detail and "\n" not in detail
+
+
+def test_the_catalog_flags_a_type_it_has_no_expectation_for(monkeypatch, capsys):
+    cat = catalog()
+    monkeypatch.setattr(cat, "EXPECTED_EXACT", cat.EXPECTED_EXACT - {"gpt2"})  # as a new transformers type would be
+    assert cat.main(["gpt2", "bloom"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:3] for line in out.splitlines()[:2]] == [["gpt2", "exact", "NEW"], ["bloom", "exact", "2"]]
+    assert "flagged: 1 (gpt2)" in out
