@@ -605,7 +605,7 @@ def test_two_attention_blocks_in_one_layer_are_one_line():
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
 # configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps.
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
-          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer"]
+          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text"]
 
 
 @pytest.mark.parametrize("name", SAMPLE)
@@ -626,3 +626,34 @@ def test_the_catalog_flags_a_type_it_has_no_expectation_for(monkeypatch, capsys)
     out = capsys.readouterr().out
     assert [line.split()[:3] for line in out.splitlines()[:2]] == [["gpt2", "exact", "NEW"], ["bloom", "exact", "2"]]
     assert "flagged: 1 (gpt2)" in out
+
+
+@pytest.mark.parametrize("name", ["Emu3", "Mllama"])
+def test_a_text_model_saved_alone_loads_with_the_class_its_config_names(name, tmp_path, capsys):
+    """Emu3ForCausalLM / MllamaForCausalLM save model type "emu3_text_model", which no Auto class maps."""
+    import transformers
+
+    cat = catalog()
+    config_class = getattr(transformers, f"{name}TextConfig")
+    fields = {k: v for k, v in cat.shrink(config_class().to_dict()).items() if k not in ("model_type", "transformers_version")}
+    if name == "Mllama":
+        fields["cross_attention_layers"] = [1]  # layer 2 attends to an image: it does not run without one
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{name}ForCausalLM")(config_class(**fields)).eval()
+    folder, report, tok = tmp_path / "model", tmp_path / "out", cat.tokenizer()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    capsys.readouterr()
+    code = main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "24", "--bootstrap", "10"])
+    if name == "Mllama":
+        assert code == 2 and not report.exists()
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "gated-attention analyze: error: MllamaForCausalLM layer 2: the decoder layer did not run in this forward, "
+            "so it has no output")
+        return
+    assert code == 0
+    from gated_attention.analysis.samples import builtin_samples
+
+    rows = [r for r in _csv(report / "layers.csv") if r["is_attention"] == "True"]
+    reference = cat.reference_f_attn(model, tok, builtin_samples(1), [int(r["layer"]) for r in rows], len(rows))
+    assert [abs(float(r["f_attn"]) - reference[int(r["layer"])]) <= 1e-6 for r in rows] == [True] * len(rows) == [True, True]

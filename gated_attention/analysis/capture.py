@@ -338,6 +338,12 @@ class Capture:
         self.records.append(Record())
         self._next = 0  # the residual state l the next decoder-layer hook must give
 
+    def _on_forward_end(self, module, args, output) -> None:
+        if self._next <= self.layout.num_layers:  # a layer the model skipped (Mllama's cross-attention without an image)
+            raise CaptureError(
+                f"{self._where(max(self._next, 1))}: the decoder layer did not run in this forward, so it has no output"
+            )
+
     def _on_residual(self, l: int, x: torch.Tensor) -> None:
         # Each state once per forward, in order: a layer that runs again (a model that loops over its layers)
         # would otherwise replace the first pass's numbers with the last's.
@@ -350,6 +356,11 @@ class Capture:
         record = self.records[-1]
         if self.layout.residual_head is not None and x.dim() == 4:  # hyper-connection streams, reduced as the model does
             x = self.layout.residual_head(x)
+        if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
+            raise CaptureError(
+                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)}, not [B, T, D] (several "
+                f"streams), which the analysis does not read"
+            )
         if self.want_residual:
             if self.reduce:
                 record.token_max.append(x.detach().abs().amax(-1).float())
@@ -435,6 +446,7 @@ class Capture:
                 stack.enter_context(eager_attention(self.model))
             stack.enter_context(torch_linear_attention(self.model))
             stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record
+            stack.callback(self.model.register_forward_hook(self._on_forward_end).remove)
             self._layer_hooks(stack)
             # The residual hook checks each layer runs once, so it is always installed.
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))

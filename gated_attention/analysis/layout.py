@@ -169,8 +169,11 @@ def _legacy_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
         return None
     layer, attention, attribute = record
     source = importlib.import_module(type(module).__module__)
-    return {"hidden_states": [Spec(target_class=getattr(source, layer))],
-            "attentions": [Spec(target_class=getattr(source, attention), layer_name=attribute)]}
+    classes = getattr(source, layer, None), getattr(source, attention, None)
+    if None in classes:  # a release whose classes are named otherwise: no record applies
+        return None
+    return {"hidden_states": [Spec(target_class=classes[0])],
+            "attentions": [Spec(target_class=classes[1], layer_name=attribute)]}
 
 
 def _no_split_specs(module: nn.Module) -> list[Spec]:
