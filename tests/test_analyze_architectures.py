@@ -592,6 +592,17 @@ def test_a_layer_that_runs_twice_in_one_forward_is_one_line_not_the_last_pass():
             model(input_ids=torch.randint(3, VOCAB, (1, 9)), use_cache=False)
 
 
+@torch.no_grad()
+def test_a_capture_reads_the_base_model_run_alone_too():
+    model = tiny("llama", num_key_value_heads=2)
+    ids = torch.randint(3, VOCAB, (1, 9))
+    with Capture(model) as cap:
+        model.model(input_ids=ids, use_cache=False)  # not through the causal LM the capture was opened on
+        model(input_ids=ids, use_cache=False)
+    assert len(cap.records) == 2 and [len(r.residual) for r in cap.records] == [3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(cap.records[0].residual, cap.records[1].residual))
+
+
 def test_two_attention_blocks_in_one_layer_are_one_line():
     from gated_attention.analysis.layout import LayoutError
 

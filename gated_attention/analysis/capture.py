@@ -325,6 +325,7 @@ class Capture:
         self.records: list[Record] = []
         self._layer: int | None = None  # the decoder layer running now (1-based)
         self._next = 0
+        self._in_forward = False
         self._stack: contextlib.ExitStack | None = None
 
     def clear(self) -> None:
@@ -337,14 +338,19 @@ class Capture:
     def _on_forward(self, module, args) -> None:
         self.records.append(Record())
         self._next = 0  # the residual state l the next decoder-layer hook must give
+        self._in_forward = True
 
     def _on_forward_end(self, module, args, output) -> None:
+        self._in_forward = False
         if self._next <= self.layout.num_layers:  # a layer the model skipped (Mllama's cross-attention without an image)
             raise CaptureError(
                 f"{self._where(max(self._next, 1))}: the decoder layer did not run in this forward, so it has no output"
             )
 
     def _on_residual(self, l: int, x: torch.Tensor) -> None:
+        if l == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
+            self.records.append(Record())
+            self._next = 0
         # Each state once per forward, in order: a layer that runs again (a model that loops over its layers)
         # would otherwise replace the first pass's numbers with the last's.
         if l != self._next:
@@ -465,6 +471,6 @@ class Capture:
 
     def __exit__(self, *exc_info) -> None:
         stack, self._stack = self._stack, None
-        self._layer = None
+        self._layer, self._in_forward = None, False
         if stack is not None:
             stack.close()
