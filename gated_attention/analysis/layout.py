@@ -302,6 +302,13 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int],
     if matching:
         return matching[0]
     found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
+    if len(groups) == 1 and set(counts) - {"num_hidden_layers", "decoder_layers"}:
+        # the declaration counts layer calls (Inkling2-loop's total_num_hidden_layers): some layers run several times
+        (key, n), (where, layers) = next(iter(counts.items())), next(iter(groups.items()))
+        raise LayoutError(
+            f"{type(model).__name__} runs its {len(layers)} decoder layers ({where}) {n} times in all ({key}={n}): some "
+            f"run several times in one forward, and the analysis reads each decoder layer once"
+        )
     raise LayoutError(
         f"{type(model).__name__}: its config has {', '.join(f'{k}={n}' for k, n in counts.items())}, and the modules of its declared "
         f"decoder-layer class are {found}"
