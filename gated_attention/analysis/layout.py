@@ -23,8 +23,10 @@ declaration does not say enough, a record below says it, as data, in this one pl
   which `Capture` then passes (`ModelLayout.weights_on_request`).
 
 Decoder layers: the entries of the `ModuleList` that holds (or is made of) the declared
-hidden-state modules, one per `config.num_hidden_layers`, in order. A declared module nested in a
-wrapper (Zamba2's hybrid layer wraps its Mamba layer) stands for the wrapper, whose output it gives.
+hidden-state modules, one per `config.num_hidden_layers` (an encoder-decoder's `decoder_layers`, or
+the count the declaration names), in order; of two such lists (a vision tower as deep as the text
+model), the text model's. A declared module nested in a wrapper (Zamba2's hybrid layer wraps its
+Mamba layer) stands for the wrapper, whose output it gives.
 
 Attention layers (1-based): the decoder layers whose module tree contains a softmax-attention
 module. A module shared by several layers (Zamba's one attention block, called by every hybrid
