@@ -37,7 +37,7 @@ EXACT, NONE = "exact", "none"
 EXPECTED_EXACT = set("""
     afmoe apertus apertus1p5_text arcee aria_text axk1 axk2 bailing_hybrid bamba bart beam bert bert-generation
     big_bird bigbird_pegasus biogpt bitnet blenderbot blenderbot-small bloom camembert codegen cohere cohere2
-    cohere2_moe ctrl cwm data2vec-text deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 diffllama doge
+    cohere2_moe cpmant ctrl cwm data2vec-text deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 diffllama doge
     dots3_note_text electra emu3 ernie ernie4_5 ernie4_5_moe exaone exaone4 exaone_moe falcon falcon_h1
     flex_olmo flint fuyu gemma gemma2 gemma3 gemma3_text gemma4 gemma4_text gemma4_unified gemma4_unified_text
     git glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa got_ocr2 gpt-sw3 gpt2 gpt_bigcode gpt_neo gpt_neox
@@ -56,7 +56,6 @@ EXPECTED_REFUSED = {
     "reformer": "per chunk and hash bucket",  # transformers returns no [T, T] map either
     "xlnet": "time-major",
     "prophetnet": "n-gram streams",
-    "cpmant": "prepends its prompt tokens",
     "xlm": "its layers are no modules",
     "longcat_flash": "holds 2 attention modules",  # two attention blocks in one layer
     "hrm_text": "model.L_module.layers",  # two stacks, run in cycles

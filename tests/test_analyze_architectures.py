@@ -369,7 +369,7 @@ def test_kimi_linear_runs_on_the_cpu_where_fla_imports():
 SIZES = dict(BASE, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LEGACY = {
     "bloom": {}, "falcon": {}, "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),  # layer 2: local
-    "mpt": {}, "openai-gpt": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
+    "mpt": {}, "openai-gpt": {}, "cpmant": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
     "rembert": dict(is_decoder=True), "roformer": dict(is_decoder=True), "mvp": dict(decoder_layers=2), "trocr": {},
 }
 
@@ -422,13 +422,14 @@ def test_a_legacy_record_reads_transformers_own_maps(name):
     layout = model_layout(model)
     assert layout.full_attention_layers == [1, 2] and layout.weights_on_request
     ids = torch.randint(3, VOCAB, (1, 11))
-    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
     with Capture(model) as cap:
         model(input_ids=ids, use_cache=False)
     assert len(out.attentions) == 2
     for f, reference in zip([1, 2], out.attentions):
         assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
-    assert len(cap.records[-1].residual) == 3
+    # X[0], the input of layer 1, is transformers' first hidden state (CPM-Ant's with its prompt positions left out)
+    assert len(cap.records[-1].residual) == 3 and torch.equal(cap.records[-1].residual[0], out.hidden_states[0])
 
 
 def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenizer, tmp_path):
@@ -456,7 +457,7 @@ def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenize
 REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
-    "xlnet": dict(d_head=16), "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2), "cpmant": {}, "xlm": {},
+    "xlnet": dict(d_head=16), "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2), "xlm": {},
 }
 
 

@@ -362,6 +362,8 @@ class Capture:
         record = self.records[-1]
         if self.layout.residual_head is not None and x.dim() == 4:  # hyper-connection streams, reduced as the model does
             x = self.layout.residual_head(x)
+        if self.layout.prefix:  # CPM-Ant's prompt positions, which the model drops from what it returns
+            x = x[:, self.layout.prefix :]
         if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
             raise CaptureError(
                 f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)}, not [B, T, D] (several "
@@ -419,7 +421,7 @@ class Capture:
         record = self.records[-1]
         if l in record.attentions or l in record.received:
             raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per layer")
-        weights = weights.detach()
+        weights = weights.detach()[..., self.layout.prefix :, self.layout.prefix :]
         if self.reduce:
             record.first_token_attention[l] = first_token_attention_of(weights)
             record.received[l] = received_attention_of(weights)

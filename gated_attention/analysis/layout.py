@@ -16,6 +16,7 @@ declaration does not say enough, a record below says it, as data, in this one pl
   (Reformer's chunks and hash buckets): refused with the reason, in one line.
 - `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
   that reduces them before the final norm is where the residual state is read through.
+- `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
 - `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
   GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
@@ -66,6 +67,7 @@ LEGACY_DECLARATIONS = {
     "gpt_neo": ("GPTNeoBlock", "GPTNeoSelfAttention", None),
     "mpt": ("MptBlock", "MptAttention", None),
     "openai-gpt": ("Block", "Attention", None),
+    "cpmant": ("CpmAntTransformerBlock", "CpmAntAttention", None),
     "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
     "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
     "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
@@ -79,7 +81,6 @@ UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
     "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
     "prophetnet": "its decoder layers carry the n-gram streams beside the main stream ([B, (1 + ngram) T, D])",
-    "cpmant": "it prepends its prompt tokens to every input, so the first position is no token of the input",
     "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
 }
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
@@ -100,6 +101,10 @@ OUTPUT_GATES = {
 # to one before the final norm with a module of their own (the attribute of the text model named here). The residual
 # state X[l] is read through it, as the model reads its last one.
 RESIDUAL_HEADS = {"deepseek_v4": "hc_head", "hy_v4": "hc_head"}
+# Model types that put learned prompt tokens before every input (CPM-Ant: `config.prompt_length` of them) and drop
+# them from the hidden states and maps they return: the residual and maps are read past them, as transformers returns
+# them, so token 0 is the input's first token.
+PROMPT_PREFIXES = {"cpmant": "prompt_length"}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -251,6 +256,8 @@ class ModelLayout:
     weights_on_request: bool = False
     # Reduces the hyper-connection streams `[B, T, N, D]` of a residual state to `[B, T, D]` (`RESIDUAL_HEADS`).
     residual_head: nn.Module | None = None
+    # Prompt positions before the input's tokens (`PROMPT_PREFIXES`), left out of the residual and the maps.
+    prefix: int = 0
     # Whether a module is a declared softmax attention (`attention_in` asks it again of a layer).
     is_attention: Callable[[str, nn.Module], bool] | None = None
 
@@ -402,7 +409,12 @@ def model_layout(model: nn.Module) -> ModelLayout:
     if names is None:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
-                       _residual_head(model), is_attention)
+                       _residual_head(model), _prefix(config), is_attention)
+
+
+def _prefix(config) -> int:
+    field = PROMPT_PREFIXES.get(getattr(config, "model_type", None))
+    return getattr(config, field, 0) if field else 0
 
 
 def _residual_head(model: nn.Module) -> nn.Module | None:
