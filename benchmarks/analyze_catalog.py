@@ -46,7 +46,7 @@ EXPECTED_EXACT = set("""
     jetmoe kimi_linear kolibri1 laguna lara_mini lfm2 lfm3 llama llama4 llama4_text marian mbart megatron-bert
     mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral3 mistral mixtral mllama
     modernbert-decoder moshi moss_transcribe_diarize mpt mvp nanochat nemotron_h olmo olmo2 olmo3 olmo_hybrid
-    olmoe openai-gpt opt pegasus persimmon phi phi3 phi4_multimodal phimoe plbart qwen2 qwen2_moe qwen3 qwen3_5
+    olmoe openai-gpt opt pegasus persimmon phi phi3 phi4_multimodal phimoe plbart prophetnet qwen2 qwen2_moe qwen3 qwen3_5
     qwen3_5_moe qwen3_5_moe_text qwen3_5_text qwen3_moe qwen3_next recurrent_gemma rembert roberta
     roberta-prelayernorm roc_bert roformer sarvam_mla sarvam_moe seed_oss smollm3 solar_open stablelm starcoder2 trocr
     vaultgemma whisper xglm xlm-roberta xlm-roberta-xl youtu zamba zamba2 zaya
@@ -55,7 +55,6 @@ EXPECTED_NONE = {"falcon_mamba", "mamba", "mamba2", "rwkv", "xlstm"}
 EXPECTED_REFUSED = {
     "reformer": "per chunk and hash bucket",  # transformers returns no [T, T] map either
     "xlnet": "time-major",
-    "prophetnet": "n-gram streams",
     "xlm": "its layers are no modules",
     "longcat_flash": "holds 2 attention modules",  # two attention blocks in one layer
     "hrm_text": "model.L_module.layers",  # two stacks, run in cycles

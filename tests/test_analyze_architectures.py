@@ -371,6 +371,7 @@ LEGACY = {
     "bloom": {}, "falcon": {}, "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),  # layer 2: local
     "mpt": {}, "openai-gpt": {}, "cpmant": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
     "rembert": dict(is_decoder=True), "roformer": dict(is_decoder=True), "mvp": dict(decoder_layers=2), "trocr": {},
+    "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2, ngram=2),  # its maps and X: the main stream's
 }
 
 
@@ -457,7 +458,7 @@ def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenize
 REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
-    "xlnet": dict(d_head=16), "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2), "xlm": {},
+    "xlnet": dict(d_head=16), "xlm": {},
 }
 
 

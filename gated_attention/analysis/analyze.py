@@ -373,6 +373,8 @@ def run_analysis(
         raise ValueError("no input has at least two tokens")
     if intervention and not model_layout(model).full_attention_layers:
         raise ValueError(f"--intervene acts at the inputs of attention layers, and {type(model).__name__} has no softmax attention")
+    if intervention and model_layout(model).streams > 1:
+        raise ValueError(f"--intervene edits one residual stream, and {type(model).__name__} carries several (n-gram streams)")
     if intervention and model_layout(model).prefix:
         raise ValueError(f"--intervene edits the first token, and {type(model).__name__} puts its prompt tokens before it")
     if intervention and model_layout(model).residual_head is not None:

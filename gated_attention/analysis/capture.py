@@ -364,6 +364,8 @@ class Capture:
             x = self.layout.residual_head(x)
         if self.layout.prefix:  # CPM-Ant's prompt positions, which the model drops from what it returns
             x = x[:, self.layout.prefix :]
+        if self.layout.streams > 1:  # ProphetNet's n-gram streams after the main one: [B, (1 + n) T, D]
+            x = x[:, : x.shape[1] // self.layout.streams]
         if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
             raise CaptureError(
                 f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)}, not [B, T, D] (several "

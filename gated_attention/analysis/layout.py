@@ -17,6 +17,7 @@ declaration does not say enough, a record below says it, as data, in this one pl
 - `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
   that reduces them before the final norm is where the residual state is read through.
 - `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
+- `MAIN_STREAMS`: models whose residual carries prediction streams after the main one (ProphetNet).
 - `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
   GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
@@ -68,6 +69,7 @@ LEGACY_DECLARATIONS = {
     "mpt": ("MptBlock", "MptAttention", None),
     "openai-gpt": ("Block", "Attention", None),
     "cpmant": ("CpmAntTransformerBlock", "CpmAntAttention", None),
+    "prophetnet": ("ProphetNetDecoderLayer", "ProphetNetNgramSelfAttention", "self_attn"),  # its map: the main stream's
     "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
     "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
     "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
@@ -80,7 +82,6 @@ LEGACY_DECLARATIONS = {
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
     "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
-    "prophetnet": "its decoder layers carry the n-gram streams beside the main stream ([B, (1 + ngram) T, D])",
     "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
 }
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
@@ -105,6 +106,10 @@ RESIDUAL_HEADS = {"deepseek_v4": "hc_head", "hy_v4": "hc_head"}
 # them from the hidden states and maps they return: the residual and maps are read past them, as transformers returns
 # them, so token 0 is the input's first token.
 PROMPT_PREFIXES = {"cpmant": "prompt_length"}
+# Model types whose decoder layers carry prediction streams after the main one, `[B, (1 + n) T, D]` (ProphetNet's
+# `config.ngram` n-gram streams): the residual is read as the main stream, the first T positions, as transformers
+# returns it.
+MAIN_STREAMS = {"prophetnet": "ngram"}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -258,6 +263,8 @@ class ModelLayout:
     residual_head: nn.Module | None = None
     # Prompt positions before the input's tokens (`PROMPT_PREFIXES`), left out of the residual and the maps.
     prefix: int = 0
+    # Streams the residual carries, the main one first (`MAIN_STREAMS`): 1 + ProphetNet's n-gram streams.
+    streams: int = 1
     # Whether a module is a declared softmax attention (`attention_in` asks it again of a layer).
     is_attention: Callable[[str, nn.Module], bool] | None = None
 
@@ -311,7 +318,7 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int],
     if matching:
         return matching[0]
     found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
-    if len(groups) == 1 and set(counts) - {"num_hidden_layers", "decoder_layers"}:
+    if len(groups) == 1 and set(counts) - {"num_hidden_layers", "decoder_layers", "num_decoder_layers"}:
         # the declaration counts layer calls (Inkling2-loop's total_num_hidden_layers): some layers run several times
         (key, n), (where, layers) = next(iter(counts.items())), next(iter(groups.items()))
         raise LayoutError(
@@ -389,9 +396,10 @@ def model_layout(model: nn.Module) -> ModelLayout:
     """
     config = text_config(model)
     declared = declaration(model)
-    # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder.
+    # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder
+    # (decoder_layers; ProphetNet's num_decoder_layers).
     # A declaration may name its own count (Longcat-Flash's layers hold two attention blocks each: num_layers).
-    keys = [s.num_layers_key for s in declared["hidden_states"] if s.num_layers_key] or ["num_hidden_layers", "decoder_layers"]
+    keys = [s.num_layers_key for s in declared["hidden_states"] if s.num_layers_key] or ["num_hidden_layers", "decoder_layers", "num_decoder_layers"]
     counts = {key: n for key in keys if isinstance(n := getattr(config, key, None), int)}
     layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None))
     is_attention = _softmax_attention(declared["attentions"])
@@ -409,12 +417,17 @@ def model_layout(model: nn.Module) -> ModelLayout:
     if names is None:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
-                       _residual_head(model), _prefix(config), is_attention)
+                       _residual_head(model), _prefix(config), _streams(config), is_attention)
 
 
 def _prefix(config) -> int:
     field = PROMPT_PREFIXES.get(getattr(config, "model_type", None))
     return getattr(config, field, 0) if field else 0
+
+
+def _streams(config) -> int:
+    field = MAIN_STREAMS.get(getattr(config, "model_type", None))
+    return 1 + getattr(config, field, 0) if field else 1
 
 
 def _residual_head(model: nn.Module) -> nn.Module | None:
