@@ -360,3 +360,347 @@ def test_kimi_linear_runs_on_the_cpu_where_fla_imports():
         model(input_ids=ids, use_cache=False)
     assert sorted(cap.records[-1].attentions) == [2, 4]
     assert math.isfinite(float(cap.records[-1].residual[-1].abs().max()))
+
+
+# ---------------------------------------------------------------- legacy classes, refusals, models without attention
+
+# Model types whose classes predate `_can_record_outputs` (layout.LEGACY_DECLARATIONS): the fields a tiny model
+# needs beyond SIZES, given to transformers' config class (its `attribute_map` takes the common names).
+SIZES = dict(BASE, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+LEGACY = {
+    "bloom": {}, "falcon": {}, "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),  # layer 2: local
+    "mpt": {}, "openai-gpt": {}, "cpmant": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
+    "rembert": dict(is_decoder=True), "roformer": dict(is_decoder=True), "mvp": dict(decoder_layers=2), "trocr": {},
+    "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2, ngram=2),  # its maps and X: the main stream's
+}
+
+
+def shipped(model_type: str) -> None:
+    """Skip where the installed transformers has no such model (the floor release predates many)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers_version()} ships no {model_type!r}")
+
+
+def counts_its_own_layers(model: nn.Module) -> None:
+    """Longcat-Flash's declaration names its layer count (num_layers) in releases whose OutputRecorder has the field."""
+    from gated_attention.analysis.layout import declaration
+
+    if not any(spec.num_layers_key for spec in declaration(model)["hidden_states"]):
+        pytest.skip(f"transformers {transformers_version()}'s declarations name no layer count: Longcat-Flash is refused "
+                    "on its layer count instead")
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def tiny(model_type: str, **fields) -> nn.Module:
+    shipped(model_type)
+    # None: the default (a config that takes the field under other names only)
+    config = AutoConfig.for_model(model_type, **{k: v for k, v in {**SIZES, **fields}.items() if v is not None})
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_every_legacy_record_is_tested():
+    from gated_attention.analysis.layout import LEGACY_DECLARATIONS
+
+    assert sorted(LEGACY) == sorted(LEGACY_DECLARATIONS)
+
+
+@pytest.mark.parametrize("name", list(LEGACY))
+@torch.no_grad()
+def test_a_legacy_record_reads_transformers_own_maps(name):
+    model = tiny(name, **LEGACY[name])
+    from transformers import PreTrainedModel
+
+    declared = [type(m).__name__ for m in model.modules() if isinstance(m, PreTrainedModel) and getattr(m, "_can_record_outputs", None)]
+    assert not declared, f"transformers declares {declared} now: delete the {name!r} record of layout.LEGACY_DECLARATIONS"
+    layout = model_layout(model)
+    assert layout.full_attention_layers == [1, 2] and layout.weights_on_request
+    ids = torch.randint(3, VOCAB, (1, 11))
+    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    assert len(out.attentions) == 2
+    for f, reference in zip([1, 2], out.attentions):
+        assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
+    # X[0], the input of layer 1, is transformers' first hidden state (CPM-Ant's with its prompt positions left out)
+    assert len(cap.records[-1].residual) == 3 and torch.equal(cap.records[-1].residual[0], out.hidden_states[0])
+
+
+def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenizer, tmp_path):
+    from gated_attention.analysis.samples import builtin_samples
+
+    model = tiny("falcon")
+    folder, report = tmp_path / "falcon", tmp_path / "out"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "24",
+                 "--bootstrap", "20"]) == 0  # fmt: skip
+    # transformers' own maps on the same inputs: F-Attn per layer, the mean over inputs, heads and queries q >= 1.
+    first = {1: [], 2: []}
+    with torch.no_grad():
+        for sample in builtin_samples(1):
+            ids = tokenizer(sample.text, truncation=True, max_length=24, return_tensors="pt")["input_ids"]
+            for f, a in zip([1, 2], model(input_ids=ids, output_attentions=True, use_cache=False).attentions):
+                first[f].append(a[0, :, 1:, 0].double().mean(-1))
+    layers = _csv(report / "layers.csv")
+    for f in (1, 2):
+        assert abs(float(layers[f]["f_attn"]) - torch.stack(first[f]).mean().item()) <= 1e-6
+
+
+# Model types whose weights are no per-layer [T, T] map of the input (layout.UNREADABLE), and the fields of a tiny one.
+REFUSED = {
+    "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
+                     attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
+    "xlnet": dict(d_head=16), "xlm": {},
+}
+
+
+def test_every_refusal_is_tested():
+    from gated_attention.analysis.layout import UNREADABLE
+
+    assert sorted(REFUSED) == sorted(UNREADABLE)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
+    from gated_attention.analysis.layout import UNREADABLE, LayoutError
+
+    model = tiny(name, **REFUSED[name])
+    with pytest.raises(LayoutError) as e:
+        model_layout(model)
+    assert str(e.value) == f"{type(model).__name__} cannot be analysed: {UNREADABLE[name]}"
+    if name == "reformer":  # the reason, as transformers' own output shows it: chunks, not [B, H, T, T]
+        with torch.no_grad():
+            out = model(input_ids=torch.randint(3, VOCAB, (1, 16)), output_attentions=True, use_cache=False)
+        assert out.attentions[0].shape == (1, 4, 4, 4, 8)
+
+
+def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, capsys):
+    folder, report = tmp_path / "model", tmp_path / "out"
+    tiny("reformer", **REFUSED["reformer"]).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    capsys.readouterr()
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("gated-attention analyze: error: ReformerModelWithLMHead cannot be analysed: ")
+    assert not report.exists()
+
+
+def test_xlstm_has_no_softmax_attention(tokenizer, tmp_path):
+    model = tiny("xlstm", num_blocks=2, num_heads=4)
+    layout = model_layout(model)
+    assert layout.num_layers == 2 and layout.full_attention_layers == []
+    folder, report = tmp_path / "xlstm", tmp_path / "out"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16",
+                 "--bootstrap", "20"]) == 0  # fmt: skip
+    assert "the model has no softmax attention" in (report / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------- attention output gates transformers ships
+
+
+def catalog():
+    """benchmarks/analyze_catalog.py, whose tiny model of any causal-LM type these tests build."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "analyze_catalog" not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / "analyze_catalog.py"
+        spec = importlib.util.spec_from_file_location("analyze_catalog", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["analyze_catalog"]
+
+
+# model type -> (the gate's name under the decoder layer, its score when its projection outputs 0)
+GATED = {
+    "lfm3": ("self_attn.g_proj", 0.5),
+    "bailing_hybrid": ("self_attn.g_proj", 0.5),
+    "laguna": ("self_attn.g_proj", math.log(2.0)),  # softplus
+    "inkling2_text": ("self_attn.o_proj.gate_proj", 0.5),
+    "dots3_note_text": ("self_attn.g_proj", 0.5),
+    "hy_v4": ("self_attn.gate_proj", 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(GATED))
+@torch.no_grad()
+def test_output_gates_transformers_ships_are_captured_by_their_own_names(name):
+    shipped(name)
+    model = catalog().build(name)
+    layout = model_layout(model)
+    gate, at_zero = GATED[name]
+    assert sorted(layout.gates) == layout.full_attention_layers and layout.gates
+    assert {site.name for site in layout.gates.values()} == {gate}
+    ids = torch.randint(3, 200, (1, 12))
+    f = layout.full_attention_layers[-1]
+    site, attention = layout.gates[f], layout.attention_modules[f]
+    seen = []
+    handle = attention.register_forward_hook(lambda m, args, out: seen.append(out[0]))
+    try:
+        with torch_linear_attention(model):
+            model(input_ids=ids, use_cache=False)
+            site.module.weight.zero_()  # the gate's projection outputs 0: every score is its activation at 0
+            model(input_ids=ids, use_cache=False)
+    finally:
+        handle.remove()
+    assert not torch.equal(*seen)  # the gate is the one the attention's output goes through
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    scores = cap.records[-1].gates[f]
+    assert scores.shape[:3] == (1, 12, site.num_heads)
+    torch.testing.assert_close(scores, torch.full_like(scores, at_zero), rtol=0, atol=1e-7)
+
+
+# ---------------------------------------------------------------- hyper-connections, towers, loops, composite configs
+
+
+@pytest.mark.parametrize("name", ["deepseek_v4", "hy_v4"])
+@torch.no_grad()
+def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
+    shipped(name)
+    model = catalog().build(name)
+    layout = model_layout(model)
+    assert layout.residual_head is model.model.hc_head
+    ids = torch.randint(3, 200, (1, 12))
+    with torch_linear_attention(model):
+        model.set_attn_implementation("eager")
+        out = model.model(input_ids=ids, output_attentions=True, use_cache=False)
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    record = cap.records[-1]
+    assert [tuple(x.shape) for x in record.residual] == [(1, 12, HIDDEN)] * (layout.num_layers + 1)
+    # X[L] is what the model's own head reduces its streams to: through the final norm, its last hidden state.
+    torch.testing.assert_close(model.model.norm(record.residual[-1]), out.last_hidden_state, rtol=0, atol=0)
+    for f, reference in zip(layout.full_attention_layers, out.attentions):
+        assert torch.equal(record.attentions[f], reference), f"layer {f}"
+
+
+@pytest.mark.parametrize("name", ["git", "got_ocr2", "gemma3"])
+@torch.no_grad()
+def test_the_text_model_beside_a_tower_as_deep_is_the_one_read(name):
+    shipped(name)
+    model = catalog().build(name)  # the catalog makes the vision tower as deep as the text model: 2 layers each
+    layout = model_layout(model)
+    text = model.get_decoder() if name != "git" else model.git.encoder
+    assert all(any(layer is m for m in text.modules()) for layer in layout.layers)
+    ids = torch.randint(3, 200, (1, 12))
+    with Capture(model) as cap:  # GOT-OCR2's text model is switched to eager attention too
+        model(input_ids=ids, use_cache=False)
+    model.set_attn_implementation("eager")
+    for sub in model.modules():  # the reference: every submodel eager, as the capture runs it
+        if hasattr(sub, "set_attn_implementation") and sub.config._attn_implementation != "eager":
+            sub.set_attn_implementation("eager")
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    maps = [a for a in out.attentions if a.shape[-1] == 12]
+    assert len(maps) == len(layout.full_attention_layers)
+    for f, reference in zip(layout.full_attention_layers, maps):
+        assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
+
+
+def test_a_layer_that_runs_twice_in_one_forward_is_one_line_not_the_last_pass():
+    from gated_attention.analysis.capture import CaptureError
+
+    model = tiny("llama", num_key_value_heads=2)
+    with Capture(model) as cap:
+        model.config.num_hidden_layers = 4  # the model now runs its two layers twice (a loop from layer 1)
+        model.model.layers = nn.ModuleList([*model.model.layers, *model.model.layers])
+        with pytest.raises(CaptureError, match=r"^LlamaForCausalLM layer 1 ran again in one forward \(the model runs its layers in a loop\)"):
+            model(input_ids=torch.randint(3, VOCAB, (1, 9)), use_cache=False)
+
+
+@torch.no_grad()
+def test_a_capture_reads_the_base_model_run_alone_too():
+    model = tiny("llama", num_key_value_heads=2)
+    ids = torch.randint(3, VOCAB, (1, 9))
+    with Capture(model) as cap:
+        model.model(input_ids=ids, use_cache=False)  # not through the causal LM the capture was opened on
+        model(input_ids=ids, use_cache=False)
+    assert len(cap.records) == 2 and [len(r.residual) for r in cap.records] == [3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(cap.records[0].residual, cap.records[1].residual))
+
+
+def test_two_attention_blocks_in_one_layer_are_one_line():
+    from gated_attention.analysis.layout import LayoutError
+
+    shipped("longcat_flash")
+    model = catalog().build("longcat_flash")
+    counts_its_own_layers(model)
+    with pytest.raises(LayoutError, match="^LongcatFlashDecoderLayer holds 2 attention modules; the analysis reads one per layer$"):
+        model_layout(model)
+
+
+# ---------------------------------------------------------------- a sample of the whole catalog
+
+# Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
+# models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
+# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps.
+SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
+          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text"]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_a_sample_of_the_catalog_has_its_expected_outcome(name):
+    shipped(name)
+    cat = catalog()
+    if name == "longcat_flash":
+        counts_its_own_layers(cat.build(name))
+    from gated_attention.analysis.samples import builtin_samples
+
+    kind, detail = cat.outcome(name, cat.tokenizer(), builtin_samples(1))
+    assert kind == cat.expected(name), detail
+    if kind == "refused":
+        assert cat.EXPECTED_REFUSED[name] in detail and "\n" not in detail
+
+
+def test_the_catalog_flags_a_type_it_has_no_expectation_for(monkeypatch, capsys):
+    cat = catalog()
+    monkeypatch.setattr(cat, "EXPECTED_EXACT", cat.EXPECTED_EXACT - {"gpt2"})  # as a new transformers type would be
+    assert cat.main(["gpt2", "bloom"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:3] for line in out.splitlines()[:2]] == [["gpt2", "exact", "NEW"], ["bloom", "exact", "2"]]
+    assert "flagged: 1 (gpt2)" in out
+
+
+@pytest.mark.parametrize("name", ["Emu3", "Mllama"])
+def test_a_text_model_saved_alone_loads_with_the_class_its_config_names(name, tmp_path, capsys):
+    """Emu3ForCausalLM / MllamaForCausalLM save model type "emu3_text_model", which no Auto class maps."""
+    import transformers
+
+    shipped(f"{name.lower()}_text_model")
+    cat = catalog()
+    config_class = getattr(transformers, f"{name}TextConfig")
+    fields = {k: v for k, v in cat.shrink(config_class().to_dict()).items() if k not in ("model_type", "transformers_version")}
+    if name == "Mllama":
+        fields["cross_attention_layers"] = [1]  # layer 2 attends to an image: it does not run without one
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{name}ForCausalLM")(config_class(**fields)).eval()
+    folder, report, tok = tmp_path / "model", tmp_path / "out", cat.tokenizer()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    capsys.readouterr()
+    code = main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "24", "--bootstrap", "10"])
+    if name == "Mllama":
+        assert code == 2 and not report.exists()
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "gated-attention analyze: error: MllamaForCausalLM layer 2: the decoder layer did not run in this forward, "
+            "so it has no output")
+        return
+    assert code == 0
+    from gated_attention.analysis.samples import builtin_samples
+
+    rows = [r for r in _csv(report / "layers.csv") if r["is_attention"] == "True"]
+    reference = cat.reference_f_attn(model, tok, builtin_samples(1), [int(r["layer"]) for r in rows], len(rows))
+    assert [abs(float(r["f_attn"]) - reference[int(r["layer"])]) <= 1e-6 for r in rows] == [True] * len(rows) == [True, True]

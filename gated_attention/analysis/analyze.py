@@ -80,11 +80,13 @@ class GateAccumulator:
 
 
 def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
-    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`)."""
+    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`).
+
+    Layers with fewer heads than others (Inkling2's full and sliding layers differ) are NaN-padded to the most."""
     token_max = torch.stack([x[b].cpu() for x in record.token_max]).numpy()  # the layers may sit on several devices
     fa = layout.full_attention_layers
     sink = M.consensus_sink_of(record.received[f][b].cpu().numpy() for f in fa)
-    first = np.stack([record.first_token_attention[f][b].cpu().numpy() for f in fa]) if fa else np.zeros((0, 0))
+    first = _pad_heads([record.first_token_attention[f][b].cpu().numpy()[None] for f in fa])[:, 0] if fa else np.zeros((0, 0))
     return token_max, sink, first
 
 
@@ -179,7 +181,7 @@ def run_interventions(model: nn.Module, inputs, device, kind: str, k: int) -> li
 def input_metrics(result: InputResult, full_attention_layers: list[int]) -> dict:
     fa = full_attention_layers
     row = {
-        "f_attn": float(np.mean(result.first_token_attention)) if result.first_token_attention.size else M.NAN,
+        "f_attn": float(np.nanmean(result.first_token_attention)) if result.first_token_attention.size else M.NAN,
         "m_act": float(result.m_act_layers[1:].mean()),
         **{f"gate_{key}": value for key, value in result.gate.items()},
     }
@@ -283,6 +285,13 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _gate_name(site) -> str:
+    """A gate as the model names it: its module under the decoder layer, and what makes its scores."""
+    how = {"attn_gate": "this package's gate", "q_proj": "sigmoid of each head's second half",
+           "projection": site.activation}[site.kind]
+    return f"`{site.name}`, {how}"
+
+
 def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, metric_rows, intervention_rows, plots) -> None:
     fa = layout.full_attention_layers
     domains: dict[str, int] = {}
@@ -303,7 +312,8 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, 
         )
     else:
         lines += [
-            f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}",
+            f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}"
+            + "".join(f" ({name})" for name in dict.fromkeys(_gate_name(site) for site in layout.gates.values())),
             f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
         ]
     lines += [
@@ -369,6 +379,12 @@ def run_analysis(
                          f"{rows} rows: the tokenizer is not this model's (see --tokenizer)")
     if intervention and not model_layout(model).full_attention_layers:
         raise ValueError(f"--intervene acts at the inputs of attention layers, and {type(model).__name__} has no softmax attention")
+    if intervention and model_layout(model).streams > 1:
+        raise ValueError(f"--intervene edits one residual stream, and {type(model).__name__} carries several (n-gram streams)")
+    if intervention and model_layout(model).prefix:
+        raise ValueError(f"--intervene edits the first token, and {type(model).__name__} puts its prompt tokens before it")
+    if intervention and model_layout(model).residual_head is not None:
+        raise ValueError(f"--intervene edits one residual stream, and {type(model).__name__} carries several (hyper-connections)")
 
     layout, results, gates = capture_inputs(model, inputs, device)
     fa = layout.full_attention_layers

@@ -16,7 +16,9 @@ Attention maps come from the model's own eager attention path: while a
 weights each attention module returns, as transformers' `output_attentions`
 does. Recomputing them from captured q/k instead would need every family's
 RoPE, q/k-norm and GQA details; the eager path is the model's own arithmetic,
-for every family at once. An attention layer that returns no weights, or does
+for every family at once. A legacy class (`layout.LEGACY_DECLARATIONS`) computes
+its weights only when asked: the model is then called with `output_attentions=True`
+while the capture is open. An attention layer that returns no weights, or does
 not run, is a `CaptureError` naming the model class and the layer: never a
 missing map that later metrics would silently skip.
 
@@ -66,6 +68,10 @@ _LAYER_DELTA_RULE_ATTRS = {
 }
 
 
+# The activations of `layout.OUTPUT_GATES`.
+GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
+
+
 class CaptureError(ValueError):
     """What a model gave cannot be captured as asked; the message is one line for the user."""
 
@@ -98,16 +104,44 @@ def input_device(model: nn.Module) -> torch.device:
 
 @contextlib.contextmanager
 def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run `model` with `attn_implementation="eager"` (attention modules then return their weights)."""
-    previous = getattr(model.config, "_attn_implementation", None)
-    if previous in (None, "eager"):
+    """Run `model` with `attn_implementation="eager"` (attention modules then return their weights).
+
+    A composite model's submodels keep their own setting (GOT-OCR2's text model stays "sdpa" when the
+    whole is set): each submodel that is not eager afterwards is set too, and each restored on exit.
+    """
+    from transformers import PreTrainedModel
+
+    subs = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    previous = [(m, getattr(m.config, "_attn_implementation", None)) for m in subs]
+    if all(p in (None, "eager") for _, p in previous):
         yield
         return
-    model.set_attn_implementation("eager")
+    for m in subs:
+        if getattr(m.config, "_attn_implementation", None) not in (None, "eager"):
+            m.set_attn_implementation("eager")
     try:
         yield
     finally:
-        model.set_attn_implementation(previous)
+        for m, p in previous:
+            if getattr(m.config, "_attn_implementation", None) != p:
+                m.set_attn_implementation(p)
+
+
+@contextlib.contextmanager
+def weights_requested(model: nn.Module) -> Iterator[None]:
+    """Call `model` with `output_attentions=True`: a legacy attention class (`layout.LEGACY_DECLARATIONS`) computes
+    its weights only when asked. The model then also returns every layer's map, as transformers' own flag does."""
+
+    def pre_hook(module, args, kwargs):
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+        bound.arguments["output_attentions"] = True
+        return bound.args, bound.kwargs
+
+    handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager
@@ -188,11 +222,11 @@ def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
 
     def make_post_hook(l: int):
         def post_hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            new = fn(l, hidden)
+            several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
+            new = fn(l, output[0] if several else output)
             if new is None:
                 return None
-            return (new, *output[1:]) if isinstance(output, tuple) else new
+            return type(output)([new, *output[1:]]) if several else new
 
         return post_hook
 
@@ -248,15 +282,19 @@ def first_token_attention_of(weights: torch.Tensor) -> torch.Tensor:
 def received_attention_of(weights: torch.Tensor) -> torch.Tensor:
     """`metrics.received_attention` on a batch of maps: `[B, H, T, T]` -> `[B, T]` float64.
 
-    The sum runs in float64 over the map as the model computed it; `tril` copies one map in its dtype.
+    The sum runs in float64 over the map as the model computed it; `tril` copies one map in its dtype. Keys past
+    the T tokens (DeepSeek-V4 appends its compressed blocks after them: `[B, H, T, T + blocks]`) are no token's.
     """
-    return weights.tril(-1).sum(-2, dtype=torch.float64).mean(1)
+    return weights[..., : weights.shape[-2]].tril(-1).sum(-2, dtype=torch.float64).mean(1)
 
 
 def gate_scores(site: GateSite, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
     """The gate's scores from its module's output: `[B, T, H, D or 1]`, or `[B, T, hidden]` for G5."""
     if site.kind == "attn_gate":
         return module.gate_scores.to_heads(module.gate_scores(output))
+    if site.kind == "projection":  # [B, T, H * W] -> [B, T, H, W], activated as the model does, in float32
+        scores = GATE_ACTIVATIONS[site.activation](output.float())
+        return scores.view(*scores.shape[:-1], site.num_heads, site.head_dim)
     # q_proj -> [B, T, H, 2 * head_dim]: query, then gate logits, per head
     return torch.sigmoid(output.view(*output.shape[:-1], site.num_heads, 2 * site.head_dim)[..., site.head_dim :])
 
@@ -286,6 +324,8 @@ class Capture:
         self.layout = model_layout(model)
         self.records: list[Record] = []
         self._layer: int | None = None  # the decoder layer running now (1-based)
+        self._next = 0
+        self._in_forward = False
         self._stack: contextlib.ExitStack | None = None
 
     def clear(self) -> None:
@@ -295,10 +335,42 @@ class Capture:
         return f"{type(self.model).__name__} layer {l}" if l is not None else f"{type(self.model).__name__}"
 
     # hooks -----------------------------------------------------------
+    def _on_forward(self, module, args) -> None:
+        self.records.append(Record())
+        self._next = 0  # the residual state l the next decoder-layer hook must give
+        self._in_forward = True
+
+    def _on_forward_end(self, module, args, output) -> None:
+        self._in_forward = False
+        if self._next <= self.layout.num_layers:  # a layer the model skipped (Mllama's cross-attention without an image)
+            raise CaptureError(
+                f"{self._where(max(self._next, 1))}: the decoder layer did not run in this forward, so it has no output"
+            )
+
     def _on_residual(self, l: int, x: torch.Tensor) -> None:
-        if l == 0:  # layer 1's input: a new forward call starts
+        if l == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
             self.records.append(Record())
+            self._next = 0
+        # Each state once per forward, in order: a layer that runs again (a model that loops over its layers)
+        # would otherwise replace the first pass's numbers with the last's.
+        if l != self._next:
+            raise CaptureError(
+                f"{self._where(max(l, 1))} ran {'again' if l < self._next else 'out of order'} in one forward (the model "
+                f"runs its layers in a loop); the analysis reads each decoder layer once"
+            )
+        self._next += 1
         record = self.records[-1]
+        if self.layout.residual_head is not None and x.dim() == 4:  # hyper-connection streams, reduced as the model does
+            x = self.layout.residual_head(x)
+        if self.layout.prefix:  # CPM-Ant's prompt positions, which the model drops from what it returns
+            x = x[:, self.layout.prefix :]
+        if self.layout.streams > 1:  # ProphetNet's n-gram streams after the main one: [B, (1 + n) T, D]
+            x = x[:, : x.shape[1] // self.layout.streams]
+        if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
+            raise CaptureError(
+                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)}, not [B, T, D] (several "
+                f"streams), which the analysis does not read"
+            )
         if self.want_residual:
             if self.reduce:
                 record.token_max.append(x.detach().abs().amax(-1).float())
@@ -319,6 +391,8 @@ class Capture:
         for l, layer in enumerate(self.layout.layers, start=1):
             def enter(module, args, l=l):
                 self._layer = l
+                if self.want_attentions and l in self.layout.attention_modules:
+                    self._follow_attention(l, stack)
 
             def leave(module, args, output):
                 self._layer = None
@@ -326,11 +400,21 @@ class Capture:
             stack.callback(layer.register_forward_pre_hook(enter).remove)
             stack.callback(layer.register_forward_hook(leave).remove)
 
+    def _follow_attention(self, l: int, stack: contextlib.ExitStack) -> None:
+        """Hook the attention module layer l holds now, if the model replaced the one the layout found."""
+        current = self.layout.attention_in(l)
+        if current is None or current is self.layout.attention_modules[l]:
+            return
+        hooked = {id(m) for m in self.layout.attention_modules.values()}
+        self.layout.attention_modules[l] = current
+        if id(current) not in hooked:
+            stack.callback(current.register_forward_hook(self._attention_hook).remove)
+
     def _attention_hook(self, module, args, output) -> None:
         l = self._layer
         if l not in self.layout.attention_modules:
             return  # called outside the decoder layers that hold it (none of ours do)
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             raise CaptureError(
                 f"{self._where(l)}: {type(module).__name__} returned no attention weights, so its attention map "
@@ -339,7 +423,7 @@ class Capture:
         record = self.records[-1]
         if l in record.attentions or l in record.received:
             raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per layer")
-        weights = weights.detach()
+        weights = weights.detach()[..., self.layout.prefix :, self.layout.prefix :]
         if self.reduce:
             record.first_token_attention[l] = first_token_attention_of(weights)
             record.received[l] = received_attention_of(weights)
@@ -364,11 +448,17 @@ class Capture:
     def __enter__(self) -> Capture:
         stack = contextlib.ExitStack()
         try:
-            if self.want_attentions:
+            if self.want_attentions and self.layout.weights_on_request:
+                # A legacy class picks its weight-returning path itself when asked, as transformers' flag does
+                # (Falcon cannot switch its implementation and says so).
+                stack.enter_context(weights_requested(self.model))
+            elif self.want_attentions:
                 stack.enter_context(eager_attention(self.model))
             stack.enter_context(torch_linear_attention(self.model))
+            stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record
+            stack.callback(self.model.register_forward_hook(self._on_forward_end).remove)
             self._layer_hooks(stack)
-            # The residual hook opens each Record, so it is always installed.
+            # The residual hook checks each layer runs once, so it is always installed.
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
             if self.want_attentions:
                 for module in {id(m): m for m in self.layout.attention_modules.values()}.values():
@@ -385,6 +475,6 @@ class Capture:
 
     def __exit__(self, *exc_info) -> None:
         stack, self._stack = self._stack, None
-        self._layer = None
+        self._layer, self._in_forward = None, False
         if stack is not None:
             stack.close()

@@ -12,10 +12,23 @@ declaration does not say enough, a record below says it, as data, in this one pl
   class in `_no_split_modules`, their attention the package's softmax-attention class.
 - `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax map (MiniMax's
   lightning attention is linear attention).
+- `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
+  (Reformer's chunks and hash buckets): refused with the reason, in one line.
+- `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
+  that reduces them before the final norm is where the residual state is read through.
+- `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
+- `MAIN_STREAMS`: models whose residual carries prediction streams after the main one (ProphetNet).
+- `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
+- `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
+  GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
+  Their attention returns its weights only when the model is called with `output_attentions=True`,
+  which `Capture` then passes (`ModelLayout.weights_on_request`).
 
 Decoder layers: the entries of the `ModuleList` that holds (or is made of) the declared
-hidden-state modules, one per `config.num_hidden_layers`, in order. A declared module nested in a
-wrapper (Zamba2's hybrid layer wraps its Mamba layer) stands for the wrapper, whose output it gives.
+hidden-state modules, one per `config.num_hidden_layers` (an encoder-decoder's `decoder_layers`, or
+the count the declaration names), in order; of two such lists (a vision tower as deep as the text
+model), the text model's. A declared module nested in a wrapper (Zamba2's hybrid layer wraps its
+Mamba layer) stands for the wrapper, whose output it gives.
 
 Attention layers (1-based): the decoder layers whose module tree contains a softmax-attention
 module. A module shared by several layers (Zamba's one attention block, called by every hybrid
@@ -30,19 +43,73 @@ name for the others.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from torch import nn
 
 # ---------------------------------------------------------------- records: what declarations do not say
 
-# transformers model types without `_can_record_outputs`, because they have no attention output to record.
-UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv"}
+# transformers model types that declare no attention output, because they have no attention (xLSTM declares
+# its hidden states only).
+UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
 # Packages whose model classes declare nothing: the module of their softmax attention class.
 PACKAGE_DECLARATIONS = {"fla": {"attentions": ("fla.layers.attn", "Attention")}}
 # Classes declared under "attentions" whose output is no softmax attention map.
 NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
+# transformers model types that declare nothing because their classes predate the declaration, although their
+# attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
+# attention class, and the attribute the attention sits under where a layer holds another of the same class
+# (an encoder-decoder's decoder layer also holds its cross-attention, which a causal LM never runs).
+# tests/test_analyze_architectures.py fails for a record once transformers declares that model: delete it then.
+LEGACY_DECLARATIONS = {
+    "bloom": ("BloomBlock", "BloomAttention", None),
+    "falcon": ("FalconDecoderLayer", "FalconAttention", None),
+    "gpt_neo": ("GPTNeoBlock", "GPTNeoSelfAttention", None),
+    "mpt": ("MptBlock", "MptAttention", None),
+    "openai-gpt": ("Block", "Attention", None),
+    "cpmant": ("CpmAntTransformerBlock", "CpmAntAttention", None),
+    "prophetnet": ("ProphetNetDecoderLayer", "ProphetNetNgramSelfAttention", "self_attn"),  # its map: the main stream's
+    "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
+    "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
+    "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
+    "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
+    "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
+    "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
+}
+# transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
+# tokens, with the reason, said in one line instead of a wrong number.
+UNREADABLE = {
+    "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
+    "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
+    "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
+}
+# Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
+# (named under the attention module as the model names its parameters) and the activation the model applies to its
+# output, `[B, T, H]` (a score per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width.
+OUTPUT_GATES = {
+    "Lfm3Attention": ("g_proj", "sigmoid"),
+    "BailingHybridAttention": ("g_proj", "sigmoid"),
+    "LagunaAttention": ("g_proj", "softplus"),
+    "Dots3NoteTextAttention": ("g_proj", "sigmoid"),
+    "HYV4Attention": ("gate_proj", "sigmoid"),
+    "Inkling2SlidingAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2FullAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2LoopSlidingAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2LoopFullAttention": ("o_proj.gate_proj", "sigmoid"),
+}
+# Hyper-connections: model types whose decoder layers pass several residual streams on ([B, T, N, D]) and reduce them
+# to one before the final norm with a module of their own (the attribute of the text model named here). The residual
+# state X[l] is read through it, as the model reads its last one.
+RESIDUAL_HEADS = {"deepseek_v4": "hc_head", "hy_v4": "hc_head"}
+# Model types that put learned prompt tokens before every input (CPM-Ant: `config.prompt_length` of them) and drop
+# them from the hidden states and maps they return: the residual and maps are read past them, as transformers returns
+# them, so token 0 is the input's first token.
+PROMPT_PREFIXES = {"cpmant": "prompt_length"}
+# Model types whose decoder layers carry prediction streams after the main one, `[B, (1 + n) T, D]` (ProphetNet's
+# `config.ngram` n-gram streams): the residual is read as the main stream, the first T positions, as transformers
+# returns it.
+MAIN_STREAMS = {"prophetnet": "ngram"}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -61,6 +128,8 @@ class Spec:
     target_class: type | None = None
     class_name: str | None = None
     layer_name: str | None = None
+    # The config field that counts these modules, where it is not num_hidden_layers (Longcat-Flash: num_layers).
+    num_layers_key: str | None = None
 
     def matches(self, name: str, module: nn.Module) -> bool:
         hit = (self.target_class is not None and isinstance(module, self.target_class)) or (
@@ -80,7 +149,9 @@ def _specs(value) -> list[Spec]:
         elif isinstance(item, str):
             out.append(Spec(class_name=item))
         else:  # transformers' OutputRecorder
-            out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None), getattr(item, "layer_name", None)))
+            key = getattr(item, "num_hidden_layers_key", None)
+            out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None),
+                            getattr(item, "layer_name", None), None if key == "num_hidden_layers" else key))
     return out
 
 
@@ -104,6 +175,19 @@ def _package_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
     return declared
 
 
+def _legacy_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
+    record = LEGACY_DECLARATIONS.get(getattr(getattr(module, "config", None), "model_type", None))
+    if record is None:
+        return None
+    layer, attention, attribute = record
+    source = importlib.import_module(type(module).__module__)
+    classes = getattr(source, layer, None), getattr(source, attention, None)
+    if None in classes:  # a release whose classes are named otherwise: no record applies
+        return None
+    return {"hidden_states": [Spec(target_class=classes[0])],
+            "attentions": [Spec(target_class=classes[1], layer_name=attribute)]}
+
+
 def _no_split_specs(module: nn.Module) -> list[Spec]:
     # accelerate's `_no_split_modules`: the class names of the blocks a model is made of, its decoder layers.
     names = getattr(module, "_no_split_modules", None) or []
@@ -111,13 +195,20 @@ def _no_split_specs(module: nn.Module) -> list[Spec]:
 
 
 def declaration(model: nn.Module) -> dict[str, list[Spec]]:
-    """The hidden-state and attention specs of `model`: its declaration, merged over submodels, completed by the records."""
-    declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": []}
+    """The hidden-state and attention specs of `model`: its declaration, merged over submodels, completed by the records.
+
+    Key "legacy": one entry per submodel read from `LEGACY_DECLARATIONS` (its attention returns weights on request).
+    """
+    declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": [], "legacy": []}
     undeclared_attention = []
     for sub in _pretrained_models(model):
         own = {k: _specs(v) for k, v in (getattr(sub, "_can_record_outputs", None) or {}).items()}
         package = _package_declaration(sub)
         model_type = getattr(getattr(sub, "config", None), "model_type", None)
+        if model_type in UNREADABLE:
+            raise LayoutError(f"{type(model).__name__} cannot be analysed: {UNREADABLE[model_type]}")
+        if not own and (legacy := _legacy_declaration(sub)) is not None:
+            own = {**legacy, "legacy": legacy["attentions"]}
         if not own.get("hidden_states"):
             own["hidden_states"] = _no_split_specs(sub)
         if "attentions" not in own:
@@ -146,13 +237,17 @@ class GateSite:
 
     kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the gate's logits flat and whose
     `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
-    output gate, the second half of each head's q_proj output, `sigmoid`-ed.
+    output gate, the second half of each head's q_proj output, `sigmoid`-ed. kind "projection": a linear
+    map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]` or `[B, T, H * W]`).
+    `name`: the gate's module under the decoder layer, as the model names its parameters.
     """
 
     kind: str
     module: nn.Module
     num_heads: int = 0
     head_dim: int = 0
+    activation: str = "sigmoid"
+    name: str = ""
 
 
 @dataclass
@@ -162,10 +257,25 @@ class ModelLayout:
     full_attention_layers: list[int]  # 1-based: the layers that contain softmax attention
     attention_modules: dict[int, nn.Module]  # 1-based attention layer -> its softmax-attention module
     gates: dict[int, GateSite]  # 1-based attention layer -> gate site
+    # The attention returns its weights only when the model is called with `output_attentions=True` (a legacy class).
+    weights_on_request: bool = False
+    # Reduces the hyper-connection streams `[B, T, N, D]` of a residual state to `[B, T, D]` (`RESIDUAL_HEADS`).
+    residual_head: nn.Module | None = None
+    # Prompt positions before the input's tokens (`PROMPT_PREFIXES`), left out of the residual and the maps.
+    prefix: int = 0
+    # Streams the residual carries, the main one first (`MAIN_STREAMS`): 1 + ProphetNet's n-gram streams.
+    streams: int = 1
+    # Whether a module is a declared softmax attention (`attention_in` asks it again of a layer).
+    is_attention: Callable[[str, nn.Module], bool] | None = None
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def attention_in(self, l: int) -> nn.Module | None:
+        """The softmax-attention module layer l (1-based) holds now: a model may replace it as it runs (BigBird
+        swaps its block-sparse attention for full attention at inputs too short for blocks)."""
+        return _layer_attention(self.layers[l - 1], self.is_attention) if self.is_attention else self.attention_modules.get(l)
 
 
 def text_config(model: nn.Module):
@@ -173,11 +283,13 @@ def text_config(model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _decoder_layers(model: nn.Module, specs: list[Spec], num_layers: int | None) -> list[nn.Module]:
+def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int], text_type: str | None) -> list[nn.Module]:
     """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it.
 
     Declared modules may sit in more than one list (a multi-token-prediction head reuses the layer
-    class): the list that holds `num_layers` of them is the decoder's.
+    class; a vision or audio tower uses the same class, or as many layers): the list that holds as many
+    of them as one of `counts` (config field -> number of layers) is the decoder's, and of several such,
+    the one whose innermost model is the text model (its config's model type is `text_type`).
     """
     groups: dict[str, list[nn.Module]] = {}  # list name ("" for none) -> its layers, in order
     names = dict(model.named_modules())
@@ -196,16 +308,36 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], num_layers: int | None)
             group.append(layer)
     if not groups:
         raise LayoutError(f"cannot find the decoder layers of {type(model).__name__} (nothing matches its declared hidden-state modules)")
-    if num_layers is None:
+    if not counts:
         return max(groups.values(), key=len)
-    for layers in groups.values():
-        if len(layers) == num_layers:
-            return layers
+    matching = [layers for layers in groups.values() if len(layers) in counts.values()]
+    if len(matching) > 1:
+        owners = _innermost_models(model)
+        text = [layers for layers in matching if getattr(owners[id(layers[0])].config, "model_type", None) == text_type]
+        matching = text or matching
+    if matching:
+        return matching[0]
     found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
+    if len(groups) == 1 and set(counts) - {"num_hidden_layers", "decoder_layers", "num_decoder_layers"}:
+        # the declaration counts layer calls (Inkling2-loop's total_num_hidden_layers): some layers run several times
+        (key, n), (where, layers) = next(iter(counts.items())), next(iter(groups.items()))
+        raise LayoutError(
+            f"{type(model).__name__} runs its {len(layers)} decoder layers ({where}) {n} times in all ({key}={n}): some "
+            f"run several times in one forward, and the analysis reads each decoder layer once"
+        )
     raise LayoutError(
-        f"{type(model).__name__}: its config has num_hidden_layers={num_layers}, and the modules of its declared "
+        f"{type(model).__name__}: its config has {', '.join(f'{k}={n}' for k, n in counts.items())}, and the modules of its declared "
         f"decoder-layer class are {found}"
     )
+
+
+def _innermost_models(model: nn.Module) -> dict[int, nn.Module]:
+    """id of each module -> the innermost `PreTrainedModel` that holds it (a tower, the text model, the whole)."""
+    owners = {}
+    for sub in _pretrained_models(model):  # outer models come first: an inner one overrides them
+        for module in sub.modules():
+            owners[id(module)] = sub
+    return owners
 
 
 def _softmax_attention(specs: list[Spec]):
@@ -236,12 +368,25 @@ def layer_type_names(config, num_layers: int) -> list[str] | None:
 def _gate_site(config, attention: nn.Module) -> GateSite | None:
     gate = getattr(attention, "attn_gate", None)
     if isinstance(gate, nn.Module):
-        return GateSite("attn_gate", gate)
+        return GateSite("attn_gate", gate, name="attn_gate")
     q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
-    num_heads = getattr(config, "num_attention_heads", None)
+    num_heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
+    if (record := OUTPUT_GATES.get(type(attention).__name__)) is not None:
+        name, activation = record
+        projection = attention.get_submodule(name) if _has_submodule(attention, name) else None
+        if isinstance(projection, nn.Linear) and num_heads and projection.out_features % num_heads == 0:
+            return GateSite("projection", projection, num_heads, projection.out_features // num_heads, activation, name)
+        return None  # the model was built without its gate (Lfm3's `use_attention_gate=False`)
     if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
-        return GateSite("q_proj", q_proj, num_heads, head_dim)
+        return GateSite("q_proj", q_proj, num_heads, head_dim, name="q_proj")
     return None
+
+
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        return module.get_submodule(name) is not None
+    except AttributeError:
+        return False
 
 
 def model_layout(model: nn.Module) -> ModelLayout:
@@ -251,8 +396,12 @@ def model_layout(model: nn.Module) -> ModelLayout:
     """
     config = text_config(model)
     declared = declaration(model)
-    num_layers = getattr(config, "num_hidden_layers", None)
-    layers = _decoder_layers(model, declared["hidden_states"], num_layers if isinstance(num_layers, int) else None)
+    # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder
+    # (decoder_layers; ProphetNet's num_decoder_layers).
+    # A declaration may name its own count (Longcat-Flash's layers hold two attention blocks each: num_layers).
+    keys = [s.num_layers_key for s in declared["hidden_states"] if s.num_layers_key] or ["num_hidden_layers", "decoder_layers", "num_decoder_layers"]
+    counts = {key: n for key in keys if isinstance(n := getattr(config, key, None), int)}
+    layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None))
     is_attention = _softmax_attention(declared["attentions"])
     attention_modules, gates = {}, {}
     for l, layer in enumerate(layers, start=1):
@@ -261,8 +410,29 @@ def model_layout(model: nn.Module) -> ModelLayout:
             continue
         attention_modules[l] = attention
         if (site := _gate_site(config, attention)) is not None:
+            where = next(n for n, m in layer.named_modules(remove_duplicate=False) if m is attention)
+            site.name = f"{where}.{site.name}".strip(".")
             gates[l] = site
     names = layer_type_names(config, len(layers))
     if names is None:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
-    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates)
+    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
+                       _residual_head(model), _prefix(config), _streams(config), is_attention)
+
+
+def _prefix(config) -> int:
+    field = PROMPT_PREFIXES.get(getattr(config, "model_type", None))
+    return getattr(config, field, 0) if field else 0
+
+
+def _streams(config) -> int:
+    field = MAIN_STREAMS.get(getattr(config, "model_type", None))
+    return 1 + getattr(config, field, 0) if field else 1
+
+
+def _residual_head(model: nn.Module) -> nn.Module | None:
+    for sub in _pretrained_models(model):
+        attribute = RESIDUAL_HEADS.get(getattr(getattr(sub, "config", None), "model_type", None))
+        if attribute is not None and isinstance(getattr(sub, attribute, None), nn.Module):
+            return getattr(sub, attribute)
+    return None

@@ -2,7 +2,8 @@
 
 - `causal_lm_class`: the class to build MODEL with. A model type transformers ships is built with
   transformers' class, because importing fla registers fla's models under some of the same names
-  (`mamba2`) with the Auto classes.
+  (`mamba2`) with the Auto classes; a composite model's text model saved alone (Emu3, Mllama), with
+  the transformers class its config names.
 - `is_fla_model`: whether MODEL is one of flash-linear-attention's models, built inside `fla_torch_paths`
   (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
   type nothing else knows.
@@ -39,8 +40,17 @@ def causal_lm_class(config: dict, trust_remote_code: bool):
 
     if trust_remote_code and "AutoModelForCausalLM" in (config.get("auto_map") or {}):
         return None
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
-    return getattr(transformers, name, None) if isinstance(name, str) else None
+    model_type = config.get("model_type")
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if isinstance(name, str):
+        return getattr(transformers, name, None)
+    # A composite model's text model saved alone (Emu3ForCausalLM, MllamaForCausalLM: model type "emu3_text_model"),
+    # which no Auto class maps: the class its config names, where transformers ships it for that model type.
+    for architecture in config.get("architectures") or []:
+        cls = getattr(transformers, architecture, None) if isinstance(architecture, str) else None
+        if getattr(getattr(cls, "config_class", None), "model_type", None) == model_type is not None:
+            return cls
+    return None
 
 
 def is_fla_model(model_name: str, config: dict) -> bool:
