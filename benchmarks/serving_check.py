@@ -387,13 +387,18 @@ def transformers_greedy(ckpt: Checkpoint, prompts: list[list[int]], max_tokens: 
     from gated_attention.convert.export import qwen3_5_torch_path
 
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                              eos_token_id=None, pad_token_id=model.config.pad_token_id,
-                              output_logits=True, return_dict_in_generate=True)
+    # EOS ignored as the engines ignore it (vLLM's ignore_eos): an empty list, since generate fills a None
+    # eos_token_id from the model's generation config, and min_new_tokens would forbid EOS instead (a trained
+    # chat model picks it: "Paris.<|im_end|>").
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=[],
+                              pad_token_id=model.config.pad_token_id, output_logits=True, return_dict_in_generate=True)
     tokens, logprobs = [], []
     with qwen3_5_torch_path():  # transformers would send Qwen3.5's GDN layers to fla's GPU kernels
         for ids in prompts:
-            out = model.generate(torch.tensor([ids]), generation_config=config)
+            # Every prompt token attended: generate would mask a pad token in the prompt (SmolLM2's pad is its
+            # <|im_end|>, in every chat prompt) once it is no EOS.
+            input_ids = torch.tensor([ids])  # [1, T]
+            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
             new = out.sequences[0, len(ids):].tolist()
             steps = torch.stack(out.logits, dim=1)[0].float().log_softmax(-1)  # [max_tokens, V]
             tokens.append(new)
