@@ -166,8 +166,10 @@ def test_engine_gives_transformers_tokens(tmp_path, engine, checkpoint):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "result.json").read_text())
-    fp32 = [r for r in rows if r["dtype"] == "float32"]  # bf16 rounds differently by design: reported, not asserted
-    assert fp32 and all(r["identical"] == r["prompts"] for r in fp32), rows
+    # bf16 rounds differently by design: reported, not asserted; a route the check says it cannot run (the trained
+    # model's native Qwen3.5: it has no q/k norm) is its own line, tested above.
+    fp32 = [r for r in rows if r["dtype"] == "float32" and not r.get("note", "").startswith("not run:")]
+    assert fp32 and all(r.get("identical") == r["prompts"] for r in fp32), rows
 
 
 # --- the check script and the GGUF wrapper, without engines ------------------------------------------
