@@ -308,13 +308,17 @@ def summary(measured: dict, sink_layers: list[int]) -> dict:
 
 
 def table_columns(long_tokens: int) -> list[tuple[str, str, str]]:
-    half = f"{long_tokens // 2048}K" if long_tokens >= 2048 else str(long_tokens // 2)
-    whole = f"{long_tokens // 1024}K" if long_tokens >= 1024 else str(long_tokens)
-    return [
+    columns = [
         ("model", "model", "{}"), ("steps", "steps", "{}"), ("heldout_ppl", "held-out ppl", "{:.3f}"),
         ("f_attn", "F-Attn (sink layers)", "{:.3f}"), ("m_act", "M-Act", "{:.4g}"),
         ("first_token_max", "max|x| tok 0", "{:.4g}"), ("gate_mean", "gate", "{:.3f}"),
         ("gate_frac_below_0.1", "gate<0.1", "{:.3f}"),
+    ]
+    if not long_tokens:  # no long text was read
+        return columns
+    half = f"{long_tokens // 2048}K" if long_tokens >= 2048 else str(long_tokens // 2)
+    whole = f"{long_tokens // 1024}K" if long_tokens >= 1024 else str(long_tokens)
+    return columns + [
         ("long_ppl_near", f"ppl 0-{half}", "{:.2f}"), ("long_ppl_far", f"ppl {half}-{whole}", "{:.2f}"),
         ("long_ppl_near_yarn", f"YaRN 0-{half}", "{:.2f}"), ("long_ppl_far_yarn", f"YaRN {half}-{whole}", "{:.2f}"),
     ]
