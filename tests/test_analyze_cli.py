@@ -342,7 +342,7 @@ def _arrays(folder: Path) -> dict:
         return {key: arrays[key] for key in arrays.files}
 
 
-def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys):
+def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys, weights_only_budget):
     """A budget smaller than the model: accelerate keeps what fits in memory and reads the other layers from the
     checkpoint's files as they run. Same inputs, same arithmetic on the same device: the same arrays, exactly."""
     import numpy as np
@@ -372,7 +372,7 @@ def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys)
     assert [p.name for p in (tmp_path / "budget").iterdir() if p.name.startswith(".")] == []  # no offload folder left
 
 
-def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(tmp_path, capsys):
+def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(tmp_path, capsys, weights_only_budget):
     """The default dtype (fp32) on a bf16 checkpoint, within a budget below the model: loaded in bf16, so that
     what stays on disk is not read while loading, and cast as it runs. bf16 -> fp32 is exact: the arrays equal
     those of the whole model in memory, and the weights in memory, in fp32, fit the budget."""
@@ -404,7 +404,7 @@ def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(
         np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
 
 
-def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk():
+def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk(weights_only_budget):
     import torch
 
     from gated_attention.analysis.loading import loading_dtype
@@ -446,5 +446,6 @@ def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_d
     assert _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--max-memory", "1KB") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"gated-attention analyze: error: MODEL {model_dir}: --max-memory 1.00 KB is too small for one layer: ")
-    assert err.endswith("give a larger --max-memory or free some memory; nothing was written")
+    assert err.endswith("give a larger --max-memory, a smaller --max-length, or free some memory; nothing was written")
+    assert "this process holds" in err and "running the model" in err  # the budget bounds the whole process
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []

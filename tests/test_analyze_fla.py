@@ -109,7 +109,7 @@ def test_an_fla_hybrid_and_its_conversion_give_the_same_analysis(tokenizer, tmp_
             assert float(a["f_attn"]) == pytest.approx(float(b["f_attn"]), abs=1e-5), f"layer {a['layer']} F-Attn"
 
 
-def test_within_a_memory_budget_the_arrays_are_the_same(tokenizer, tmp_path, capsys):
+def test_within_a_memory_budget_the_arrays_are_the_same(tokenizer, tmp_path, capsys, weights_only_budget):
     """Every layer read from the checkpoint as it runs (a budget below the model): the same arrays, exactly.
     fla's fused SwiGLU (`fuse_swiglu`, its default) hands `down_proj.weight` to its kernel without calling
     `down_proj`, HGRN2's `rms_norm_linear` `o_proj.weight`: read module by module, as accelerate hooks an

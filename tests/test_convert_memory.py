@@ -18,6 +18,8 @@ from gated_attention.convert.errors import ConversionError
 from gated_attention.convert.verify import run_prompt, verify_against_source
 from gated_attention.hub.memory_budget import MemoryBudget
 
+pytestmark = pytest.mark.usefixtures("weights_only_budget")  # budgets of kilobytes for models of kilobytes
+
 # Between each tiny model's largest layer and its size in bf16, so that both sides run partly from disk.
 BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "200KB"}
 # Weights read from disk while the prompt ran, as the verification's log line says: one for SRC, one for DST.

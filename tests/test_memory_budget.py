@@ -30,7 +30,7 @@ def test_the_largest_layer_is_counted_as_accelerate_places_it():
     assert largest_layer(meta_llama(**BIG_VOCAB)) == ("model.embed_tokens", 2 * 1000 * 16)  # lm_head the same, second
 
 
-def test_a_budget_smaller_than_the_largest_layer_is_refused_in_one_line():
+def test_a_budget_smaller_than_the_largest_layer_is_refused_in_one_line(weights_only_budget):
     model = meta_llama(**WIDE_LAYERS)
     MemoryBudget(7744, True).check_holds(model, "unused")  # exactly one layer (counted above): enough
     with pytest.raises(MemoryBudgetError) as given:
@@ -40,15 +40,46 @@ def test_a_budget_smaller_than_the_largest_layer_is_refused_in_one_line():
         MemoryBudget(10, False).check_holds(model, "free some")
 
 
+def test_what_the_process_holds_and_what_running_takes_come_off_the_budget(monkeypatch):
+    """`--max-memory` bounds the process: the weights get what is left after the memory the process holds
+    before the model loads and the reserve for running it; accelerate then keeps one layer of that free."""
+    from gated_attention.hub import memory_budget
+
+    monkeypatch.setattr(memory_budget, "process_memory", lambda: 500_000)
+    model = meta_llama(**WIDE_LAYERS)  # largest layer 7,744 bytes
+    budget = MemoryBudget(600_000, True)
+    assert budget.room(reserve=40_000) == 60_000
+    assert budget.max_memory(reserve=40_000) == {"cpu": 60_000}
+    assert budget.max_memory(reserve=40_000, scale=0.5) == {"cpu": 30_000}  # loaded at half the width it runs in
+    budget.check_holds(model, "unused", reserve=600_000 - 500_000 - 7744)  # exactly enough
+    with pytest.raises(MemoryBudgetError) as e:
+        budget.check_holds(model, "give more", reserve=600_000 - 500_000 - 7743)
+    assert str(e.value) == ("--max-memory 600.00 KB is too small for one layer: model.layers.0 needs 7.74 KB in bfloat16, "
+                            "running the model 92.26 KB more and this process holds 500.00 KB already (Python, torch "
+                            "and the libraries); give more")
+    assert MemoryBudget(600_000, False).room(reserve=40_000) == 560_000  # free memory: measured with the process in it
+    assert budget.max_memory(reserve=10**9) == {"cpu": 1}  # nothing left: every layer read from disk
+
+
+def test_reading_a_weight_stored_in_another_dtype_reserves_its_stored_bytes():
+    from gated_attention.hub.memory_budget import reading_reserve
+
+    model = meta_llama(torch.float32, **BIG_VOCAB)  # the embedding, 1000 x 16, is the largest tensor
+    assert reading_reserve(model, "bfloat16") == 2 * 1000 * 16  # mapped from the file beside its fp32 cast
+    assert reading_reserve(model, torch.float16) == 2 * 1000 * 16
+    assert reading_reserve(model, "float32") == 0  # the mapped bytes are the weight
+    assert reading_reserve(model, None) == reading_reserve(model, "int8") == 0  # unknown, or not a float
+
+
 def test_without_a_size_the_budget_is_what_is_free():
     budget = MemoryBudget.resolve(None)
     assert not budget.given and 0 < budget.size <= physical_memory()
     assert "free memory" in budget.describe()
     assert MemoryBudget.resolve(123) == MemoryBudget(123, True)
-    assert MemoryBudget(123, True).max_memory() == {"cpu": 123}  # accelerate adds the disk for the rest
+    assert MemoryBudget(123, False).max_memory() == {"cpu": 123}  # accelerate adds the disk for the rest
 
 
-def test_the_offload_folder_is_removed_also_after_an_error(tmp_path):
+def test_the_offload_folder_is_removed_also_after_an_error(tmp_path, weights_only_budget):
     budget = MemoryBudget(2**20, True)
     with budget.placement(dir=tmp_path) as kwargs:
         folder = Path(kwargs["offload_folder"])

@@ -190,6 +190,16 @@ def test_a_folder_of_several_gguf_files_is_one_line(command, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ggufs"]
 
 
+def test_analyze_refuses_a_budget_below_what_the_gguf_loader_holds(smollm2_gguf, tmp_path, capsys):
+    """transformers' GGUF loader dequantizes the whole model in memory before anything is placed: a
+    `--max-memory` below that (SmolLM2: 135M parameters, 0.54 GB in float32) is refused before it runs."""
+    capsys.readouterr()
+    err = _refused(["analyze", str(smollm2_gguf), "--out", str(tmp_path / "out"), "--max-memory", "500MB"], capsys)
+    assert "transformers' GGUF loader holds the whole model in memory to dequantize it (538." in err, err
+    assert err.endswith("above --max-memory 500.00 MB; give a larger --max-memory; nothing was written")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_extend_refuses_a_gguf_file_before_reading_it(tmp_path, capsys):
     src = tmp_path / "model.gguf"
     _tiny_gguf(src, "llama")

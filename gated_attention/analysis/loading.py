@@ -10,7 +10,8 @@
 - `placement` and `loaded`: accelerate's big-model inference within the memory budget
   (`hub.memory_budget`): the layers that fit stay in memory, the others are read from the checkpoint's
   files as they run, whole (`read_layers_whole`) and cast to the dtype asked for as they are read
-  (`loading_dtype`); a budget below one layer is refused before anything loads.
+  (`loading_dtype`); what running the model adds beside its weights is kept free (`running_memory`); a
+  budget below one layer is refused before anything loads.
 
 torch and transformers are imported inside the functions: the command line imports `DEVICE_MAPS` from
 here while it builds its parser.
@@ -116,7 +117,7 @@ def check_device(args) -> None:
             raise CLIError(f"{flag} {device}: this machine has {count} {kind} device(s), numbered from 0")
 
 
-BUDGET_REMEDY = "give a larger --max-memory or free some memory; nothing was written"
+BUDGET_REMEDY = "give a larger --max-memory, a smaller --max-length, or free some memory; nothing was written"
 
 
 @contextlib.contextmanager
@@ -126,8 +127,10 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
     what transformers must rewrite) is made in `offload_dir`, on the output's disk, and removed after.
 
     A GGUF MODEL (a `.gguf` file, or a folder holding one) is first dequantized by transformers' GGUF loader
-    into a folder in `offload_dir` (`hub.gguf`), in `--dtype`, and loaded from there like any checkpoint."""
-    from ..hub.gguf import GGUFError, dequantized, gguf_file, read_info
+    into a folder in `offload_dir` (`hub.gguf`), in `--dtype`, and loaded from there like any checkpoint. That
+    loader holds the whole model: a `--max-memory` below it is refused before it runs."""
+    from ..hub.gguf import GGUFError, dequantized, dequantized_size, gguf_file, read_info
+    from ..hub.memory_budget import process_memory
 
     files = contextlib.ExitStack()  # a GGUF MODEL's dequantized folder, removed when the block ends
     try:
@@ -136,6 +139,11 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
 
             print(f"{model_name}: reading {read_info(file).describe()} with transformers' GGUF loader")
             dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+            if budget.given and (size := dequantized_size(file, dtype)) + (held := process_memory()) > budget.size:
+                raise CLIError(f"MODEL {model_name}: transformers' GGUF loader holds the whole model in memory to "
+                               f"dequantize it ({format_size(size)} in {str(dtype or torch.float32).removeprefix('torch.')}"
+                               f"), and this process holds {format_size(held)} already: above --max-memory "
+                               f"{format_size(budget.size)}; give a larger --max-memory; nothing was written")
             folder = files.enter_context(dequantized(file, near=offload_dir / file.name, dtype=dtype))
             where = {**where, model_name: str(folder)}
     except GGUFError as e:
@@ -165,24 +173,28 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
     device_map, gpus = placement(args)
-    load_dtype = dtype
-    if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
-        size = sum(p.numel() * p.element_size() for p in _skeleton(model_name, cls, where, dtype, args, building).parameters())
-        if size > budget.size:
-            raise CLIError(f"MODEL {model_name}: --device-map cpu holds all {format_size(size)} of weights in memory, "
-                           f"above --max-memory {format_size(budget.size)}; drop --device-map (the layers that do not "
-                           "fit are then read from the checkpoint as they run) or give a larger --max-memory")
-    if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
+    load_dtype, reserve = dtype, 0
+    if device_map == {"": "cpu"} or isinstance(device_map, str):  # the CPU holds weights: within the budget
         skeleton = _skeleton(model_name, cls, where, dtype, args, building)
+        reserve = running_memory(skeleton, config, args.max_length, bool(args.intervene))
+    if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
+        size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+        if size > (room := budget.room(reserve)):
+            raise CLIError(f"MODEL {model_name}: --device-map cpu holds all {format_size(size)} of weights in memory, "
+                           f"and --max-memory {format_size(budget.size)} leaves {format_size(max(room, 0))} for them "
+                           f"(running the model takes {format_size(reserve)}, this process holds the rest); drop "
+                           "--device-map (the layers that do not fit are then read from the checkpoint as they run) "
+                           "or give a larger --max-memory")
+    if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
         try:
-            budget.check_holds(skeleton, BUDGET_REMEDY)
+            budget.check_holds(skeleton, BUDGET_REMEDY, reserve)
         except MemoryBudgetError as e:
             raise CLIError(f"MODEL {model_name}: {e}") from None
-        load_dtype = loading_dtype(skeleton, config, dtype, budget)
-        del skeleton
+        load_dtype = loading_dtype(skeleton, config, dtype, budget, reserve)
+    skeleton = None
     # Loaded in another dtype than it runs in: accelerate places it by the sizes it will have once cast.
     scale = 1.0 if load_dtype == dtype else load_dtype.itemsize / dtype.itemsize
-    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, scale=scale) as place:
+    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, scale=scale, reserve=reserve) as place:
         if not isinstance(device_map, str):
             place = {"device_map": device_map}
         try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
@@ -202,7 +214,41 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         yield model.eval(), tokenizer
 
 
-def loading_dtype(skeleton, config: dict, dtype, budget):
+def running_memory(skeleton, config: dict, max_length: int, intervene: bool) -> int:
+    """What running MODEL adds to memory beside its weights, in bytes (an upper bound), for `--max-memory` to
+    hold it too.
+
+    - Reading a weight stored in another dtype than the model runs in (`reading_reserve`).
+    - One layer's forward on an input of `max_length` tokens (inputs run one at a time): eager attention's
+      `[H, T, T]` scores, scaled, masked and cast back in the model's dtype, the softmax in float32 and the
+      capture's float64 sum of each key's attention; the MLP's activations; the logits (the last position's,
+      or every position's three times and in float32 for the loss with `--intervene`).
+    """
+    from ..hub.memory_budget import reading_reserve
+
+    text = skeleton.config.get_text_config()
+    hidden = _first_int(getattr(text, "hidden_size", None), 0)
+    heads = _first_int(getattr(text, "num_attention_heads", None), max(hidden // 64, 1))
+    intermediate = _first_int(getattr(text, "intermediate_size", None), 4 * hidden)
+    vocab = _first_int(getattr(text, "vocab_size", None), 0)
+    size = skeleton.dtype.itemsize
+    tokens = max_length
+
+    reading = reading_reserve(skeleton, config.get("dtype") or config.get("torch_dtype"))
+    attention = heads * tokens * tokens * (4 * size + 4 + 8)
+    mlp = tokens * (3 * intermediate + 4 * hidden) * size
+    logits = 3 * tokens * vocab * (size + 4) if intervene else vocab * 4
+    return reading + attention + mlp + logits
+
+
+def _first_int(value, default: int) -> int:
+    """A config size that some configs give per layer (Gemma 3n's `intermediate_size`): the largest."""
+    if isinstance(value, (list, tuple)):
+        value = max((v for v in value if isinstance(v, int)), default=None)
+    return value if isinstance(value, int) and value > 0 else default
+
+
+def loading_dtype(skeleton, config: dict, dtype, budget, reserve: int = 0):
     """The dtype to load MODEL in so that it runs in `dtype` within `budget`: the checkpoint's own where
     layers will be read from the checkpoint as they run and `dtype` is another, else `dtype`.
 
@@ -221,7 +267,7 @@ def loading_dtype(skeleton, config: dict, dtype, budget):
         return dtype
     if getattr(skeleton, "_keep_in_fp32_modules", None) or getattr(skeleton, "_keep_in_fp32_modules_strict", None):
         return dtype
-    if sum(p.numel() * p.element_size() for p in skeleton.parameters()) <= budget.size:
+    if sum(p.numel() * p.element_size() for p in skeleton.parameters()) <= budget.room(reserve):
         return dtype  # every layer stays in memory: nothing is read as it runs
     return getattr(torch, saved)
 

@@ -103,6 +103,16 @@ def read_info(file: Path) -> GGUFInfo:
                     dict(types.most_common()))
 
 
+def dequantized_size(file: Path, dtype=None) -> int:
+    """Bytes of `file`'s tensors dequantized to `dtype` (default float32): what transformers' GGUF loader holds
+    in memory at once, as it reads the whole model before anything can be placed."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(file)
+    return sum(int(t.n_elements) for t in reader.tensors) * (dtype or torch.float32).itemsize
+
+
 def dequantize(file: Path, folder: Path, *, dtype=None) -> GGUFInfo:
     """Write `file` dequantized as a checkpoint into the existing, empty `folder`: config, safetensors
     weights in `dtype` (default float32), generation config, tokenizer and the `gguf.json` record."""

@@ -4,9 +4,12 @@
 
 - `MemoryBudget.resolve(size)`: `--max-memory SIZE` in bytes, or, without it, what the machine has free
   now (accelerate's own measure, psutil's available memory), remembering which of the two it is.
+- `budget.room(reserve)`: the bytes left for the model's weights: `--max-memory` less what this process holds
+  already (`process_memory`) and `reserve`, what running the model adds beside its weights.
 - `budget.max_memory()`: the `max_memory` dict that accelerate's `infer_auto_device_map` reads.
 - `budget.placement()`: `from_pretrained`'s `device_map`, `max_memory` and `offload_folder`, with the
   offload folder a temporary directory that is removed on leaving, whatever happens.
+- `reading_reserve(model, stored)`: what reading a weight stored in another dtype adds beside it.
 - `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
   splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
 - `read_layers_whole(model)`: after loading, each layer read from disk is read whole as it starts, not
@@ -14,12 +17,16 @@
 - `collect_if_alive(ref)`: after a model's last reference is dropped, free it where accelerate's hooks keep
   it alive.
 
-How the budget bounds memory. accelerate keeps room in memory for one largest layer and fills the rest
-of the budget with whole layers, in order; the layers that do not fit stay on disk and are read module by
-module during the forward, then dropped (`AlignDevicesHook`). transformers points its offload index at
-the checkpoint's own safetensors files, so nothing is copied; it writes into the offload folder only the
-tensors it changes while loading (fused MoE experts) or reads from pickles. The weights in memory never
-exceed the budget; the runtime (torch, activations) comes on top.
+How the budget bounds memory. `--max-memory` is the most the process may hold (its resident memory):
+what it holds before the model loads (Python, torch, the libraries: 0.3-0.5 GB) and a reserve for running
+the model (the caller's estimate: a layer's weights read in another dtype than they run in, the forward's
+working memory) are taken off first (`room`). accelerate keeps room in what is left for one largest layer
+and fills the rest with whole layers, in order; the layers that do not fit stay on disk and are read during
+the forward, then dropped (`AlignDevicesHook`). transformers points its offload index at the checkpoint's own
+safetensors files, so nothing is copied; it writes into the offload folder only the tensors it changes while
+loading (fused MoE experts) or reads from pickles. Freed layers go back to the system at once
+(`return_freed_memory`), not into the allocator's free lists. Without `--max-memory` the budget is the
+memory that was free when the command started, the reserve taken off it.
 
 Imports: torch, accelerate and psutil inside the functions only, so that importing this module stays cheap.
 """
@@ -40,6 +47,33 @@ from .command_line import format_size
 
 class MemoryBudgetError(ValueError):
     """A budget too small for one layer, as one line for the command to print."""
+
+
+def process_memory() -> int:
+    """Bytes this process holds now: its resident set (Python, torch, the libraries, what it has loaded)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def return_freed_memory() -> None:
+    """Make glibc give freed tensors of 1 MiB and more back to the system at once (its `M_MMAP_THRESHOLD`).
+
+    glibc serves an allocation from its heap, which it keeps after a free, once the allocation is below a
+    threshold that rises with every large block freed (up to 32 MiB): a model that reads its layers from disk
+    as it runs frees a layer's tensors after each layer, and they then stay in the process. A 0.85B Llama
+    analysed within 1 GB grew by 0.3 GB that way over three inputs. Fixing the threshold keeps large blocks
+    out of the heap; small ones are unaffected. A no-op where the C library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): their allocators return large blocks anyway
+        pass
 
 
 def free_memory() -> int:
@@ -66,15 +100,22 @@ class MemoryBudget:
     def describe(self) -> str:
         return f"{format_size(self.size)} ({'--max-memory' if self.given else 'free memory; --max-memory to set it'})"
 
-    def max_memory(self, *, gpus: bool = False, scale: float = 1.0) -> dict:
-        """accelerate's `max_memory`: the budget for the CPU, then disk for the rest (accelerate adds it).
+    def room(self, reserve: int = 0) -> int:
+        """Bytes the model's weights may take in memory: the budget less `reserve` (what running the model adds
+        beside its weights) and, for `--max-memory`, less what the process holds now (the free memory of the
+        default was measured with that already taken). accelerate keeps one largest layer of it free."""
+        return self.size - reserve - (process_memory() if self.given else 0)
+
+    def max_memory(self, *, gpus: bool = False, scale: float = 1.0, reserve: int = 0) -> dict:
+        """accelerate's `max_memory`: the room for the weights on the CPU (`room`), then disk for the rest
+        (accelerate adds it).
 
         With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
         fills the GPUs first and the budget bounds only the host's memory. `scale`: each size times it, for
         a model loaded in a dtype of another width than the one it will run in (`scale` = loaded bytes per
         weight / running bytes per weight).
         """
-        sizes = {"cpu": self.size}
+        sizes = {"cpu": max(self.room(reserve), 1)}
         if gpus:
             from accelerate.utils import get_max_memory
 
@@ -83,13 +124,13 @@ class MemoryBudget:
 
     @contextlib.contextmanager
     def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None,
-                  scale: float = 1.0) -> Iterator[dict]:
+                  scale: float = 1.0, reserve: int = 0) -> Iterator[dict]:
         """`from_pretrained`'s keyword arguments that load a model within the budget, while inside.
 
         `device_map` is accelerate's (`"auto"`: fill the devices of `max_memory` in order, then disk). The
         offload folder is a new temporary directory under `dir` (the system's default when None), removed on
         leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
-        when the system's temporary directory may be in memory (tmpfs). `scale`: see `max_memory`.
+        when the system's temporary directory may be in memory (tmpfs). `scale` and `reserve`: see `max_memory`.
         """
         # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
         # point, and the caller says how much stayed on disk.
@@ -98,25 +139,31 @@ class MemoryBudget:
         dispatch_log.setLevel(logging.ERROR)
         try:
             with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
-                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale),
+                if self.given:
+                    return_freed_memory()
+                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale, reserve=reserve),
                        "offload_folder": folder}
         finally:
             dispatch_log.setLevel(level)
 
-    def check_holds(self, model, remedy: str) -> None:
-        """Refuse the budget (`MemoryBudgetError`) when it cannot hold `model`'s largest layer.
+    def check_holds(self, model, remedy: str, reserve: int = 0) -> None:
+        """Refuse the budget (`MemoryBudgetError`) when its room (`room(reserve)`) cannot hold `model`'s largest
+        layer.
 
         `model` may be on the meta device: only its shapes and dtypes are read. accelerate keeps that
         much room in memory for the layer being run, so a smaller budget would be exceeded by design.
         """
         name, size = largest_layer(model)
-        if size <= self.size:
+        held = process_memory() if self.given else 0
+        if size + reserve + held <= self.size:
             return
         budget = f"--max-memory {format_size(self.size)} is" if self.given else f"only {format_size(self.size)} of memory is free,"
-        raise MemoryBudgetError(
-            f"{budget} too small for one layer: {name} needs {format_size(size)} in {str(model.dtype).removeprefix('torch.')}; "
-            f"{remedy}"
-        )
+        needs = f"{name} needs {format_size(size)} in {str(model.dtype).removeprefix('torch.')}"
+        besides = [f"running the model {format_size(reserve)} more"] if reserve else []
+        besides += [f"this process holds {format_size(held)} already (Python, torch and the libraries)"] if held else []
+        if besides:
+            needs += f", {' and '.join(besides)}"
+        raise MemoryBudgetError(f"{budget} too small for one layer: {needs}; {remedy}")
 
 
 def largest_layer(model) -> tuple[str, int]:
@@ -127,6 +174,20 @@ def largest_layer(model) -> tuple[str, int]:
     sizes = compute_module_sizes(model)
     size, names = get_max_layer_size(list(model.named_children()), sizes, list(model._no_split_modules or []))
     return names[0], size
+
+
+def reading_reserve(model, stored) -> int:
+    """Bytes that reading one of `model`'s weights from a checkpoint stored in dtype `stored` adds beside the
+    weight, at most: safetensors maps the stored bytes from the file (the process's memory while the tensor
+    lives) and a cast to `model`'s dtype is made beside them, one tensor at a time. In the same dtype the
+    mapped bytes are the weight itself: nothing beside it. `stored`: a dtype or its name (a config's `dtype`)."""
+    import torch
+
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    if not (isinstance(stored, torch.dtype) and stored.is_floating_point) or stored == model.dtype:
+        return 0
+    return max((p.numel() for p in model.parameters()), default=0) * stored.itemsize
 
 
 def read_layers_whole(model) -> None:
