@@ -59,6 +59,10 @@ def test_what_the_process_holds_and_what_running_takes_come_off_the_budget(monke
                             "and the libraries); give more")
     assert MemoryBudget(600_000, False).room(reserve=40_000) == 560_000  # free memory: measured with the process in it
     assert budget.max_memory(reserve=10**9) == {"cpu": 1}  # nothing left: every layer read from disk
+    # Loaded in bf16 and cast to fp32 once loaded: until the cast ends, the layers in memory are held twice
+    # (1.5x their fp32 size); accelerate's one fp32 layer of 10,000 bytes comes beside them. 100,000 bytes of room:
+    # 100,000 / 1.5 + 10,000 in fp32 bytes, half that in the bf16 bytes accelerate counts.
+    assert budget.max_memory(scale=0.5, cast_largest=10_000) == {"cpu": int((100_000 / 1.5 + 10_000) * 0.5)}
 
 
 def test_reading_a_weight_stored_in_another_dtype_reserves_its_stored_bytes():

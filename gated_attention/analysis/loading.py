@@ -160,7 +160,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
     from ..kernels import fla_torch_paths
-    from ..hub.memory_budget import MemoryBudgetError, read_layers_whole
+    from ..hub.memory_budget import MemoryBudgetError, largest_layer, read_layers_whole
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -191,10 +191,14 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         except MemoryBudgetError as e:
             raise CLIError(f"MODEL {model_name}: {e}") from None
         load_dtype = loading_dtype(skeleton, config, dtype, budget, reserve)
+    # Loaded in another dtype than it runs in: accelerate places it by the sizes it will have once cast, with
+    # room for both dtypes of the layers in memory until the cast ends.
+    scale, cast_largest = 1.0, 0
+    if load_dtype != dtype:
+        scale, cast_largest = load_dtype.itemsize / dtype.itemsize, largest_layer(skeleton)[1]
     skeleton = None
-    # Loaded in another dtype than it runs in: accelerate places it by the sizes it will have once cast.
-    scale = 1.0 if load_dtype == dtype else load_dtype.itemsize / dtype.itemsize
-    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, scale=scale, reserve=reserve) as place:
+    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, scale=scale, reserve=reserve,
+                          cast_largest=cast_largest) as place:
         if not isinstance(device_map, str):
             place = {"device_map": device_map}
         try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
@@ -267,8 +271,11 @@ def loading_dtype(skeleton, config: dict, dtype, budget, reserve: int = 0):
         return dtype
     if getattr(skeleton, "_keep_in_fp32_modules", None) or getattr(skeleton, "_keep_in_fp32_modules_strict", None):
         return dtype
-    if sum(p.numel() * p.element_size() for p in skeleton.parameters()) <= budget.room(reserve):
-        return dtype  # every layer stays in memory: nothing is read as it runs
+    # Every layer stays in memory: nothing is read as it runs. transformers casts as it loads, with each stored
+    # tensor mapped from the file until the load ends: both dtypes at once.
+    size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    if size * (1 + getattr(torch, saved).itemsize / dtype.itemsize) <= budget.room(reserve):
+        return dtype
     return getattr(torch, saved)
 
 

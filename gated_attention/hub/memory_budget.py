@@ -106,16 +106,22 @@ class MemoryBudget:
         default was measured with that already taken). accelerate keeps one largest layer of it free."""
         return self.size - reserve - (process_memory() if self.given else 0)
 
-    def max_memory(self, *, gpus: bool = False, scale: float = 1.0, reserve: int = 0) -> dict:
+    def max_memory(self, *, gpus: bool = False, scale: float = 1.0, reserve: int = 0, cast_largest: int = 0) -> dict:
         """accelerate's `max_memory`: the room for the weights on the CPU (`room`), then disk for the rest
         (accelerate adds it).
 
         With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
         fills the GPUs first and the budget bounds only the host's memory. `scale`: each size times it, for
         a model loaded in a dtype of another width than the one it will run in (`scale` = loaded bytes per
-        weight / running bytes per weight).
+        weight / running bytes per weight), and cast once loaded. Until that cast ends, the layers in memory
+        are held in both dtypes (the loaded bytes are mapped from the checkpoint's file): given the largest
+        layer in the running dtype (`cast_largest`), they get `room / (1 + scale)`, and accelerate's one
+        layer beside them.
         """
-        sizes = {"cpu": max(self.room(reserve), 1)}
+        room = max(self.room(reserve), 1)
+        if cast_largest and scale != 1.0:
+            room = min(room / (1 + scale) + cast_largest, room)
+        sizes = {"cpu": room}
         if gpus:
             from accelerate.utils import get_max_memory
 
@@ -124,13 +130,14 @@ class MemoryBudget:
 
     @contextlib.contextmanager
     def placement(self, *, device_map: str | dict = "auto", gpus: bool = False, dir: str | Path | None = None,
-                  scale: float = 1.0, reserve: int = 0) -> Iterator[dict]:
+                  scale: float = 1.0, reserve: int = 0, cast_largest: int = 0) -> Iterator[dict]:
         """`from_pretrained`'s keyword arguments that load a model within the budget, while inside.
 
         `device_map` is accelerate's (`"auto"`: fill the devices of `max_memory` in order, then disk). The
         offload folder is a new temporary directory under `dir` (the system's default when None), removed on
         leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
-        when the system's temporary directory may be in memory (tmpfs). `scale` and `reserve`: see `max_memory`.
+        when the system's temporary directory may be in memory (tmpfs). `scale`, `reserve`, `cast_largest`: see
+        `max_memory`.
         """
         # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
         # point, and the caller says how much stayed on disk.
@@ -141,7 +148,8 @@ class MemoryBudget:
             with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
                 if self.given:
                     return_freed_memory()
-                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale, reserve=reserve),
+                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale, reserve=reserve,
+                                                                            cast_largest=cast_largest),
                        "offload_folder": folder}
         finally:
             dispatch_log.setLevel(level)
