@@ -1,15 +1,12 @@
 """Export a gated model to transformers' native Qwen3.5 text layout (`Qwen3_5ForCausalLM`).
 
 Qwen3.5's full-attention layer is our G1 elementwise sigmoid gate with the
-gate's projection stored inside `q_proj`: per head, D query rows then D gate
-rows (`[H * 2D, hidden]`, split by `chunk(2)` on a `[.., H, 2D]` view). Its
-RMSNorms multiply by `(1 + w)`, so a Llama-style norm weight w is stored as
-`w - 1`; its q/k norms always exist; its RoPE rotates the whole head when
-`partial_rotary_factor` is 1.0.
-
-The config layouts the engines read (`LAYOUTS`: `text` for transformers, vLLM
-and llama.cpp, `mlx` for mlx-lm) are records in `export_layouts`, written by
-`_write_config`.
+gate's projection stored inside `q_proj`; its RMSNorms multiply by `(1 + w)`;
+its q/k norms always exist; its RoPE rotates the whole head when
+`partial_rotary_factor` is 1.0. How each tensor maps, and the config layouts
+the engines read (`LAYOUTS`: `text` for transformers, vLLM and llama.cpp,
+`mlx` for mlx-lm), are records in `export_layouts`; this module checks a model
+against them, applies them (`plan_export`, `_write_config`) and verifies the result.
 
 Only models where every piece maps exactly are exported; anything else is
 refused with the reason (another gate position or activation, no q/k norm, a
@@ -21,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -30,7 +29,17 @@ from .. import GatedAttentionWarning, register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
 from ..hub.memory_budget import MemoryBudget
 from .card import write_export_card
-from .export_layouts import ARCHITECTURE, CONFIG_LAYOUTS, LAYOUTS, ConfigLayout, mlx_lm_limit, qwen3_5_tokenizer_difference
+from .export_layouts import (
+    ARCHITECTURE,
+    CONFIG_LAYOUTS,
+    LAYOUTS,
+    QWEN3_5_WEIGHTS,
+    ConfigLayout,
+    WeightRule,
+    ZeroFill,
+    mlx_lm_limit,
+    qwen3_5_tokenizer_difference,
+)
 from .pipeline import Result, Work, run
 from .shapes import expected_shapes
 from .source_config import check_config_types
@@ -40,21 +49,6 @@ from .writer import OutputTensor
 
 FORMATS = ("qwen3_5",)
 EXPORTABLE = ("gated_attention", "gated_deltanet_hybrid")
-# Gated DeltaNet: Qwen3.5 fuses q/k/v into one projection and one convolution (concatenated along
-# dim 0, in this order) and renames the rest; its gated output norm keeps a plain weight (no 1 + w).
-GDN_FUSED = {
-    "q_proj.weight": ("in_proj_qkv.weight", ("q_proj.weight", "k_proj.weight", "v_proj.weight")),
-    "q_conv1d.weight": ("conv1d.weight", ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")),
-}
-GDN_RENAMED = {
-    "g_proj.weight": "in_proj_z.weight",
-    "a_proj.weight": "in_proj_a.weight",
-    "b_proj.weight": "in_proj_b.weight",
-    "o_norm.weight": "norm.weight",
-    "o_proj.weight": "out_proj.weight",
-    "A_log": "A_log",
-    "dt_bias": "dt_bias",
-}
 
 
 def serving_route(model_type: str | None) -> str:
@@ -148,10 +142,11 @@ def qwen3_5_config(config):
     return out
 
 
-# --- tensor transforms ---------------------------------------------------------------------------------
+# --- the weights: `export_layouts.QWEN3_5_WEIGHTS` applied -------------------------------------------------
 
 
-def _norm_minus_one(ckpt: SourceCheckpoint, name: str) -> torch.Tensor:
+def _norm_minus_one(ckpt: SourceCheckpoint, names: list[str], config) -> torch.Tensor:
+    name = names[0]
     w = ckpt.read(name)
     shifted = (w.float() - 1.0).to(w.dtype)
     if not torch.equal(1.0 + shifted.float(), w.float()):
@@ -162,8 +157,9 @@ def _norm_minus_one(ckpt: SourceCheckpoint, name: str) -> torch.Tensor:
     return shifted
 
 
-def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, config) -> torch.Tensor:
+def _q_with_gate(ckpt: SourceCheckpoint, names: list[str | None], config) -> torch.Tensor:
     """Interleave query and gate per head: `[H * 2D, ...]`, head h = (D query rows, D gate rows)."""
+    q_name, gate_name = names
     H, D = config.num_attention_heads, config.head_dim
     q = ckpt.read(q_name)
     trailing = tuple(q.shape[1:])  # (hidden,) for weights, () for biases
@@ -177,66 +173,58 @@ def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, con
     return out.reshape(H * 2 * D, *trailing)
 
 
-def _read_each(ckpt: SourceCheckpoint, names: list[str]):
+def _concat(ckpt: SourceCheckpoint, names: list[str], config):
     for name in names:  # concatenation along dim 0 is the parts' bytes in order
         yield ckpt.read(name)
 
 
-def _gdn_outputs(ckpt: SourceCheckpoint, name: str, expected: dict) -> list[OutputTensor]:
-    prefix, leaf = name.split(".linear_attn.")
-    prefix += ".linear_attn."
-    info = ckpt.tensors[name]
-    if leaf in GDN_FUSED:
-        target, parts = GDN_FUSED[leaf]
-        sources = [prefix + p for p in parts]
-        missing = [s for s in sources if s not in ckpt.tensors]
-        if missing:
-            raise ConversionError(f"SRC lacks tensor {missing[0]}")
-        shape = (sum(ckpt.tensors[s].shape[0] for s in sources), *info.shape[1:])
-        out = [OutputTensor(prefix + target, shape, info.dtype, partial(_read_each, ckpt, sources), sources)]
-    elif leaf in GDN_RENAMED:
-        out = [OutputTensor(prefix + GDN_RENAMED[leaf], info.shape, info.dtype, partial(ckpt.read, name), [name])]
-    elif any(leaf == parts[i] for _, parts in GDN_FUSED.values() for i in (1, 2)):
-        return []  # k/v parts: written with their q part
-    else:
-        raise ConversionError(f"SRC tensor {name} has no place in Qwen3_5ForCausalLM")
-    for o in out:
-        if o.name not in expected or o.shape != expected[o.name]:
-            raise ConversionError(f"tensor {o.name} would have shape {list(o.shape)}, Qwen3.5 expects {list(expected.get(o.name, ()))}")
-    return out
+@dataclass(frozen=True)
+class Op:
+    """A `WeightRule.op`: the output's shape from its sources' shapes, and `make(ckpt, names, config)`, where
+    `names` are the rule's sources in SRC (None for one SRC lacks)."""
+
+    shape: Callable[[list[tuple[int, ...]]], tuple[int, ...]]
+    make: Callable
+    every_source: bool = False  # refuse when SRC lacks one
+
+
+OPS = {
+    "copy": Op(lambda shapes: shapes[0], lambda ckpt, names, config: ckpt.read(names[0])),
+    "minus_one": Op(lambda shapes: shapes[0], _norm_minus_one),
+    "concat": Op(lambda shapes: (sum(s[0] for s in shapes), *shapes[0][1:]), _concat, every_source=True),
+    "q_with_gate": Op(lambda shapes: (2 * shapes[0][0], *shapes[0][1:]), _q_with_gate),
+}
 
 
 def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
+    """SRC's tensors through `QWEN3_5_WEIGHTS`, in SRC's order, each checked against the (meta) `model`."""
     expected = expected_shapes(model)
+    rules = [r for r in QWEN3_5_WEIGHTS if isinstance(r, WeightRule)]
+    fills = [r for r in QWEN3_5_WEIGHTS if isinstance(r, ZeroFill)]
+    travelling = tuple(source for r in rules for source in r.sources[1:])
     outputs: list[OutputTensor] = []
     for name, info in ckpt.tensors.items():
-        if ".attn_gate." in name or (config.tie_word_embeddings and name == "lm_head.weight"):
-            continue  # gates travel inside q_proj
-        if ".linear_attn." in name:
-            outputs.extend(_gdn_outputs(ckpt, name, expected))
-            continue
-        if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
-            gate_name = name.replace("q_proj.", "attn_gate.")
-            gate_name = gate_name if gate_name in ckpt.tensors else None
-            make = partial(_q_with_gate, ckpt, name, gate_name, config)
-            outputs.append(OutputTensor(name, expected[name], info.dtype, make, [name]))
-            continue
-        if name.endswith("norm.weight"):
-            make = partial(_norm_minus_one, ckpt, name)
-        else:
-            make = partial(ckpt.read, name)
-        if name not in expected:
-            raise ConversionError(f"SRC tensor {name} has no place in Qwen3_5ForCausalLM")
-        if info.shape != expected[name]:
-            raise ConversionError(f"tensor {name} has shape {list(info.shape)} in SRC, Qwen3.5 expects {list(expected[name])}")
-        outputs.append(OutputTensor(name, info.shape, info.dtype, make, [name]))
-        if name.endswith("self_attn.o_proj.weight") and name.replace(".weight", ".bias") in expected:
-            bias = name.replace(".weight", ".bias")
-            if bias not in ckpt.tensors:  # Qwen2-style q/k/v bias only: Qwen3.5 has one flag for all four
-                outputs.append(OutputTensor(bias, expected[bias], info.dtype, partial(torch.zeros, expected[bias], dtype=info.dtype)))
+        if name.endswith(travelling) or (config.tie_word_embeddings and name == "lm_head.weight"):
+            continue  # written with the tensor they travel with (gates inside q_proj); tied, lm_head is embed_tokens
+        rule = next(r for r in rules if name.endswith(r.sources[0]))
+        prefix = name[: len(name) - len(rule.sources[0])]
+        names = [prefix + s if prefix + s in ckpt.tensors else None for s in rule.sources]
+        op, target = OPS[rule.op], rule.output(prefix)
+        if op.every_source and None in names:
+            raise ConversionError(f"SRC lacks tensor {prefix + rule.sources[names.index(None)]}")
+        shape = op.shape([ckpt.tensors[n].shape for n in names if n is not None])
+        if target not in expected:
+            raise ConversionError(f"SRC tensor {name} has no place in {ARCHITECTURE}")
+        if shape != expected[target]:
+            raise ConversionError(f"tensor {target} would have shape {list(shape)}, Qwen3.5 expects {list(expected[target])}")
+        outputs.append(OutputTensor(target, shape, info.dtype, partial(op.make, ckpt, names, config), [n for n in names if n]))
+        for fill in fills:
+            zero = name.removesuffix(fill.after) + fill.target
+            if name.endswith(fill.after) and zero in expected and zero not in ckpt.tensors:
+                outputs.append(OutputTensor(zero, expected[zero], info.dtype, partial(torch.zeros, expected[zero], dtype=info.dtype)))
     missing = set(expected) - {o.name for o in outputs}
     if missing:
-        raise ConversionError(f"SRC lacks tensor {sorted(missing)[0]}, which Qwen3_5ForCausalLM needs")
+        raise ConversionError(f"SRC lacks tensor {sorted(missing)[0]}, which {ARCHITECTURE} needs")
     return outputs
 
 

@@ -1,6 +1,7 @@
-"""What `export --format qwen3_5` writes for each engine, as records: the config layouts.
+"""What `export --format qwen3_5` writes for each engine, as records: the weight rules and the config layouts.
 
-The weights are one layout for every engine; the config.json is one of two
+The weights are one layout for every engine (`QWEN3_5_WEIGHTS`, rules in the
+manner of transformers' `conversion_mapping.py`); the config.json is one of two
 (`CONFIG_LAYOUTS`). No one config serves every engine, because of the
 tokenizer: transformers from 5.18 gives every folder whose model_type is
 `qwen3_5` its own `Qwen3_5Tokenizer` (Qwen's normalizer and pre-tokenizer over
@@ -8,10 +9,10 @@ the saved vocabulary), whatever tokenizer was saved, and transformers, vLLM,
 mlx-lm and llama.cpp's converter all read tokenizers that way; while mlx-lm
 reads no other model_type.
 
-`export` applies the records (`_write_config`); adding an engine's layout is
-adding a record here and its test. Also here: what mlx-lm cannot run
-(`mlx_lm_limit`) and what the `qwen3_5` tokenizer does to SRC's text
-(`qwen3_5_tokenizer_difference`), each said as a warning, not refused.
+`export` applies the records (`plan_export`, `_write_config`); adding an
+engine's layout is adding a record here and its test. Also here: what mlx-lm
+cannot run (`mlx_lm_limit`) and what the `qwen3_5` tokenizer does to SRC's
+text (`qwen3_5_tokenizer_difference`), each said as a warning, not refused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,70 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
+
+# --- the weights: one Qwen3.5 text checkpoint, whatever the config layout ----------------------------------
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """SRC tensors `<prefix><source>` -> one Qwen3.5 tensor `<prefix><target>`, made by `op`.
+
+    Sources are name suffixes, matched with `str.endswith`. The first places the
+    output: it is written where SRC has that tensor. The others travel with it
+    and are not written on their own. The first rule whose first source
+    matches applies; a tensor no rule matches is copied under its own name.
+    The ops (`export.OPS`):
+    - `copy`: the first source, unchanged;
+    - `minus_one`: `w - 1`, checked exact (`1 + (w - 1) == w` in the stored dtype);
+    - `concat`: the sources along dim 0, in order; every one must exist;
+    - `q_with_gate`: per head, D query rows then D gate rows; a gate SRC lacks is zeros.
+    """
+
+    sources: tuple[str, ...]
+    target: str | None = None  # default: the first source
+    op: str = "copy"
+
+    def output(self, prefix: str) -> str:
+        return prefix + (self.target or self.sources[0])
+
+
+@dataclass(frozen=True)
+class ZeroFill:
+    """A tensor Qwen3.5 expects where SRC may have none: zeros, written after `after` of the same layer."""
+
+    target: str
+    after: str
+
+
+_QKV = ("q", "k", "v")
+
+QWEN3_5_WEIGHTS = (
+    # Qwen3.5's full attention is our G1 elementwise sigmoid gate with the gate's projection stored inside
+    # q_proj (`[H * 2D, hidden]`, split by `chunk(2)` on a `[.., H, 2D]` view). A headwise or head-shared
+    # score is the elementwise gate with repeated rows; q_proj's bias covers both halves, so a gate without
+    # a bias gets zeros there.
+    WeightRule(("self_attn.q_proj.weight", "self_attn.attn_gate.weight"), op="q_with_gate"),
+    WeightRule(("self_attn.q_proj.bias", "self_attn.attn_gate.bias"), op="q_with_gate"),
+    # Gated DeltaNet: one projection and one convolution for q, k and v, concatenated along dim 0 in this
+    # order; the rest renamed. Its gated output norm keeps a plain weight (no 1 + w), so it comes before
+    # the norms below.
+    WeightRule(tuple(f"linear_attn.{x}_proj.weight" for x in _QKV), "linear_attn.in_proj_qkv.weight", op="concat"),
+    WeightRule(tuple(f"linear_attn.{x}_conv1d.weight" for x in _QKV), "linear_attn.conv1d.weight", op="concat"),
+    WeightRule(("linear_attn.g_proj.weight",), "linear_attn.in_proj_z.weight"),
+    WeightRule(("linear_attn.a_proj.weight",), "linear_attn.in_proj_a.weight"),
+    WeightRule(("linear_attn.b_proj.weight",), "linear_attn.in_proj_b.weight"),
+    WeightRule(("linear_attn.o_norm.weight",), "linear_attn.norm.weight"),
+    WeightRule(("linear_attn.o_proj.weight",), "linear_attn.out_proj.weight"),  # A_log and dt_bias keep their names
+    # Every other RMSNorm (layer, final, q/k) multiplies by (1 + w), so a Llama-style weight w is stored as w - 1.
+    WeightRule(("norm.weight",), op="minus_one"),
+    # Every other tensor (embeddings, k/v/o projections, MLPs, lm_head): the same name and bytes. The empty
+    # suffix matches every name, so this rule comes last.
+    WeightRule(("",)),
+    # Qwen2-style q/k/v biases without an o_proj bias: Qwen3.5 has one flag for all four, so o_proj gets a
+    # zero bias (adding 0 is exact).
+    ZeroFill("self_attn.o_proj.bias", after="self_attn.o_proj.weight"),
+)
+
 
 # --- the config: one record per layout, for the engines that read it ----------------------------------------
 
