@@ -13,6 +13,7 @@ reads no other model_type.
 engine's layout is adding a record here and its test. Also here: what mlx-lm
 cannot run (`mlx_lm_limit`) and what the `qwen3_5` tokenizer does to SRC's
 text (`qwen3_5_tokenizer_difference`), each said as a warning, not refused.
+Standard library only at import: the CLI reads `LAYOUTS` for its choices.
 """
 
 from __future__ import annotations
