@@ -74,7 +74,7 @@ from pathlib import Path
 
 import torch
 
-from gated_attention.convert.export import mlx_lm_limit
+from gated_attention.convert.export_layouts import mlx_lm_limit
 from gated_attention.hub.command_line import OneLineErrorParser, bounded
 
 HERE = Path(__file__).resolve().parent

@@ -183,7 +183,7 @@ def test_mlx_layout_is_the_same_model_for_transformers(tmp_path, capsys, kind):
 
 def test_full_attention_interval_is_the_one_mlx_lm_would_place(tmp_path):
     from gated_attention.configuration.gated_deltanet_hybrid import hybrid_layer_types
-    from gated_attention.convert.export import full_attention_interval, mlx_lm_limit
+    from gated_attention.convert.export_layouts import full_attention_interval, mlx_lm_limit
 
     L, A = "linear_attention", "full_attention"
     assert full_attention_interval(hybrid_layer_types(4, 2)) == 2

@@ -25,6 +25,9 @@
   and plan their outputs.
 - `export`: `export_checkpoint`, a gated model as transformers' native Qwen3.5
   where every piece maps exactly.
+- `export_layouts`: what `export` writes for each engine, as records: the
+  weight rules (`WeightRule`, `ZeroFill`) and the config layouts (`text`,
+  `mlx`), and what mlx-lm cannot run.
 - `verify`: source and result run one after the other on a fixed prompt,
   within the memory budget, compared after every layer.
 - `card`: the model cards the commands write.

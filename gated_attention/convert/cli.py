@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 from ..hub.command_line import bounded, memory_size
+from .export_layouts import LAYOUTS
 
 DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
 _INIT_HELP = (
@@ -143,7 +144,7 @@ def register(subparsers) -> None:
     p.add_argument("--format", choices=["qwen3_5"], required=True, help="target architecture")
     p.add_argument(
         "--layout",
-        choices=["text", "mlx"],
+        choices=LAYOUTS,
         default="text",
         help="the config layout, for the engine that reads it (the weights are the same). text (default): "
         "model_type qwen3_5_text, for transformers, vLLM and llama.cpp. mlx: the Hub's Qwen3.5 layout (model_type "

@@ -1,35 +1,25 @@
 """Export a gated model to transformers' native Qwen3.5 text layout (`Qwen3_5ForCausalLM`).
 
 Qwen3.5's full-attention layer is our G1 elementwise sigmoid gate with the
-gate's projection stored inside `q_proj`: per head, D query rows then D gate
-rows (`[H * 2D, hidden]`, split by `chunk(2)` on a `[.., H, 2D]` view). Its
-RMSNorms multiply by `(1 + w)`, so a Llama-style norm weight w is stored as
-`w - 1`; its q/k norms always exist; its RoPE rotates the whole head when
-`partial_rotary_factor` is 1.0.
+gate's projection stored inside `q_proj`; its RMSNorms multiply by `(1 + w)`;
+its q/k norms always exist; its RoPE rotates the whole head when
+`partial_rotary_factor` is 1.0. How each tensor maps, and the config layouts
+the engines read (`LAYOUTS`: `text` for transformers, vLLM and llama.cpp,
+`mlx` for mlx-lm), are records in `export_layouts`; this module checks a model
+against them, applies them (`plan_export`, `_write_config`) and verifies the result.
 
 Only models where every piece maps exactly are exported; anything else is
 refused with the reason (another gate position or activation, no q/k norm, a
 sliding window, a gate bias without attention biases, ...). Norm weights are
 checked one by one: `1 + (w - 1)` must give back w exactly in the stored dtype.
-
-Two config layouts (`LAYOUTS`), the same weights. No one layout serves every
-engine, because of the tokenizer: transformers from 5.18 gives every folder
-whose model_type is `qwen3_5` its own `Qwen3_5Tokenizer` (Qwen's normalizer and
-pre-tokenizer over the saved vocabulary), whatever tokenizer was saved, and
-transformers, vLLM, mlx-lm and llama.cpp's converter all read tokenizers that way.
-- `text` (default): `model_type: qwen3_5_text`, flat. transformers, vLLM and
-  llama.cpp read it, with the tokenizer as saved; mlx-lm does not know the type.
-- `mlx`: the Hub's Qwen3.5 layout, `model_type: qwen3_5` with the text model under
-  `text_config`, plus the `full_attention_interval` by which mlx-lm places its
-  layers (it ignores `layer_types`). transformers (5.17 on) loads it as the same
-  `Qwen3_5ForCausalLM`; text is tokenized Qwen's way, which `export` says when
-  that differs from the saved tokenizer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +29,17 @@ from .. import GatedAttentionWarning, register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
 from ..hub.memory_budget import MemoryBudget
 from .card import write_export_card
+from .export_layouts import (
+    ARCHITECTURE,
+    CONFIG_LAYOUTS,
+    LAYOUTS,
+    QWEN3_5_WEIGHTS,
+    ConfigLayout,
+    WeightRule,
+    ZeroFill,
+    mlx_lm_limit,
+    qwen3_5_tokenizer_difference,
+)
 from .pipeline import Result, Work, run
 from .shapes import expected_shapes
 from .source_config import check_config_types
@@ -47,23 +48,7 @@ from .verify import check_budget, compare_runs, run_prompt
 from .writer import OutputTensor
 
 FORMATS = ("qwen3_5",)
-LAYOUTS = ("text", "mlx")  # see the module docstring
 EXPORTABLE = ("gated_attention", "gated_deltanet_hybrid")
-# Gated DeltaNet: Qwen3.5 fuses q/k/v into one projection and one convolution (concatenated along
-# dim 0, in this order) and renames the rest; its gated output norm keeps a plain weight (no 1 + w).
-GDN_FUSED = {
-    "q_proj.weight": ("in_proj_qkv.weight", ("q_proj.weight", "k_proj.weight", "v_proj.weight")),
-    "q_conv1d.weight": ("conv1d.weight", ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")),
-}
-GDN_RENAMED = {
-    "g_proj.weight": "in_proj_z.weight",
-    "a_proj.weight": "in_proj_a.weight",
-    "b_proj.weight": "in_proj_b.weight",
-    "o_norm.weight": "norm.weight",
-    "o_proj.weight": "out_proj.weight",
-    "A_log": "A_log",
-    "dt_bias": "dt_bias",
-}
 
 
 def serving_route(model_type: str | None) -> str:
@@ -157,40 +142,11 @@ def qwen3_5_config(config):
     return out
 
 
-def full_attention_interval(layer_types: list[str]) -> int | None:
-    """The k for which layer i (0-based) is full attention exactly when (i + 1) % k == 0, if one exists and k > 1.
-
-    mlx-lm's Qwen3.5 builds its layers from this one number (`full_attention_interval`);
-    the package's `hybrid_ratio` schedules are of this form, any trailing block included.
-    """
-    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
-    if not full:
-        return None
-    k = full[0] + 1
-    return k if k > 1 and full == list(range(k - 1, len(layer_types), k)) else None
+# --- the weights: `export_layouts.QWEN3_5_WEIGHTS` applied -------------------------------------------------
 
 
-def mlx_lm_limit(layer_types: list[str], conv_kernel: int | None) -> str | None:
-    """Why mlx-lm (0.32) cannot run a Qwen3.5 model with this schedule and convolution width, or None."""
-    if "linear_attention" not in layer_types:
-        return "mlx-lm's Qwen3.5 has no path for a model without Gated DeltaNet layers (this one is all attention)"
-    if "full_attention" not in layer_types:
-        return "mlx-lm's Qwen3.5 has no path for a model without full-attention layers (this one is all Gated DeltaNet)"
-    if full_attention_interval(layer_types) is None:
-        pattern = "".join("A" if kind == "full_attention" else "L" for kind in layer_types)
-        return (f"mlx-lm places full attention at every full_attention_interval-th layer, and this schedule "
-                f"({pattern}, A = attention) has no such interval")
-    if conv_kernel == 1:
-        # Its convolution state keeps the last kernel - 1 inputs as `x[:, -(kernel - 1):]`, which for 0 is all of x:
-        # the first decoding step after the prompt then stops on a reshape.
-        return "mlx-lm's Gated DeltaNet stops at the first decoding step with a convolution of width 1"
-    return None
-
-
-# --- tensor transforms ---------------------------------------------------------------------------------
-
-
-def _norm_minus_one(ckpt: SourceCheckpoint, name: str) -> torch.Tensor:
+def _norm_minus_one(ckpt: SourceCheckpoint, names: list[str], config) -> torch.Tensor:
+    name = names[0]
     w = ckpt.read(name)
     shifted = (w.float() - 1.0).to(w.dtype)
     if not torch.equal(1.0 + shifted.float(), w.float()):
@@ -201,8 +157,9 @@ def _norm_minus_one(ckpt: SourceCheckpoint, name: str) -> torch.Tensor:
     return shifted
 
 
-def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, config) -> torch.Tensor:
+def _q_with_gate(ckpt: SourceCheckpoint, names: list[str | None], config) -> torch.Tensor:
     """Interleave query and gate per head: `[H * 2D, ...]`, head h = (D query rows, D gate rows)."""
+    q_name, gate_name = names
     H, D = config.num_attention_heads, config.head_dim
     q = ckpt.read(q_name)
     trailing = tuple(q.shape[1:])  # (hidden,) for weights, () for biases
@@ -216,66 +173,58 @@ def _q_with_gate(ckpt: SourceCheckpoint, q_name: str, gate_name: str | None, con
     return out.reshape(H * 2 * D, *trailing)
 
 
-def _read_each(ckpt: SourceCheckpoint, names: list[str]):
+def _concat(ckpt: SourceCheckpoint, names: list[str], config):
     for name in names:  # concatenation along dim 0 is the parts' bytes in order
         yield ckpt.read(name)
 
 
-def _gdn_outputs(ckpt: SourceCheckpoint, name: str, expected: dict) -> list[OutputTensor]:
-    prefix, leaf = name.split(".linear_attn.")
-    prefix += ".linear_attn."
-    info = ckpt.tensors[name]
-    if leaf in GDN_FUSED:
-        target, parts = GDN_FUSED[leaf]
-        sources = [prefix + p for p in parts]
-        missing = [s for s in sources if s not in ckpt.tensors]
-        if missing:
-            raise ConversionError(f"SRC lacks tensor {missing[0]}")
-        shape = (sum(ckpt.tensors[s].shape[0] for s in sources), *info.shape[1:])
-        out = [OutputTensor(prefix + target, shape, info.dtype, partial(_read_each, ckpt, sources), sources)]
-    elif leaf in GDN_RENAMED:
-        out = [OutputTensor(prefix + GDN_RENAMED[leaf], info.shape, info.dtype, partial(ckpt.read, name), [name])]
-    elif any(leaf == parts[i] for _, parts in GDN_FUSED.values() for i in (1, 2)):
-        return []  # k/v parts: written with their q part
-    else:
-        raise ConversionError(f"SRC tensor {name} has no place in Qwen3_5ForCausalLM")
-    for o in out:
-        if o.name not in expected or o.shape != expected[o.name]:
-            raise ConversionError(f"tensor {o.name} would have shape {list(o.shape)}, Qwen3.5 expects {list(expected.get(o.name, ()))}")
-    return out
+@dataclass(frozen=True)
+class Op:
+    """A `WeightRule.op`: the output's shape from its sources' shapes, and `make(ckpt, names, config)`, where
+    `names` are the rule's sources in SRC (None for one SRC lacks)."""
+
+    shape: Callable[[list[tuple[int, ...]]], tuple[int, ...]]
+    make: Callable
+    every_source: bool = False  # refuse when SRC lacks one
+
+
+OPS = {
+    "copy": Op(lambda shapes: shapes[0], lambda ckpt, names, config: ckpt.read(names[0])),
+    "minus_one": Op(lambda shapes: shapes[0], _norm_minus_one),
+    "concat": Op(lambda shapes: (sum(s[0] for s in shapes), *shapes[0][1:]), _concat, every_source=True),
+    "q_with_gate": Op(lambda shapes: (2 * shapes[0][0], *shapes[0][1:]), _q_with_gate),
+}
 
 
 def plan_export(ckpt: SourceCheckpoint, config, model) -> list[OutputTensor]:
+    """SRC's tensors through `QWEN3_5_WEIGHTS`, in SRC's order, each checked against the (meta) `model`."""
     expected = expected_shapes(model)
+    rules = [r for r in QWEN3_5_WEIGHTS if isinstance(r, WeightRule)]
+    fills = [r for r in QWEN3_5_WEIGHTS if isinstance(r, ZeroFill)]
+    travelling = tuple(source for r in rules for source in r.sources[1:])
     outputs: list[OutputTensor] = []
     for name, info in ckpt.tensors.items():
-        if ".attn_gate." in name or (config.tie_word_embeddings and name == "lm_head.weight"):
-            continue  # gates travel inside q_proj
-        if ".linear_attn." in name:
-            outputs.extend(_gdn_outputs(ckpt, name, expected))
-            continue
-        if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
-            gate_name = name.replace("q_proj.", "attn_gate.")
-            gate_name = gate_name if gate_name in ckpt.tensors else None
-            make = partial(_q_with_gate, ckpt, name, gate_name, config)
-            outputs.append(OutputTensor(name, expected[name], info.dtype, make, [name]))
-            continue
-        if name.endswith("norm.weight"):
-            make = partial(_norm_minus_one, ckpt, name)
-        else:
-            make = partial(ckpt.read, name)
-        if name not in expected:
-            raise ConversionError(f"SRC tensor {name} has no place in Qwen3_5ForCausalLM")
-        if info.shape != expected[name]:
-            raise ConversionError(f"tensor {name} has shape {list(info.shape)} in SRC, Qwen3.5 expects {list(expected[name])}")
-        outputs.append(OutputTensor(name, info.shape, info.dtype, make, [name]))
-        if name.endswith("self_attn.o_proj.weight") and name.replace(".weight", ".bias") in expected:
-            bias = name.replace(".weight", ".bias")
-            if bias not in ckpt.tensors:  # Qwen2-style q/k/v bias only: Qwen3.5 has one flag for all four
-                outputs.append(OutputTensor(bias, expected[bias], info.dtype, partial(torch.zeros, expected[bias], dtype=info.dtype)))
+        if name.endswith(travelling) or (config.tie_word_embeddings and name == "lm_head.weight"):
+            continue  # written with the tensor they travel with (gates inside q_proj); tied, lm_head is embed_tokens
+        rule = next(r for r in rules if name.endswith(r.sources[0]))
+        prefix = name[: len(name) - len(rule.sources[0])]
+        names = [prefix + s if prefix + s in ckpt.tensors else None for s in rule.sources]
+        op, target = OPS[rule.op], rule.output(prefix)
+        if op.every_source and None in names:
+            raise ConversionError(f"SRC lacks tensor {prefix + rule.sources[names.index(None)]}")
+        shape = op.shape([ckpt.tensors[n].shape for n in names if n is not None])
+        if target not in expected:
+            raise ConversionError(f"SRC tensor {name} has no place in {ARCHITECTURE}")
+        if shape != expected[target]:
+            raise ConversionError(f"tensor {target} would have shape {list(shape)}, Qwen3.5 expects {list(expected[target])}")
+        outputs.append(OutputTensor(target, shape, info.dtype, partial(op.make, ckpt, names, config), [n for n in names if n]))
+        for fill in fills:
+            zero = name.removesuffix(fill.after) + fill.target
+            if name.endswith(fill.after) and zero in expected and zero not in ckpt.tensors:
+                outputs.append(OutputTensor(zero, expected[zero], info.dtype, partial(torch.zeros, expected[zero], dtype=info.dtype)))
     missing = set(expected) - {o.name for o in outputs}
     if missing:
-        raise ConversionError(f"SRC lacks tensor {sorted(missing)[0]}, which Qwen3_5ForCausalLM needs")
+        raise ConversionError(f"SRC lacks tensor {sorted(missing)[0]}, which {ARCHITECTURE} needs")
     return outputs
 
 
@@ -350,6 +299,7 @@ def export_checkpoint(
         raise ConversionError(f"--format {format!r} is not supported; supported: {', '.join(FORMATS)}")
     if layout not in LAYOUTS:
         raise ConversionError(f"--layout {layout!r} is not supported; supported: {', '.join(LAYOUTS)}")
+    config_layout = CONFIG_LAYOUTS[layout]
 
     def prepare(folder: Path, dst: Path) -> Work:
         check_config_types(folder)
@@ -365,7 +315,7 @@ def export_checkpoint(
         outputs = plan_export(ckpt, config, model)
         if why := mlx_lm_limit(config.layer_types, getattr(config, "linear_conv_kernel_dim", None)):
             notes.append(f"mlx-lm will not run this export: {why}")
-        if layout == "mlx" and (why := qwen3_5_tokenizer_difference(folder)):
+        if config_layout.qwen3_5_tokenizer and (why := qwen3_5_tokenizer_difference(folder)):
             notes.append(why)
         check = None
         if verify:
@@ -375,10 +325,9 @@ def export_checkpoint(
         return Work(
             ckpt,
             outputs,
-            announce=f"exporting {src} -> {dst} as Qwen3_5ForCausalLM (model_type "
-            + ("qwen3_5_text)" if layout == "text" else "qwen3_5, the text model under text_config, for mlx-lm)"),
+            announce=f"exporting {src} -> {dst} as {ARCHITECTURE} ({config_layout.describe()})",
             desc="exporting",
-            write_config=partial(_write_config, target=target, layout=layout),
+            write_config=partial(_write_config, target=target, layout=config_layout),
             write_card=partial(write_export_card, src=src, config=config, layout=layout),
             verify=check,
             finite=ckpt.tensors,  # the gates too: they travel inside q_proj
@@ -393,52 +342,19 @@ def export_checkpoint(
     return result
 
 
-def _write_config(stage: Path, target, layout: str) -> None:
-    target.architectures = ["Qwen3_5ForCausalLM"]
-    if layout == "text":
+def _write_config(stage: Path, target, layout: ConfigLayout) -> None:
+    """`target`, the text model's config, saved as `layout` says (`export_layouts.ConfigLayout`)."""
+    for key, value_of in layout.text_keys.items():
+        if (value := value_of(target.layer_types)) is not None:
+            setattr(target, key, value)
+    target.architectures = [ARCHITECTURE]
+    if layout.model_type == target.model_type:
         target.save_pretrained(stage)
         return
-    from transformers import Qwen3_5Config
+    from transformers import AutoConfig
 
-    if interval := full_attention_interval(target.layer_types):  # else warned: mlx-lm cannot place these layers
-        target.full_attention_interval = interval
-    # Only a text model: no vision weights are written, so none of the vision fields (their defaults, which
-    # transformers writes too) describe anything here. Tied embeddings are read at both levels.
-    hub = Qwen3_5Config(text_config=target.to_dict(), tie_word_embeddings=target.tie_word_embeddings)
-    hub.architectures = ["Qwen3_5ForCausalLM"]
-    hub.dtype = target.dtype
-    hub.save_pretrained(stage)
-
-
-# A few lines where pre-tokenizers disagree: contractions, digit runs, indentation and newlines, tabs,
-# accents composed and combining, CJK.
-TOKENIZER_SAMPLE = "Don't panic: 1234 apples,\n\n    def f(x):\treturn x ** 2  # caf\u00e9 cafe\u0301 \u6771\u4eac\n"
-
-
-def qwen3_5_tokenizer_difference(folder: Path) -> str | None:
-    """How the tokenizer of a `qwen3_5` folder differs from SRC's own, as one line, or None.
-
-    transformers from 5.18 loads the tokenizer of a folder whose model_type is
-    `qwen3_5` as `Qwen3_5Tokenizer` (Qwen3.5's normalizer and pre-tokenizer, the
-    saved vocabulary and merges) whatever class was saved; mlx-lm reads tokenizers
-    through transformers. Compared here on `TOKENIZER_SAMPLE`, on any version.
-    """
-    from transformers import AutoTokenizer, Qwen3_5Tokenizer
-
-    if not (folder / "tokenizer.json").is_file():
-        return None  # the comparison reads tokenizer.json; without one it says nothing
-    own = AutoTokenizer.from_pretrained(folder)
-    if isinstance(own, Qwen3_5Tokenizer):
-        return None
-    try:
-        qwen = Qwen3_5Tokenizer.from_pretrained(folder)
-    except Exception as e:  # noqa: BLE001 - what stops it stops mlx-lm's tokenizer too: said, not raised
-        return (f"with --layout mlx, mlx-lm (and transformers >= 5.18) load this tokenizer as Qwen3_5Tokenizer, "
-                f"which cannot read it ({type(e).__name__}: {' '.join(str(e).split())})")
-    a, b = own(TOKENIZER_SAMPLE)["input_ids"], qwen(TOKENIZER_SAMPLE)["input_ids"]
-    if a == b and len(own) == len(qwen):
-        return None
-    return (f"with --layout mlx, mlx-lm (and transformers >= 5.18) tokenize text with Qwen3.5's pre-tokenizer "
-            f"instead of this {type(own).__name__}'s ({len(a)} vs {len(b)} tokens on a sample, vocabulary "
-            f"{len(own)} vs {len(qwen)}): give mlx-lm token ids, or its tokenizer as "
-            f"PreTrainedTokenizerFast.from_pretrained(DST) (README, Serve)")
+    outer = {layout.nested_under: target.to_dict(), **{key: getattr(target, key) for key in layout.outer_keys}}
+    wrapper = AutoConfig.for_model(layout.model_type, **outer)
+    wrapper.architectures = [ARCHITECTURE]
+    wrapper.dtype = target.dtype
+    wrapper.save_pretrained(stage)
