@@ -37,12 +37,12 @@ EXACT, NONE = "exact", "none"
 EXPECTED_EXACT = set("""
     afmoe apertus apertus1p5_text arcee aria_text axk1 axk2 bailing_hybrid bamba bart beam bert bert-generation
     big_bird bigbird_pegasus biogpt bitnet blenderbot blenderbot-small bloom camembert codegen cohere cohere2
-    cohere2_moe cpmant ctrl cwm data2vec-text deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 diffllama doge
+    cohere2_moe cpmant ctrl cwm data2vec-text deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 diffllama doge dory
     dots3_note_text electra emu3 ernie ernie4_5 ernie4_5_moe exaone exaone4 exaone_moe falcon falcon_h1
     flex_olmo flint fuyu gemma gemma2 gemma3 gemma3_text gemma4 gemma4_text gemma4_unified gemma4_unified_text
     git glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa got_ocr2 gpt-sw3 gpt2 gpt_bigcode gpt_neo gpt_neox
     gpt_neox_japanese gpt_oss gptj granite granite_swa granitemoe granitemoe_swa granitemoehybrid
-    granitemoeshared helium hy_v3 hy_v4 hyperclovax inkling2_text inkling_text internlm3 iquestcoder jais2 jamba
+    granitemoeshared helium hrm_text hy_v3 hy_v4 hyperclovax inkling2_loop_text inkling2_text inkling_text internlm3 iquestcoder jais2 jamba
     jetmoe kimi_linear kolibri1 laguna lara_mini lfm2 lfm3 llama llama4 llama4_text marian mbart megatron-bert
     mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral3 mistral mixtral mllama
     modernbert-decoder moshi moss_transcribe_diarize mpt mvp nanochat nemotron_h olmo olmo2 olmo3 olmo_hybrid
@@ -57,15 +57,13 @@ EXPECTED_REFUSED = {
     "xlnet": "time-major",
     "xlm": "its layers are no modules",
     "longcat_flash": "holds 2 attention modules",  # two attention blocks in one layer
-    "hrm_text": "model.L_module.layers",  # two stacks, run in cycles
-    "inkling2_loop_text": "total_num_hidden_layers",  # layers that run several times
     "xmod": "Input language unknown",  # the model's own error: it needs set_default_language()
     "gemma3n_text": "several streams",  # AltUp: [4, B, T, D], reduced without a module of its own
 }
 # The catalog cannot build a tiny model of these from the default config with its rules (its limit, not analyze's);
 # BLT's tiny model fails in its hash n-gram embeddings on the catalog's ids.
 EXPECTED_NOT_BUILT = set("""
-    cohere_compass_text dbrx dory dots1 dots3_note gemma3n gemma4_assistant
+    cohere_compass_text dbrx dots1 dots3_note gemma3n gemma4_assistant
     gemma4_unified_assistant hunyuan_v1_dense hunyuan_v1_moe lfm2_moe ministral musicgen musicgen_melody
     nemotron qwen4_exp qwen4_exp_text
 """.split())
@@ -169,6 +167,14 @@ FIELDS = {
                              mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2),
     "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32)),
     "xlnet": dict(d_head=16),
+    # Loops (one row per pass): each with layers before, in and after the loop, and two passes. Dory's defaults
+    # double its counts (released configs list attention and MLP blocks apart), Inkling2-loop's loop layers lie past
+    # a 4-layer model, and HRM's per-stack count would stay at its default.
+    "dory": dict(layer_types=None, num_hidden_layers=4, n_input_layers=1, n_recurrent_layers=2, n_output_layers=1,
+                 n_recurrent_loops=2),
+    "inkling2_loop_text": dict(n_layers_per_attn_res_block=1, loop_layer_index_start=1, loop_layer_index_end=3,
+                               loop_num_passes=2),
+    "hrm_text": dict(num_layers_per_stack=None, H_cycles=2, L_cycles=2),
 }
 
 
@@ -287,7 +293,9 @@ def outcome(model_type: str, tok, samples) -> tuple[str, str]:
     if not diff <= 1e-6:
         return "mismatch", f"F-Attn differs by {diff:.2g}"
     gates = f"; gates `{next(iter(layout.gates.values())).name}` in {sorted(layout.gates)}" if layout.gates else ""
-    return EXACT, f"{len(fa)} of {layout.num_layers} layers{gates}; F-Attn within {diff:.0e}"
+    passes = max(layout.passes, default=1)
+    loops = f" ({len(set(layout.names))} modules, up to {passes} passes each)" if passes > 1 else ""
+    return EXACT, f"{len(fa)} of {layout.num_layers} layers{loops}{gates}; F-Attn within {diff:.0e}"
 
 
 def expected(model_type: str) -> str | None:

@@ -621,6 +621,56 @@ def test_a_layer_that_runs_twice_in_one_forward_is_one_line_not_the_last_pass():
             model(input_ids=torch.randint(3, VOCAB, (1, 9)), use_cache=False)
 
 
+# Models that run some layers several times in one forward: model type -> (module, pass) of each layer call, in order.
+LOOPS = {
+    "inkling2_loop_text": [("model.layers.0", 1), ("model.layers.1", 1), ("model.layers.2", 1), ("model.layers.1", 2),
+                           ("model.layers.2", 2), ("model.layers.3", 1)],  # every pass restarts from layer 1's input
+    "dory": [("model.layers.0", 1), ("model.layers.1", 1), ("model.layers.2", 1), ("model.layers.1", 2),
+             ("model.layers.2", 2), ("model.layers.3", 1)],  # Dory's config counts modules: layout.LOOPED
+    "hrm_text": [(f"model.{stack}_module.layers.{i}", p) for h in range(2)  # (L stack x 2 cycles, H stack) x 2 cycles
+                 for stack, p in (("L", 2 * h + 1), ("L", 2 * h + 2), ("H", h + 1)) for i in range(2)],
+}
+
+
+@pytest.mark.parametrize("name", list(LOOPS))
+@torch.no_grad()
+def test_a_looping_layer_is_read_once_per_pass_as_transformers_returns_it(name):
+    """transformers records one attention map and one hidden state per layer call: the capture's layer l is call l."""
+    shipped(name)
+    model = catalog().build(name)
+    layout = model_layout(model)
+    assert list(zip(layout.names, layout.passes)) == LOOPS[name]
+    ids = torch.randint(3, 200, (1, 12))
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    model.set_attn_implementation("eager")
+    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
+    record = cap.records[-1]
+    assert len(out.attentions) == layout.num_layers == len(layout.full_attention_layers)
+    for f, reference in zip(layout.full_attention_layers, out.attentions):
+        assert torch.equal(record.attentions[f], reference), f"layer {f}"
+    # X[l], whose largest |value| is M-Act's layer l, is call l's output; transformers' last one is after the final norm.
+    assert len(record.residual) == len(out.hidden_states) == layout.num_layers + 1
+    for l, (x, reference) in enumerate(zip(record.residual[:-1], out.hidden_states[:-1])):
+        assert torch.equal(x, reference), f"X[{l}]"
+
+
+def test_analyze_writes_one_row_per_pass_named_as_the_model_names_it(tokenizer, tmp_path):
+    from gated_attention.analysis.analyze import run_analysis
+    from gated_attention.analysis.samples import builtin_samples
+
+    shipped("dory")
+    cat, model = catalog(), catalog().build("dory")
+    tok, samples = cat.tokenizer(), builtin_samples(1)
+    run_analysis(model, tok, samples, tmp_path, max_length=24, n_bootstrap=10)
+    rows = _csv(tmp_path / "layers.csv")[1:]
+    assert [(r["name"], int(r["pass"])) for r in rows] == LOOPS["dory"]
+    reference = cat.reference_f_attn(model, tok, samples, list(range(1, 7)), 6)
+    assert all(abs(float(r["f_attn"]) - reference[int(r["layer"])]) <= 1e-6 for r in rows)
+    arrays = np.load(tmp_path / "arrays.npz")
+    assert arrays["m_first"].shape[1] == 7 and list(arrays["layer_passes"]) == [p for _, p in LOOPS["dory"]]
+
+
 @torch.no_grad()
 def test_a_capture_reads_the_base_model_run_alone_too():
     model = tiny("llama", num_key_value_heads=2)

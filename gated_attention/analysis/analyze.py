@@ -9,6 +9,11 @@ Files written to `out_dir` (summary.md last, so a folder without it is an interr
 - `trajectory.png`, `first_token_attention.png`, `gate_hist.png` (drawn from the files above).
 - `summary.md`.
 
+Layers are decoder-layer calls (`ModelLayout.layers`): in a model that runs some layers several times in one
+forward, each pass is its own row of every per-layer array and of `layers.csv` (`name`: the module's path,
+`pass`: its k-th call), its F-Attn read from that call's map and its M-Act from that call's output, as
+transformers' `output_attentions` / `output_hidden_states` return one per call.
+
 Two anchors: `first_token` (token 0, the massive-activations paper's figures) and `consensus_sink`
 (the input's consensus sink, that paper's quantitative metrics).
 """
@@ -31,8 +36,8 @@ from tqdm.auto import tqdm
 
 from .. import GatedAttentionWarning
 from . import metrics as M
-from .capture import Capture, Record, input_device
-from .layout import ModelLayout, model_layout
+from .capture import Capture, Record
+from .layout import ModelLayout, input_device, model_layout
 from .interventions import intervene
 from .samples import Sample
 
@@ -255,6 +260,8 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
         out_dir / "arrays.npz",
         full_attention_layers=np.array(layout.full_attention_layers, dtype=np.int64),
         layer_types=np.array(layout.layer_types),
+        layer_names=np.array(layout.names),
+        layer_passes=np.array(layout.passes, dtype=np.int64),
         domain=np.array([r.sample.domain for r in results]),
         source=np.array([r.sample.source for r in results]),
         n_tokens=np.array([r.n_tokens for r in results], dtype=np.int64),
@@ -302,7 +309,9 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, 
         "",
         f"- inputs: {len(results)} ({', '.join(f'{d}: {n}' for d, n in domains.items())}), "
         f"{sum(r.n_tokens for r in results)} tokens",
-        f"- decoder layers: {layout.num_layers} ({_count_types(layout.layer_types)}); "
+        f"- decoder layers: {layout.num_layers} ({_count_types(layout.layer_types)}"
+        + (f"; {len(set(layout.names))} modules, some run in several passes" if max(layout.passes, default=1) > 1 else "")
+        + "); "
         f"softmax-attention layers (1-based): {fa or 'none'}",
     ]
     if not fa:
@@ -424,6 +433,8 @@ def run_analysis(
     for l in range(layout.num_layers + 1):
         row = {
             "layer": l,
+            "name": "embedding" if l == 0 else layout.names[l - 1],
+            "pass": "" if l == 0 else layout.passes[l - 1],
             "layer_type": "embedding" if l == 0 else layout.layer_types[l - 1],
             "is_attention": l in fa,
             "m_act": float(np.mean([r.m_act_layers[l] for r in results])),
@@ -437,7 +448,7 @@ def run_analysis(
     _write_csv(
         out_dir / "layers.csv",
         layer_rows,
-        ["layer", "layer_type", "is_attention", "m_act", "m_first", "m_sink", "f_attn", "gate_mean"],
+        ["layer", "name", "pass", "layer_type", "is_attention", "m_act", "m_first", "m_sink", "f_attn", "gate_mean"],
     )
 
     intervention_rows = []

@@ -92,16 +92,6 @@ def execution_devices(model: nn.Module) -> set[torch.device]:
     return devices or {torch.device("cpu")}
 
 
-def input_device(model: nn.Module) -> torch.device:
-    """Where `model` takes its input ids: the execution device of its input embeddings."""
-    embedding = model.get_input_embeddings()
-    hook = getattr(embedding, "_hf_hook", None)
-    device = getattr(hook, "execution_device", None)
-    if device is not None:
-        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-    return embedding.weight.device
-
-
 @contextlib.contextmanager
 def eager_attention(model: nn.Module) -> Iterator[None]:
     """Run `model` with `attn_implementation="eager"` (attention modules then return their weights).
@@ -203,16 +193,22 @@ ResidualFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 
 @contextlib.contextmanager
-def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
+def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
     """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L.
 
-    X[0] is read from decoder layer 1's input by a `with_kwargs` pre-hook (the
-    argument is found by name, never by position), X[l] from layer l's output.
-    A tensor returned by `fn` replaces the state the model continues with.
-    Hooks are removed on exit, also when the body raises.
+    `layers` are the decoder-layer calls in the order the model makes them (`ModelLayout.layers`): a module that
+    runs several times in one forward (a loop) is listed once per call, and X[l] is the output of the l-th call.
+    X[0] is read from the first call's input by a `with_kwargs` pre-hook (the argument is found by name, never
+    by position); a later pass of that module is no new forward. A tensor returned by `fn` replaces the state
+    the model continues with. Hooks are removed on exit, also when the body raises.
     """
+    done = 0  # decoder-layer calls so far in this forward
 
     def pre_hook(module, args, kwargs):
+        nonlocal done
+        if 0 < done < len(layers) and layers[done] is module:  # a later pass of the first layer, in the same forward
+            return None
+        done = 0
         bound, name = _hidden_argument(module, args, kwargs)
         new = fn(0, bound.arguments[name])
         if new is None:
@@ -220,21 +216,20 @@ def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
         bound.arguments[name] = new
         return bound.args, bound.kwargs
 
-    def make_post_hook(l: int):
-        def post_hook(module, args, output):
-            several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
-            new = fn(l, output[0] if several else output)
-            if new is None:
-                return None
-            return type(output)([new, *output[1:]]) if several else new
-
-        return post_hook
+    def post_hook(module, args, output):
+        nonlocal done
+        done += 1
+        several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
+        new = fn(done, output[0] if several else output)
+        if new is None:
+            return None
+        return type(output)([new, *output[1:]]) if several else new
 
     handles = []
     try:
         handles.append(layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-        for l, layer in enumerate(layers, start=1):
-            handles.append(layer.register_forward_hook(make_post_hook(l)))
+        for layer in {id(layer): layer for layer in layers}.values():
+            handles.append(layer.register_forward_hook(post_hook))
         yield
     finally:
         for handle in handles:
@@ -351,12 +346,12 @@ class Capture:
         if l == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
             self.records.append(Record())
             self._next = 0
-        # Each state once per forward, in order: a layer that runs again (a model that loops over its layers)
-        # would otherwise replace the first pass's numbers with the last's.
+        # Each state once per forward, in order: a layer that runs again where the layout lists no second call would
+        # otherwise replace the first pass's numbers with the last's.
         if l != self._next:
             raise CaptureError(
                 f"{self._where(max(l, 1))} ran {'again' if l < self._next else 'out of order'} in one forward (the model "
-                f"runs its layers in a loop); the analysis reads each decoder layer once"
+                f"runs its layers in a loop), which its layout does not list"
             )
         self._next += 1
         record = self.records[-1]
@@ -387,16 +382,28 @@ class Capture:
                 )
 
     def _layer_hooks(self, stack: contextlib.ExitStack) -> None:
-        """Track which decoder layer is running, so that a shared module's calls go to their caller."""
-        for l, layer in enumerate(self.layout.layers, start=1):
-            def enter(module, args, l=l):
-                self._layer = l
-                if self.want_attentions and l in self.layout.attention_modules:
-                    self._follow_attention(l, stack)
+        """Track which decoder-layer call is running, so that a shared module's calls go to their caller.
 
-            def leave(module, args, output):
-                self._layer = None
+        The call about to run gives X[_next] (the residual hooks, registered first, have read X[0] already); a loop's
+        module gives a different l at each pass. A call the layout does not list there is one line, before its
+        attention is read under a wrong layer."""
+        layers = self.layout.layers
 
+        def enter(module, args):
+            l = self._next
+            if not (1 <= l <= len(layers) and layers[l - 1] is module):
+                raise CaptureError(
+                    f"{self._where(max(l, 1))}: another decoder layer ran in its place (the model runs its layers in an "
+                    f"order its layout does not list)"
+                )
+            self._layer = l
+            if self.want_attentions and l in self.layout.attention_modules:
+                self._follow_attention(l, stack)
+
+        def leave(module, args, output):
+            self._layer = None
+
+        for layer in {id(layer): layer for layer in layers}.values():
             stack.callback(layer.register_forward_pre_hook(enter).remove)
             stack.callback(layer.register_forward_hook(leave).remove)
 
@@ -457,9 +464,10 @@ class Capture:
             stack.enter_context(torch_linear_attention(self.model))
             stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record
             stack.callback(self.model.register_forward_hook(self._on_forward_end).remove)
-            self._layer_hooks(stack)
-            # The residual hook checks each layer runs once, so it is always installed.
+            # The residual hook checks each layer call comes in order, so it is always installed; before the layer
+            # hooks, which read the position it has reached.
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
+            self._layer_hooks(stack)
             if self.want_attentions:
                 for module in {id(m): m for m in self.layout.attention_modules.values()}.values():
                     stack.callback(module.register_forward_hook(self._attention_hook).remove)
