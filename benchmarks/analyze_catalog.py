@@ -43,7 +43,7 @@ EXPECTED_EXACT = set("""
     git glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa got_ocr2 gpt-sw3 gpt2 gpt_bigcode gpt_neo gpt_neox
     gpt_neox_japanese gpt_oss gptj granite granite_swa granitemoe granitemoe_swa granitemoehybrid
     granitemoeshared helium hrm_text hy_v3 hy_v4 hyperclovax inkling2_loop_text inkling2_text inkling_text internlm3 iquestcoder jais2 jamba
-    jetmoe kimi_linear kolibri1 laguna lara_mini lfm2 lfm3 llama llama4 llama4_text marian mbart megatron-bert
+    jetmoe kimi_linear kolibri1 laguna lara_mini lfm2 lfm3 llama llama4 longcat_flash llama4_text marian mbart megatron-bert
     mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral3 mistral mixtral mllama
     modernbert-decoder moshi moss_transcribe_diarize mpt mvp nanochat nemotron_h olmo olmo2 olmo3 olmo_hybrid
     olmoe openai-gpt opt pegasus persimmon phi phi3 phi4_multimodal phimoe plbart prophetnet qwen2 qwen2_moe qwen3 qwen3_5
@@ -56,7 +56,6 @@ EXPECTED_REFUSED = {
     "reformer": "per chunk and hash bucket",  # transformers returns no [T, T] map either
     "xlnet": "time-major",
     "xlm": "its layers are no modules",
-    "longcat_flash": "holds 2 attention modules",  # two attention blocks in one layer
     "xmod": "Input language unknown",  # the model's own error: it needs set_default_language()
     "gemma3n_text": "several streams",  # AltUp: [4, B, T, D], reduced without a module of its own
 }
@@ -232,14 +231,15 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", pad_token="<pad>")
 
 
-def reference_f_attn(model, tok, samples, layers: list[int], num_layers: int) -> dict[int, float] | str:
-    """Per-layer F-Attn from transformers' own `output_attentions=True` (every submodel eager) on analyze's inputs,
-    or why there is none."""
+def reference_f_attn(model, tok, samples, layers: list[int], num_layers: int) -> list[float] | str:
+    """F-Attn of each attention row (`layers`: its layer, once per attention block: a layer with two blocks is listed
+    twice) from transformers' own `output_attentions=True` (every submodel eager) on analyze's inputs, or why there
+    is none. transformers returns one map per block call, in order."""
     import torch
 
     from gated_attention.analysis.capture import eager_attention, torch_linear_attention
 
-    per_layer: dict[int, list] = {f: [] for f in layers}
+    per_row: list[list] = [[] for _ in layers]
     with torch.no_grad(), torch_linear_attention(model), eager_attention(model):
         for sample in samples:
             ids = tok(sample.text, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")["input_ids"]
@@ -248,10 +248,10 @@ def reference_f_attn(model, tok, samples, layers: list[int], num_layers: int) ->
             if len(maps) == num_layers != len(layers):  # transformers also records linear attention (MiniMax's)
                 maps = [maps[f - 1] for f in layers]
             if len(maps) != len(layers):
-                return f"{len(layers)} attention layers, transformers returns {len(maps)} maps"
-            for f, a in zip(layers, maps):
-                per_layer[f].append(a[0, :, 1:, 0].double().mean(-1))
-    return {f: torch.stack(v).mean().item() for f, v in per_layer.items()}
+                return f"{len(layers)} attention blocks, transformers returns {len(maps)} maps"
+            for row, a in zip(per_row, maps):
+                row.append(a[0, :, 1:, 0].double().mean(-1))
+    return [torch.stack(v).mean().item() for v in per_row]
 
 
 MAX_LENGTH = 24
@@ -289,13 +289,14 @@ def outcome(model_type: str, tok, samples) -> tuple[str, str]:
         return "no reference", first_line(e)
     if isinstance(reference, str):
         return "mismatch", reference
-    diff = max(abs(float(r["f_attn"]) - reference[f]) for f, r in zip(fa, rows))
+    diff = max(abs(float(r["f_attn"]) - value) for value, r in zip(reference, rows))
     if not diff <= 1e-6:
         return "mismatch", f"F-Attn differs by {diff:.2g}"
     gates = f"; gates `{next(iter(layout.gates.values())).name}` in {sorted(layout.gates)}" if layout.gates else ""
     passes = max(layout.passes, default=1)
     loops = f" ({len(set(layout.names))} modules, up to {passes} passes each)" if passes > 1 else ""
-    return EXACT, f"{len(fa)} of {layout.num_layers} layers{loops}{gates}; F-Attn within {diff:.0e}"
+    blocks = f", {len(rows)} attention blocks" if len(rows) > len(set(fa)) else ""
+    return EXACT, f"{len(set(fa))} of {layout.num_layers} layers{loops}{blocks}{gates}; F-Attn within {diff:.0e}"
 
 
 def expected(model_type: str) -> str | None:

@@ -666,7 +666,7 @@ def test_analyze_writes_one_row_per_pass_named_as_the_model_names_it(tokenizer, 
     rows = _csv(tmp_path / "layers.csv")[1:]
     assert [(r["name"], int(r["pass"])) for r in rows] == LOOPS["dory"]
     reference = cat.reference_f_attn(model, tok, samples, list(range(1, 7)), 6)
-    assert all(abs(float(r["f_attn"]) - reference[int(r["layer"])]) <= 1e-6 for r in rows)
+    assert all(abs(float(r["f_attn"]) - value) <= 1e-6 for r, value in zip(rows, reference, strict=True))
     arrays = np.load(tmp_path / "arrays.npz")
     assert arrays["m_first"].shape[1] == 7 and list(arrays["layer_passes"]) == [p for _, p in LOOPS["dory"]]
 
@@ -682,14 +682,34 @@ def test_a_capture_reads_the_base_model_run_alone_too():
     assert all(torch.equal(a, b) for a, b in zip(cap.records[0].residual, cap.records[1].residual))
 
 
-def test_two_attention_blocks_in_one_layer_are_one_line():
-    from gated_attention.analysis.layout import LayoutError
+@torch.no_grad()
+def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
+    """Longcat-Flash runs `self_attn.0`, then `self_attn.1` in every layer: transformers returns a map for each."""
+    from gated_attention.analysis.analyze import run_analysis
+    from gated_attention.analysis.samples import builtin_samples
 
     shipped("longcat_flash")
-    model = catalog().build("longcat_flash")
+    cat, model = catalog(), catalog().build("longcat_flash")
     counts_its_own_layers(model)
-    with pytest.raises(LayoutError, match="^LongcatFlashDecoderLayer holds 2 attention modules; the analysis reads one per layer$"):
-        model_layout(model)
+    layout = model_layout(model)
+    assert layout.attention_rows == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [layout.block_name(f, b) for f, b in layout.attention_rows] == [
+        "model.layers.0", "model.layers.0.self_attn.1", "model.layers.1", "model.layers.1.self_attn.1"]
+    ids = torch.randint(3, 200, (1, 12))
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    model.set_attn_implementation("eager")
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    assert len(out.attentions) == 4
+    for (f, b), reference in zip(layout.attention_rows, out.attentions):
+        assert torch.equal(cap.records[-1].block("attentions", f, b), reference), f"layer {f} block {b}"
+    tok, samples = cat.tokenizer(), builtin_samples(1)
+    run_analysis(model, tok, samples, tmp_path, max_length=24, n_bootstrap=10)
+    rows = [r for r in _csv(tmp_path / "layers.csv") if r["is_attention"] == "True"]
+    assert [r["name"] for r in rows] == [layout.block_name(f, b) for f, b in layout.attention_rows]
+    assert [r["m_act"] for r in rows] == [rows[0]["m_act"], "", rows[2]["m_act"], ""]  # no state between the blocks
+    reference = cat.reference_f_attn(model, tok, samples, [f for f, _ in layout.attention_rows], layout.num_layers)
+    assert all(abs(float(r["f_attn"]) - value) <= 1e-6 for r, value in zip(rows, reference, strict=True))
 
 
 # ---------------------------------------------------------------- a sample of the whole catalog
@@ -753,4 +773,4 @@ def test_a_text_model_saved_alone_loads_with_the_class_its_config_names(name, tm
 
     rows = [r for r in _csv(report / "layers.csv") if r["is_attention"] == "True"]
     reference = cat.reference_f_attn(model, tok, builtin_samples(1), [int(r["layer"]) for r in rows], len(rows))
-    assert [abs(float(r["f_attn"]) - reference[int(r["layer"])]) <= 1e-6 for r in rows] == [True] * len(rows) == [True, True]
+    assert [abs(float(r["f_attn"]) - value) <= 1e-6 for r, value in zip(rows, reference)] == [True] * len(rows) == [True, True]

@@ -252,6 +252,9 @@ class Record:
     over queries q >= 1. received: layer -> `[B, T]` float64, the attention each token receives
     from later queries, summed over them and averaged over heads (`metrics.received_attention`).
     gate_summaries: layer -> `metrics.gate_summary` of its scores.
+
+    A layer's first attention block is keyed by its layer l; a later block b (`ModelLayout.later_blocks`) by (l, b),
+    in the `later_*` twins (`block` reads either).
     """
 
     residual: list[torch.Tensor] = field(default_factory=list)
@@ -261,6 +264,13 @@ class Record:
     first_token_attention: dict[int, torch.Tensor] = field(default_factory=dict)
     received: dict[int, torch.Tensor] = field(default_factory=dict)
     gate_summaries: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    later_attentions: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    later_first_token_attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    later_received: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def block(self, what: str, l: int, b: int) -> torch.Tensor:
+        """`what` ("attentions", "first_token_attention" or "received") of attention block b (1-based) of layer l."""
+        return getattr(self, what)[l] if b == 1 else getattr(self, f"later_{what}")[(l, b)]
 
     def residual_stack(self) -> torch.Tensor:
         """`[L+1, B, T, D]`."""
@@ -372,14 +382,16 @@ class Capture:
             else:
                 record.residual.append(x.detach())
         if l == self.layout.num_layers and self.want_attentions:
-            seen = record.attentions if not self.reduce else record.received
-            missing = [f for f in self.layout.full_attention_layers if f not in seen]
-            if missing:
-                f = missing[0]
-                raise CaptureError(
-                    f"{self._where(f)}: its attention module ({type(self.layout.attention_modules[f]).__name__}) "
-                    f"did not run in this forward, so the layer has no attention map"
-                )
+            what = "attentions" if not self.reduce else "received"
+            for f, b in self.layout.attention_rows:
+                try:
+                    record.block(what, f, b)
+                except KeyError:
+                    module = self.layout.attention_modules[f] if b == 1 else self.layout.later_blocks[f][b - 2][1]
+                    raise CaptureError(
+                        f"{self._where(f)}: its attention module ({type(module).__name__}) did not run in this forward, "
+                        f"so the layer has no attention map"
+                    ) from None
 
     def _layer_hooks(self, stack: contextlib.ExitStack) -> None:
         """Track which decoder-layer call is running, so that a shared module's calls go to their caller.
@@ -421,6 +433,10 @@ class Capture:
         l = self._layer
         if l not in self.layout.attention_modules:
             return  # called outside the decoder layers that hold it (none of ours do)
+        later = [m for _, m in self.layout.later_blocks.get(l, [])]
+        if module is not self.layout.attention_modules[l] and module not in later:
+            return  # another layer's block (a module shared by several layers)
+        b = 1 if module is self.layout.attention_modules[l] else 2 + later.index(module)
         weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             raise CaptureError(
@@ -428,14 +444,15 @@ class Capture:
                 f"cannot be captured"
             )
         record = self.records[-1]
-        if l in record.attentions or l in record.received:
-            raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per layer")
+        key, suffix = (l, "") if b == 1 else ((l, b), "later_")
+        if key in getattr(record, f"{suffix}attentions") or key in getattr(record, f"{suffix}received"):
+            raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per block")
         weights = weights.detach()[..., self.layout.prefix :, self.layout.prefix :]
         if self.reduce:
-            record.first_token_attention[l] = first_token_attention_of(weights)
-            record.received[l] = received_attention_of(weights)
+            getattr(record, f"{suffix}first_token_attention")[key] = first_token_attention_of(weights)
+            getattr(record, f"{suffix}received")[key] = received_attention_of(weights)
         else:
-            record.attentions[l] = weights
+            getattr(record, f"{suffix}attentions")[key] = weights
 
     def _gate_hook(self, site: GateSite):
         def hook(module, args, output):
@@ -469,7 +486,8 @@ class Capture:
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
             self._layer_hooks(stack)
             if self.want_attentions:
-                for module in {id(m): m for m in self.layout.attention_modules.values()}.values():
+                blocks = [*self.layout.attention_modules.values(), *(m for later in self.layout.later_blocks.values() for _, m in later)]
+                for module in {id(m): m for m in blocks}.values():
                     stack.callback(module.register_forward_hook(self._attention_hook).remove)
             if self.want_gates:
                 sites = {id(site.module): site for site in self.layout.gates.values()}

@@ -40,7 +40,8 @@ per call): a module that runs k times is k layers, each named by its module path
 call in one forward). `Capture` checks every forward makes the same calls in the same order.
 
 Attention layers (1-based): the decoder layers whose module tree contains a softmax-attention
-module. A module shared by several layers (Zamba's one attention block, called by every hybrid
+module. A layer that holds several attention blocks (Longcat-Flash: two, one after the other) has a row
+for each (`ModelLayout.attention_rows`). A module shared by several layers (Zamba's one attention block, called by every hybrid
 layer) counts for each layer that holds it, and `Capture` attributes each call to the layer that
 made it. Falcon-H1 runs attention beside its SSM in every layer: every layer is an attention layer.
 
@@ -283,6 +284,10 @@ class ModelLayout:
     # one forward (1 but in a loop, where a module that runs k times is k layers).
     names: list[str] = field(default_factory=list)
     passes: list[int] = field(default_factory=list)
+    # Attention blocks after the first in one layer (Longcat-Flash runs `self_attn.0`, then `self_attn.1`): 1-based
+    # layer -> (name under the layer, module) of each, in the order the layer holds and calls them. Each is a row of
+    # its own (`attention_rows`); `attention_modules` and `gates` are the first block's.
+    later_blocks: dict[int, list[tuple[str, nn.Module]]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -291,7 +296,19 @@ class ModelLayout:
     def attention_in(self, l: int) -> nn.Module | None:
         """The softmax-attention module layer l (1-based) holds now: a model may replace it as it runs (BigBird
         swaps its block-sparse attention for full attention at inputs too short for blocks)."""
-        return _layer_attention(self.layers[l - 1], self.is_attention) if self.is_attention else self.attention_modules.get(l)
+        if not self.is_attention:
+            return self.attention_modules.get(l)
+        blocks = _layer_attentions(self.layers[l - 1], self.is_attention)
+        return blocks[0][1] if blocks else None
+
+    @property
+    def attention_rows(self) -> list[tuple[int, int]]:
+        """Every attention block as (1-based layer, 1-based block in the layer), in the order the model runs them."""
+        return [(f, b) for f in self.full_attention_layers for b in range(1, 2 + len(self.later_blocks.get(f, [])))]
+
+    def block_name(self, l: int, b: int) -> str:
+        """Block b of layer l as the model names it: the layer's module for its first block, else the block's module."""
+        return self.names[l - 1] if b == 1 else f"{self.names[l - 1]}.{self.later_blocks[l][b - 2][0]}"
 
 
 def text_config(model: nn.Module):
@@ -398,13 +415,14 @@ def _softmax_attention(specs: list[Spec]):
     return is_attention
 
 
-def _layer_attention(layer: nn.Module, is_attention) -> nn.Module | None:
-    """The softmax-attention module in `layer`'s tree (shared modules included), or None."""
-    hits = [m for n, m in layer.named_modules(remove_duplicate=False) if is_attention(n, m)]
-    unique = list({id(m): m for m in hits}.values())
-    if len(unique) > 1:
-        raise LayoutError(f"{type(layer).__name__} holds {len(unique)} attention modules; the analysis reads one per layer")
-    return unique[0] if unique else None
+def _layer_attentions(layer: nn.Module, is_attention) -> list[tuple[str, nn.Module]]:
+    """The softmax-attention modules in `layer`'s tree (shared modules included), each with its name under the
+    layer, in the order the layer holds them (Longcat-Flash's `self_attn.0`, `self_attn.1`)."""
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in layer.named_modules(remove_duplicate=False):
+        if is_attention(name, module) and id(module) not in found:
+            found[id(module)] = (name, module)
+    return list(found.values())
 
 
 def layer_type_names(config, num_layers: int) -> list[str] | None:
@@ -456,14 +474,16 @@ def model_layout(model: nn.Module) -> ModelLayout:
     looped = passes_field is not None and getattr(config, passes_field, 1) > 1
     layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None), looped)
     is_attention = _softmax_attention(declared["attentions"])
-    attention_modules, gates = {}, {}
+    attention_modules, gates, later_blocks = {}, {}, {}
     for l, layer in enumerate(layers, start=1):
-        attention = _layer_attention(layer, is_attention)
-        if attention is None:
+        blocks = _layer_attentions(layer, is_attention)
+        if not blocks:
             continue
+        (where, attention), *later = blocks
         attention_modules[l] = attention
+        if later:
+            later_blocks[l] = later
         if (site := _gate_site(config, attention)) is not None:
-            where = next(n for n, m in layer.named_modules(remove_duplicate=False) if m is attention)
             site.name = f"{where}.{site.name}".strip(".")
             gates[l] = site
     # Per-layer config fields list the modules (in the order the model holds them), not the calls of a loop.
@@ -483,7 +503,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
         passes.append(calls[id(layer)])
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
                        _residual_head(model), _prefix(config), _streams(config), is_attention,
-                       [paths[id(layer)] for layer in layers], passes)
+                       [paths[id(layer)] for layer in layers], passes, later_blocks)
 
 
 def _prefix(config) -> int:
