@@ -588,6 +588,26 @@ def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
         assert torch.equal(record.attentions[f], reference), f"layer {f}"
 
 
+@torch.no_grad()
+def test_streams_reduced_without_a_module_are_refused_in_one_true_line():
+    """Gemma 3n's AltUp streams: transformers' own hidden states are the 4 streams, and only its forward's arithmetic
+    after the last layer makes one state of them: there is no per-layer residual to read, by transformers either."""
+    from gated_attention.analysis.capture import CaptureError
+
+    shipped("gemma3n_text")
+    model = catalog().build("gemma3n_text")
+    ids = torch.randint(3, 200, (1, 12))
+    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    assert {h.dim() for h in out.hidden_states} == {4}
+    with Capture(model) as cap, pytest.raises(CaptureError) as e:
+        model(input_ids=ids, use_cache=False)
+    assert str(e.value) == (
+        "Gemma3nForCausalLM layer 1: its residual state has shape [4, 1, 12, 64] (several streams), which the model "
+        "reduces to one [B, T, D] state only after its last layer and with no module of its own (transformers' hidden "
+        "states are the streams too), so no layer has one residual state to read")
+    assert not cap.records[-1].token_max
+
+
 @pytest.mark.parametrize("name", ["git", "got_ocr2", "gemma3"])
 @torch.no_grad()
 def test_the_text_model_beside_a_tower_as_deep_is_the_one_read(name):

@@ -373,8 +373,9 @@ class Capture:
             x = x[:, : x.shape[1] // self.layout.streams]
         if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
             raise CaptureError(
-                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)}, not [B, T, D] (several "
-                f"streams), which the analysis does not read"
+                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)} (several streams), which the "
+                f"model reduces to one [B, T, D] state only after its last layer and with no module of its own "
+                f"(transformers' hidden states are the streams too), so no layer has one residual state to read"
             )
         if self.want_residual:
             if self.reduce:
