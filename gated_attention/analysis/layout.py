@@ -92,6 +92,8 @@ LEGACY_DECLARATIONS = {
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
     "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
+    "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
+           "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
     "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
 }
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
