@@ -747,9 +747,9 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 
 # Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
-# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps.
+# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too).
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
-          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text"]
+          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt"]
 
 
 @pytest.mark.parametrize("name", SAMPLE)
