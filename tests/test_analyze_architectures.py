@@ -459,6 +459,7 @@ REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
     "xlnet": dict(d_head=16), "xlm": {},
+    "blt": None,  # None: the catalog's tiny model (BLT sizes its byte encoder, global transformer and decoder apart)
 }
 
 
@@ -472,7 +473,8 @@ def test_every_refusal_is_tested():
 def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
     from gated_attention.analysis.layout import UNREADABLE, LayoutError
 
-    model = tiny(name, **REFUSED[name])
+    shipped(name)
+    model = tiny(name, **REFUSED[name]) if REFUSED[name] is not None else catalog().build(name)
     with pytest.raises(LayoutError) as e:
         model_layout(model)
     assert str(e.value) == f"{type(model).__name__} cannot be analysed: {UNREADABLE[name]}"
@@ -480,6 +482,15 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
         with torch.no_grad():
             out = model(input_ids=torch.randint(3, VOCAB, (1, 16)), output_attentions=True, use_cache=False)
         assert out.attentions[0].shape == (1, 4, 4, 4, 8)
+    if name == "blt":  # the reason, as the model runs: its global transformer's maps are of patches, not of the tokens
+        ids, shapes = torch.randint(3, 256, (1, 24)), []
+        handle = model.model.global_transformer.layers[0].self_attn.register_forward_hook(
+            lambda m, args, out: shapes.append(out[1].shape[-1]))
+        with torch.no_grad():
+            model.set_attn_implementation("eager")
+            model(input_ids=ids, use_cache=False)
+        handle.remove()
+        assert shapes and shapes[0] != 24
 
 
 def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, capsys):
@@ -588,6 +599,26 @@ def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
         assert torch.equal(record.attentions[f], reference), f"layer {f}"
 
 
+@torch.no_grad()
+def test_streams_reduced_without_a_module_are_refused_in_one_true_line():
+    """Gemma 3n's AltUp streams: transformers' own hidden states are the 4 streams, and only its forward's arithmetic
+    after the last layer makes one state of them: there is no per-layer residual to read, by transformers either."""
+    from gated_attention.analysis.capture import CaptureError
+
+    shipped("gemma3n_text")
+    model = catalog().build("gemma3n_text")
+    ids = torch.randint(3, 200, (1, 12))
+    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    assert {h.dim() for h in out.hidden_states} == {4}
+    with Capture(model) as cap, pytest.raises(CaptureError) as e:
+        model(input_ids=ids, use_cache=False)
+    assert str(e.value) == (
+        "Gemma3nForCausalLM layer 1: its residual state has shape [4, 1, 12, 64] (several streams), which the model "
+        "reduces to one [B, T, D] state only after its last layer and with no module of its own (transformers' hidden "
+        "states are the streams too), so no layer has one residual state to read")
+    assert not cap.records[-1].token_max
+
+
 @pytest.mark.parametrize("name", ["git", "got_ocr2", "gemma3"])
 @torch.no_grad()
 def test_the_text_model_beside_a_tower_as_deep_is_the_one_read(name):
@@ -621,6 +652,56 @@ def test_a_layer_that_runs_twice_in_one_forward_is_one_line_not_the_last_pass():
             model(input_ids=torch.randint(3, VOCAB, (1, 9)), use_cache=False)
 
 
+# Models that run some layers several times in one forward: model type -> (module, pass) of each layer call, in order.
+LOOPS = {
+    "inkling2_loop_text": [("model.layers.0", 1), ("model.layers.1", 1), ("model.layers.2", 1), ("model.layers.1", 2),
+                           ("model.layers.2", 2), ("model.layers.3", 1)],  # every pass restarts from layer 1's input
+    "dory": [("model.layers.0", 1), ("model.layers.1", 1), ("model.layers.2", 1), ("model.layers.1", 2),
+             ("model.layers.2", 2), ("model.layers.3", 1)],  # Dory's config counts modules: layout.LOOPED
+    "hrm_text": [(f"model.{stack}_module.layers.{i}", p) for h in range(2)  # (L stack x 2 cycles, H stack) x 2 cycles
+                 for stack, p in (("L", 2 * h + 1), ("L", 2 * h + 2), ("H", h + 1)) for i in range(2)],
+}
+
+
+@pytest.mark.parametrize("name", list(LOOPS))
+@torch.no_grad()
+def test_a_looping_layer_is_read_once_per_pass_as_transformers_returns_it(name):
+    """transformers records one attention map and one hidden state per layer call: the capture's layer l is call l."""
+    shipped(name)
+    model = catalog().build(name)
+    layout = model_layout(model)
+    assert list(zip(layout.names, layout.passes)) == LOOPS[name]
+    ids = torch.randint(3, 200, (1, 12))
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    model.set_attn_implementation("eager")
+    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
+    record = cap.records[-1]
+    assert len(out.attentions) == layout.num_layers == len(layout.full_attention_layers)
+    for f, reference in zip(layout.full_attention_layers, out.attentions):
+        assert torch.equal(record.attentions[f], reference), f"layer {f}"
+    # X[l], whose largest |value| is M-Act's layer l, is call l's output; transformers' last one is after the final norm.
+    assert len(record.residual) == len(out.hidden_states) == layout.num_layers + 1
+    for l, (x, reference) in enumerate(zip(record.residual[:-1], out.hidden_states[:-1])):
+        assert torch.equal(x, reference), f"X[{l}]"
+
+
+def test_analyze_writes_one_row_per_pass_named_as_the_model_names_it(tokenizer, tmp_path):
+    from gated_attention.analysis.analyze import run_analysis
+    from gated_attention.analysis.samples import builtin_samples
+
+    shipped("dory")
+    cat, model = catalog(), catalog().build("dory")
+    tok, samples = cat.tokenizer(), builtin_samples(1)
+    run_analysis(model, tok, samples, tmp_path, max_length=24, n_bootstrap=10)
+    rows = _csv(tmp_path / "layers.csv")[1:]
+    assert [(r["name"], int(r["pass"])) for r in rows] == LOOPS["dory"]
+    reference = cat.reference_f_attn(model, tok, samples, list(range(1, 7)), 6)
+    assert all(abs(float(r["f_attn"]) - value) <= 1e-6 for r, value in zip(rows, reference, strict=True))
+    arrays = np.load(tmp_path / "arrays.npz")
+    assert arrays["m_first"].shape[1] == 7 and list(arrays["layer_passes"]) == [p for _, p in LOOPS["dory"]]
+
+
 @torch.no_grad()
 def test_a_capture_reads_the_base_model_run_alone_too():
     model = tiny("llama", num_key_value_heads=2)
@@ -632,23 +713,43 @@ def test_a_capture_reads_the_base_model_run_alone_too():
     assert all(torch.equal(a, b) for a, b in zip(cap.records[0].residual, cap.records[1].residual))
 
 
-def test_two_attention_blocks_in_one_layer_are_one_line():
-    from gated_attention.analysis.layout import LayoutError
+@torch.no_grad()
+def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
+    """Longcat-Flash runs `self_attn.0`, then `self_attn.1` in every layer: transformers returns a map for each."""
+    from gated_attention.analysis.analyze import run_analysis
+    from gated_attention.analysis.samples import builtin_samples
 
     shipped("longcat_flash")
-    model = catalog().build("longcat_flash")
+    cat, model = catalog(), catalog().build("longcat_flash")
     counts_its_own_layers(model)
-    with pytest.raises(LayoutError, match="^LongcatFlashDecoderLayer holds 2 attention modules; the analysis reads one per layer$"):
-        model_layout(model)
+    layout = model_layout(model)
+    assert layout.attention_rows == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [layout.block_name(f, b) for f, b in layout.attention_rows] == [
+        "model.layers.0", "model.layers.0.self_attn.1", "model.layers.1", "model.layers.1.self_attn.1"]
+    ids = torch.randint(3, 200, (1, 12))
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    model.set_attn_implementation("eager")
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    assert len(out.attentions) == 4
+    for (f, b), reference in zip(layout.attention_rows, out.attentions):
+        assert torch.equal(cap.records[-1].block("attentions", f, b), reference), f"layer {f} block {b}"
+    tok, samples = cat.tokenizer(), builtin_samples(1)
+    run_analysis(model, tok, samples, tmp_path, max_length=24, n_bootstrap=10)
+    rows = [r for r in _csv(tmp_path / "layers.csv") if r["is_attention"] == "True"]
+    assert [r["name"] for r in rows] == [layout.block_name(f, b) for f, b in layout.attention_rows]
+    assert [r["m_act"] for r in rows] == [rows[0]["m_act"], "", rows[2]["m_act"], ""]  # no state between the blocks
+    reference = cat.reference_f_attn(model, tok, samples, [f for f, _ in layout.attention_rows], layout.num_layers)
+    assert all(abs(float(r["f_attn"]) - value) <= 1e-6 for r, value in zip(rows, reference, strict=True))
 
 
 # ---------------------------------------------------------------- a sample of the whole catalog
 
 # Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
-# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps.
+# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too).
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
-          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text"]
+          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt"]
 
 
 @pytest.mark.parametrize("name", SAMPLE)
@@ -703,4 +804,4 @@ def test_a_text_model_saved_alone_loads_with_the_class_its_config_names(name, tm
 
     rows = [r for r in _csv(report / "layers.csv") if r["is_attention"] == "True"]
     reference = cat.reference_f_attn(model, tok, builtin_samples(1), [int(r["layer"]) for r in rows], len(rows))
-    assert [abs(float(r["f_attn"]) - reference[int(r["layer"])]) <= 1e-6 for r in rows] == [True] * len(rows) == [True, True]
+    assert [abs(float(r["f_attn"]) - value) <= 1e-6 for r, value in zip(rows, reference)] == [True] * len(rows) == [True, True]

@@ -3,11 +3,19 @@
 Files written to `out_dir` (summary.md last, so a folder without it is an interrupted run):
 
 - `arrays.npz`: per-input trajectories `m_first`, `m_sink`, `m_act_layers` `[N, L+1]`,
-  `first_token_attention` `[N, n_attn, H]`, `consensus_sink`, gate histograms and per-head gate stats.
+  `first_token_attention` `[N, n_attn, H]` (n_attn: one row per attention block, `attention_rows`),
+  `consensus_sink`, gate histograms and per-head gate stats.
 - `inputs.csv`, `layers.csv`, `peak_excess.csv`, `gates.csv`, `metrics.csv`
   (metric, anchor, mean and 95% bootstrap CI over inputs), `intervention.csv`.
 - `trajectory.png`, `first_token_attention.png`, `gate_hist.png` (drawn from the files above).
 - `summary.md`.
+
+Layers are decoder-layer calls (`ModelLayout.layers`): in a model that runs some layers several times in one
+forward, each pass is its own row of every per-layer array and of `layers.csv` (`name`: the module's path,
+`pass`: its k-th call), its F-Attn read from that call's map and its M-Act from that call's output, as
+transformers' `output_attentions` / `output_hidden_states` return one per call. A layer that holds several
+attention blocks (Longcat-Flash) has a row for each later block after its own, named by the block's module, with
+its F-Attn and no residual columns: the model returns no state between its blocks.
 
 Two anchors: `first_token` (token 0, the massive-activations paper's figures) and `consensus_sink`
 (the input's consensus sink, that paper's quantitative metrics).
@@ -31,8 +39,8 @@ from tqdm.auto import tqdm
 
 from .. import GatedAttentionWarning
 from . import metrics as M
-from .capture import Capture, Record, input_device
-from .layout import ModelLayout, model_layout
+from .capture import Capture, Record
+from .layout import ModelLayout, input_device, model_layout
 from .interventions import intervene
 from .samples import Sample
 
@@ -82,12 +90,14 @@ class GateAccumulator:
 def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
     """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`).
 
-    Layers with fewer heads than others (Inkling2's full and sliding layers differ) are NaN-padded to the most."""
+    n_attn counts attention blocks (`layout.attention_rows`: a layer with two has two rows), and the consensus sink
+    averages over all of them. Blocks with fewer heads than others (Inkling2's full and sliding layers differ) are
+    NaN-padded to the most."""
     token_max = torch.stack([x[b].cpu() for x in record.token_max]).numpy()  # the layers may sit on several devices
-    fa = layout.full_attention_layers
-    sink = M.consensus_sink_of(record.received[f][b].cpu().numpy() for f in fa)
-    first = _pad_heads([record.first_token_attention[f][b].cpu().numpy()[None] for f in fa])[:, 0] if fa else np.zeros((0, 0))
-    return token_max, sink, first
+    rows = layout.attention_rows
+    sink = M.consensus_sink_of(record.block("received", f, k)[b].cpu().numpy() for f, k in rows)
+    first = [record.block("first_token_attention", f, k)[b].cpu().numpy()[None] for f, k in rows]
+    return token_max, sink, _pad_heads(first)[:, 0] if rows else np.zeros((0, 0))
 
 
 def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int, context: int | None = None) -> list[tuple[Sample, torch.Tensor]]:
@@ -254,7 +264,10 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
     np.savez(
         out_dir / "arrays.npz",
         full_attention_layers=np.array(layout.full_attention_layers, dtype=np.int64),
+        attention_rows=np.array(layout.attention_rows, dtype=np.int64).reshape(-1, 2),  # (layer, block) of each n_attn row
         layer_types=np.array(layout.layer_types),
+        layer_names=np.array(layout.names),
+        layer_passes=np.array(layout.passes, dtype=np.int64),
         domain=np.array([r.sample.domain for r in results]),
         source=np.array([r.sample.source for r in results]),
         n_tokens=np.array([r.n_tokens for r in results], dtype=np.int64),
@@ -302,7 +315,9 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results, 
         "",
         f"- inputs: {len(results)} ({', '.join(f'{d}: {n}' for d, n in domains.items())}), "
         f"{sum(r.n_tokens for r in results)} tokens",
-        f"- decoder layers: {layout.num_layers} ({_count_types(layout.layer_types)}); "
+        f"- decoder layers: {layout.num_layers} ({_count_types(layout.layer_types)}"
+        + (f"; {len(set(layout.names))} modules, some run in several passes" if max(layout.passes, default=1) > 1 else "")
+        + "); "
         f"softmax-attention layers (1-based): {fa or 'none'}",
     ]
     if not fa:
@@ -419,11 +434,14 @@ def run_analysis(
     _write_csv(out_dir / "metrics.csv", metric_rows, ["metric", "anchor", "mean", "ci_low", "ci_high", "n"])
 
     first_attention = _pad_heads([r.first_token_attention for r in results])
+    rows_of = layout.attention_rows
     gate_means = {f: float(np.mean(gates.per_head(f)["mean"])) for f in gates.layers}
     layer_rows = []
     for l in range(layout.num_layers + 1):
         row = {
             "layer": l,
+            "name": "embedding" if l == 0 else layout.names[l - 1],
+            "pass": "" if l == 0 else layout.passes[l - 1],
             "layer_type": "embedding" if l == 0 else layout.layer_types[l - 1],
             "is_attention": l in fa,
             "m_act": float(np.mean([r.m_act_layers[l] for r in results])),
@@ -432,12 +450,15 @@ def run_analysis(
             "gate_mean": gate_means.get(l, ""),
         }
         if l in fa and first_attention.size:
-            row["f_attn"] = float(np.nanmean(first_attention[:, fa.index(l)]))
+            row["f_attn"] = float(np.nanmean(first_attention[:, rows_of.index((l, 1))]))
         layer_rows.append(row)
+        for k in range(2, 2 + len(layout.later_blocks.get(l, []))):  # a later attention block: its map, no state of its own
+            layer_rows.append({"layer": l, "name": layout.block_name(l, k), "pass": row["pass"], "layer_type": row["layer_type"],
+                               "is_attention": True, "f_attn": float(np.nanmean(first_attention[:, rows_of.index((l, k))]))})
     _write_csv(
         out_dir / "layers.csv",
         layer_rows,
-        ["layer", "layer_type", "is_attention", "m_act", "m_first", "m_sink", "f_attn", "gate_mean"],
+        ["layer", "name", "pass", "layer_type", "is_attention", "m_act", "m_first", "m_sink", "f_attn", "gate_mean"],
     )
 
     intervention_rows = []

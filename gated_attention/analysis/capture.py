@@ -92,16 +92,6 @@ def execution_devices(model: nn.Module) -> set[torch.device]:
     return devices or {torch.device("cpu")}
 
 
-def input_device(model: nn.Module) -> torch.device:
-    """Where `model` takes its input ids: the execution device of its input embeddings."""
-    embedding = model.get_input_embeddings()
-    hook = getattr(embedding, "_hf_hook", None)
-    device = getattr(hook, "execution_device", None)
-    if device is not None:
-        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-    return embedding.weight.device
-
-
 @contextlib.contextmanager
 def eager_attention(model: nn.Module) -> Iterator[None]:
     """Run `model` with `attn_implementation="eager"` (attention modules then return their weights).
@@ -203,16 +193,22 @@ ResidualFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 
 @contextlib.contextmanager
-def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
+def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
     """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L.
 
-    X[0] is read from decoder layer 1's input by a `with_kwargs` pre-hook (the
-    argument is found by name, never by position), X[l] from layer l's output.
-    A tensor returned by `fn` replaces the state the model continues with.
-    Hooks are removed on exit, also when the body raises.
+    `layers` are the decoder-layer calls in the order the model makes them (`ModelLayout.layers`): a module that
+    runs several times in one forward (a loop) is listed once per call, and X[l] is the output of the l-th call.
+    X[0] is read from the first call's input by a `with_kwargs` pre-hook (the argument is found by name, never
+    by position); a later pass of that module is no new forward. A tensor returned by `fn` replaces the state
+    the model continues with. Hooks are removed on exit, also when the body raises.
     """
+    done = 0  # decoder-layer calls so far in this forward
 
     def pre_hook(module, args, kwargs):
+        nonlocal done
+        if 0 < done < len(layers) and layers[done] is module:  # a later pass of the first layer, in the same forward
+            return None
+        done = 0
         bound, name = _hidden_argument(module, args, kwargs)
         new = fn(0, bound.arguments[name])
         if new is None:
@@ -220,21 +216,20 @@ def residual_hooks(layers: nn.ModuleList, fn: ResidualFn) -> Iterator[None]:
         bound.arguments[name] = new
         return bound.args, bound.kwargs
 
-    def make_post_hook(l: int):
-        def post_hook(module, args, output):
-            several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
-            new = fn(l, output[0] if several else output)
-            if new is None:
-                return None
-            return type(output)([new, *output[1:]]) if several else new
-
-        return post_hook
+    def post_hook(module, args, output):
+        nonlocal done
+        done += 1
+        several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
+        new = fn(done, output[0] if several else output)
+        if new is None:
+            return None
+        return type(output)([new, *output[1:]]) if several else new
 
     handles = []
     try:
         handles.append(layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-        for l, layer in enumerate(layers, start=1):
-            handles.append(layer.register_forward_hook(make_post_hook(l)))
+        for layer in {id(layer): layer for layer in layers}.values():
+            handles.append(layer.register_forward_hook(post_hook))
         yield
     finally:
         for handle in handles:
@@ -257,6 +252,9 @@ class Record:
     over queries q >= 1. received: layer -> `[B, T]` float64, the attention each token receives
     from later queries, summed over them and averaged over heads (`metrics.received_attention`).
     gate_summaries: layer -> `metrics.gate_summary` of its scores.
+
+    A layer's first attention block is keyed by its layer l; a later block b (`ModelLayout.later_blocks`) by (l, b),
+    in the `later_*` twins (`block` reads either).
     """
 
     residual: list[torch.Tensor] = field(default_factory=list)
@@ -266,6 +264,13 @@ class Record:
     first_token_attention: dict[int, torch.Tensor] = field(default_factory=dict)
     received: dict[int, torch.Tensor] = field(default_factory=dict)
     gate_summaries: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    later_attentions: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    later_first_token_attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    later_received: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def block(self, what: str, l: int, b: int) -> torch.Tensor:
+        """`what` ("attentions", "first_token_attention" or "received") of attention block b (1-based) of layer l."""
+        return getattr(self, what)[l] if b == 1 else getattr(self, f"later_{what}")[(l, b)]
 
     def residual_stack(self) -> torch.Tensor:
         """`[L+1, B, T, D]`."""
@@ -351,12 +356,12 @@ class Capture:
         if l == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
             self.records.append(Record())
             self._next = 0
-        # Each state once per forward, in order: a layer that runs again (a model that loops over its layers)
-        # would otherwise replace the first pass's numbers with the last's.
+        # Each state once per forward, in order: a layer that runs again where the layout lists no second call would
+        # otherwise replace the first pass's numbers with the last's.
         if l != self._next:
             raise CaptureError(
                 f"{self._where(max(l, 1))} ran {'again' if l < self._next else 'out of order'} in one forward (the model "
-                f"runs its layers in a loop); the analysis reads each decoder layer once"
+                f"runs its layers in a loop), which its layout does not list"
             )
         self._next += 1
         record = self.records[-1]
@@ -368,8 +373,9 @@ class Capture:
             x = x[:, : x.shape[1] // self.layout.streams]
         if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
             raise CaptureError(
-                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)}, not [B, T, D] (several "
-                f"streams), which the analysis does not read"
+                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)} (several streams), which the "
+                f"model reduces to one [B, T, D] state only after its last layer and with no module of its own "
+                f"(transformers' hidden states are the streams too), so no layer has one residual state to read"
             )
         if self.want_residual:
             if self.reduce:
@@ -377,26 +383,40 @@ class Capture:
             else:
                 record.residual.append(x.detach())
         if l == self.layout.num_layers and self.want_attentions:
-            seen = record.attentions if not self.reduce else record.received
-            missing = [f for f in self.layout.full_attention_layers if f not in seen]
-            if missing:
-                f = missing[0]
-                raise CaptureError(
-                    f"{self._where(f)}: its attention module ({type(self.layout.attention_modules[f]).__name__}) "
-                    f"did not run in this forward, so the layer has no attention map"
-                )
+            what = "attentions" if not self.reduce else "received"
+            for f, b in self.layout.attention_rows:
+                try:
+                    record.block(what, f, b)
+                except KeyError:
+                    module = self.layout.attention_modules[f] if b == 1 else self.layout.later_blocks[f][b - 2][1]
+                    raise CaptureError(
+                        f"{self._where(f)}: its attention module ({type(module).__name__}) did not run in this forward, "
+                        f"so the layer has no attention map"
+                    ) from None
 
     def _layer_hooks(self, stack: contextlib.ExitStack) -> None:
-        """Track which decoder layer is running, so that a shared module's calls go to their caller."""
-        for l, layer in enumerate(self.layout.layers, start=1):
-            def enter(module, args, l=l):
-                self._layer = l
-                if self.want_attentions and l in self.layout.attention_modules:
-                    self._follow_attention(l, stack)
+        """Track which decoder-layer call is running, so that a shared module's calls go to their caller.
 
-            def leave(module, args, output):
-                self._layer = None
+        The call about to run gives X[_next] (the residual hooks, registered first, have read X[0] already); a loop's
+        module gives a different l at each pass. A call the layout does not list there is one line, before its
+        attention is read under a wrong layer."""
+        layers = self.layout.layers
 
+        def enter(module, args):
+            l = self._next
+            if not (1 <= l <= len(layers) and layers[l - 1] is module):
+                raise CaptureError(
+                    f"{self._where(max(l, 1))}: another decoder layer ran in its place (the model runs its layers in an "
+                    f"order its layout does not list)"
+                )
+            self._layer = l
+            if self.want_attentions and l in self.layout.attention_modules:
+                self._follow_attention(l, stack)
+
+        def leave(module, args, output):
+            self._layer = None
+
+        for layer in {id(layer): layer for layer in layers}.values():
             stack.callback(layer.register_forward_pre_hook(enter).remove)
             stack.callback(layer.register_forward_hook(leave).remove)
 
@@ -414,6 +434,10 @@ class Capture:
         l = self._layer
         if l not in self.layout.attention_modules:
             return  # called outside the decoder layers that hold it (none of ours do)
+        later = [m for _, m in self.layout.later_blocks.get(l, [])]
+        if module is not self.layout.attention_modules[l] and module not in later:
+            return  # another layer's block (a module shared by several layers)
+        b = 1 if module is self.layout.attention_modules[l] else 2 + later.index(module)
         weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             raise CaptureError(
@@ -421,14 +445,15 @@ class Capture:
                 f"cannot be captured"
             )
         record = self.records[-1]
-        if l in record.attentions or l in record.received:
-            raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per layer")
+        key, suffix = (l, "") if b == 1 else ((l, b), "later_")
+        if key in getattr(record, f"{suffix}attentions") or key in getattr(record, f"{suffix}received"):
+            raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per block")
         weights = weights.detach()[..., self.layout.prefix :, self.layout.prefix :]
         if self.reduce:
-            record.first_token_attention[l] = first_token_attention_of(weights)
-            record.received[l] = received_attention_of(weights)
+            getattr(record, f"{suffix}first_token_attention")[key] = first_token_attention_of(weights)
+            getattr(record, f"{suffix}received")[key] = received_attention_of(weights)
         else:
-            record.attentions[l] = weights
+            getattr(record, f"{suffix}attentions")[key] = weights
 
     def _gate_hook(self, site: GateSite):
         def hook(module, args, output):
@@ -457,11 +482,13 @@ class Capture:
             stack.enter_context(torch_linear_attention(self.model))
             stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record
             stack.callback(self.model.register_forward_hook(self._on_forward_end).remove)
-            self._layer_hooks(stack)
-            # The residual hook checks each layer runs once, so it is always installed.
+            # The residual hook checks each layer call comes in order, so it is always installed; before the layer
+            # hooks, which read the position it has reached.
             stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
+            self._layer_hooks(stack)
             if self.want_attentions:
-                for module in {id(m): m for m in self.layout.attention_modules.values()}.values():
+                blocks = [*self.layout.attention_modules.values(), *(m for later in self.layout.later_blocks.values() for _, m in later)]
+                for module in {id(m): m for m in blocks}.values():
                     stack.callback(module.register_forward_hook(self._attention_hook).remove)
             if self.want_gates:
                 sites = {id(site.module): site for site in self.layout.gates.values()}

@@ -19,6 +19,8 @@ declaration does not say enough, a record below says it, as data, in this one pl
 - `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
 - `MAIN_STREAMS`: models whose residual carries prediction streams after the main one (ProphetNet).
 - `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
+- `LOOPED`: model types whose layers run several times in one forward although their declared layer count
+  counts modules, not calls (Dory's recurrent section): their layers are found in the order they run.
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
   GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
   Their attention returns its weights only when the model is called with `output_attentions=True`,
@@ -30,8 +32,16 @@ the count the declaration names), in order; of two such lists (a vision tower as
 model), the text model's. A declared module nested in a wrapper (Zamba2's hybrid layer wraps its
 Mamba layer) stands for the wrapper, whose output it gives.
 
+A model that runs some layers several times in one forward (Inkling2-loop's loop layers, HRM's two stacks run
+in cycles, Dory's recurrent section) declares the number of calls, not of modules (`total_num_hidden_layers`,
+HRM's `num_hidden_layers`), or is named in `LOOPED`. Its decoder layers are then its layer calls, in the order
+the model makes them, read by running it once on two tokens (as transformers' own recorder collects them, one
+per call): a module that runs k times is k layers, each named by its module path and pass (1-based, its k-th
+call in one forward). `Capture` checks every forward makes the same calls in the same order.
+
 Attention layers (1-based): the decoder layers whose module tree contains a softmax-attention
-module. A module shared by several layers (Zamba's one attention block, called by every hybrid
+module. A layer that holds several attention blocks (Longcat-Flash: two, one after the other) has a row
+for each (`ModelLayout.attention_rows`). A module shared by several layers (Zamba's one attention block, called by every hybrid
 layer) counts for each layer that holds it, and `Capture` attributes each call to the layer that
 made it. Falcon-H1 runs attention beside its SSM in every layer: every layer is an attention layer.
 
@@ -44,7 +54,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -82,6 +92,8 @@ LEGACY_DECLARATIONS = {
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
     "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
+    "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
+           "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
     "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
 }
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
@@ -110,6 +122,9 @@ PROMPT_PREFIXES = {"cpmant": "prompt_length"}
 # `config.ngram` n-gram streams): the residual is read as the main stream, the first T positions, as transformers
 # returns it.
 MAIN_STREAMS = {"prophetnet": "ngram"}
+# Model types whose decoder layers run several times in one forward while their config counts modules: the config
+# field that counts the passes (a model with one pass runs each layer once). Those that count calls need no record.
+LOOPED = {"dory": "n_recurrent_loops"}
 # Config fields that name each decoder layer's type, in order of preference.
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
@@ -267,6 +282,14 @@ class ModelLayout:
     streams: int = 1
     # Whether a module is a declared softmax attention (`attention_in` asks it again of a layer).
     is_attention: Callable[[str, nn.Module], bool] | None = None
+    # Each decoder layer's module, as the model names it ("model.layers.3"), and its pass: the module's k-th call in
+    # one forward (1 but in a loop, where a module that runs k times is k layers).
+    names: list[str] = field(default_factory=list)
+    passes: list[int] = field(default_factory=list)
+    # Attention blocks after the first in one layer (Longcat-Flash runs `self_attn.0`, then `self_attn.1`): 1-based
+    # layer -> (name under the layer, module) of each, in the order the layer holds and calls them. Each is a row of
+    # its own (`attention_rows`); `attention_modules` and `gates` are the first block's.
+    later_blocks: dict[int, list[tuple[str, nn.Module]]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -275,7 +298,19 @@ class ModelLayout:
     def attention_in(self, l: int) -> nn.Module | None:
         """The softmax-attention module layer l (1-based) holds now: a model may replace it as it runs (BigBird
         swaps its block-sparse attention for full attention at inputs too short for blocks)."""
-        return _layer_attention(self.layers[l - 1], self.is_attention) if self.is_attention else self.attention_modules.get(l)
+        if not self.is_attention:
+            return self.attention_modules.get(l)
+        blocks = _layer_attentions(self.layers[l - 1], self.is_attention)
+        return blocks[0][1] if blocks else None
+
+    @property
+    def attention_rows(self) -> list[tuple[int, int]]:
+        """Every attention block as (1-based layer, 1-based block in the layer), in the order the model runs them."""
+        return [(f, b) for f in self.full_attention_layers for b in range(1, 2 + len(self.later_blocks.get(f, [])))]
+
+    def block_name(self, l: int, b: int) -> str:
+        """Block b of layer l as the model names it: the layer's module for its first block, else the block's module."""
+        return self.names[l - 1] if b == 1 else f"{self.names[l - 1]}.{self.later_blocks[l][b - 2][0]}"
 
 
 def text_config(model: nn.Module):
@@ -283,13 +318,16 @@ def text_config(model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int], text_type: str | None) -> list[nn.Module]:
+def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int], text_type: str | None,
+                    looped: bool) -> list[nn.Module]:
     """The decoder layers, in order: each declared hidden-state module, or the ModuleList entry that wraps it.
 
     Declared modules may sit in more than one list (a multi-token-prediction head reuses the layer
     class; a vision or audio tower uses the same class, or as many layers): the list that holds as many
     of them as one of `counts` (config field -> number of layers) is the decoder's, and of several such,
     the one whose innermost model is the text model (its config's model type is `text_type`).
+    Where no list holds as many as the count (it counts calls: some layers run several times), or the
+    model is `looped`, the layers are the calls the model makes, in order (`_calls`).
     """
     groups: dict[str, list[nn.Module]] = {}  # list name ("" for none) -> its layers, in order
     names = dict(model.named_modules())
@@ -308,27 +346,59 @@ def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int],
             group.append(layer)
     if not groups:
         raise LayoutError(f"cannot find the decoder layers of {type(model).__name__} (nothing matches its declared hidden-state modules)")
-    if not counts:
+    if not counts and not looped:
         return max(groups.values(), key=len)
     matching = [layers for layers in groups.values() if len(layers) in counts.values()]
     if len(matching) > 1:
         owners = _innermost_models(model)
         text = [layers for layers in matching if getattr(owners[id(layers[0])].config, "model_type", None) == text_type]
         matching = text or matching
-    if matching:
+    if matching and not looped:
         return matching[0]
+    calls = _calls(model, [layer for layers in groups.values() for layer in layers])
+    if len(calls) > len({id(layer) for layer in calls}) and (looped or len(calls) in counts.values()):
+        return calls
     found = ", ".join(f"{len(v)} in {k or 'no list'}" for k, v in groups.items())
-    if len(groups) == 1 and set(counts) - {"num_hidden_layers", "decoder_layers", "num_decoder_layers"}:
-        # the declaration counts layer calls (Inkling2-loop's total_num_hidden_layers): some layers run several times
-        (key, n), (where, layers) = next(iter(counts.items())), next(iter(groups.items()))
-        raise LayoutError(
-            f"{type(model).__name__} runs its {len(layers)} decoder layers ({where}) {n} times in all ({key}={n}): some "
-            f"run several times in one forward, and the analysis reads each decoder layer once"
-        )
     raise LayoutError(
-        f"{type(model).__name__}: its config has {', '.join(f'{k}={n}' for k, n in counts.items())}, and the modules of its declared "
-        f"decoder-layer class are {found}"
+        f"{type(model).__name__}: its config has {', '.join(f'{k}={n}' for k, n in counts.items())}, the modules of its declared "
+        f"decoder-layer class are {found}, and one forward calls them {len(calls)} times"
     )
+
+
+def _calls(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
+    """The calls of `layers` that one forward of `model` on two tokens makes, in order (a module once per call).
+
+    The order of a loop is the model's code, not its config's numbers (Inkling2-loop restarts every pass from the
+    loop's input; HRM alternates two stacks), so it is read from the model as it runs, as transformers' recorder
+    reads it. Layers of a tower the text input does not reach make no call.
+    """
+    import torch
+
+    calls: list[nn.Module] = []
+    handles = [layer.register_forward_pre_hook(lambda module, args: calls.append(module)) for layer in layers]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=input_device(model)), use_cache=False)
+    except Exception as e:  # noqa: BLE001 - any failure of the model's own forward, said in one line
+        text = str(e).strip().splitlines()
+        raise LayoutError(f"{type(model).__name__}: a forward on two tokens, to find the order its layers run in, "
+                          f"failed: {type(e).__name__}: {text[0] if text else ''}") from e
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+def input_device(model: nn.Module):
+    """Where `model` takes its input ids: the execution device of its input embeddings."""
+    import torch
+
+    embedding = model.get_input_embeddings()
+    hook = getattr(embedding, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return embedding.weight.device
 
 
 def _innermost_models(model: nn.Module) -> dict[int, nn.Module]:
@@ -347,19 +417,20 @@ def _softmax_attention(specs: list[Spec]):
     return is_attention
 
 
-def _layer_attention(layer: nn.Module, is_attention) -> nn.Module | None:
-    """The softmax-attention module in `layer`'s tree (shared modules included), or None."""
-    hits = [m for n, m in layer.named_modules(remove_duplicate=False) if is_attention(n, m)]
-    unique = list({id(m): m for m in hits}.values())
-    if len(unique) > 1:
-        raise LayoutError(f"{type(layer).__name__} holds {len(unique)} attention modules; the analysis reads one per layer")
-    return unique[0] if unique else None
+def _layer_attentions(layer: nn.Module, is_attention) -> list[tuple[str, nn.Module]]:
+    """The softmax-attention modules in `layer`'s tree (shared modules included), each with its name under the
+    layer, in the order the layer holds them (Longcat-Flash's `self_attn.0`, `self_attn.1`)."""
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in layer.named_modules(remove_duplicate=False):
+        if is_attention(name, module) and id(module) not in found:
+            found[id(module)] = (name, module)
+    return list(found.values())
 
 
 def layer_type_names(config, num_layers: int) -> list[str] | None:
     """The model's own name for each decoder layer's type, or None when its config names none."""
-    for field in LAYER_TYPE_FIELDS:
-        types = getattr(config, field, None)
+    for key in LAYER_TYPE_FIELDS:
+        types = getattr(config, key, None)
         if isinstance(types, (list, tuple)) and len(types) == num_layers and all(isinstance(t, str) for t in types):
             return list(types)
     return None
@@ -401,23 +472,40 @@ def model_layout(model: nn.Module) -> ModelLayout:
     # A declaration may name its own count (Longcat-Flash's layers hold two attention blocks each: num_layers).
     keys = [s.num_layers_key for s in declared["hidden_states"] if s.num_layers_key] or ["num_hidden_layers", "decoder_layers", "num_decoder_layers"]
     counts = {key: n for key in keys if isinstance(n := getattr(config, key, None), int)}
-    layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None))
+    passes_field = LOOPED.get(getattr(config, "model_type", None))
+    looped = passes_field is not None and getattr(config, passes_field, 1) > 1
+    layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None), looped)
     is_attention = _softmax_attention(declared["attentions"])
-    attention_modules, gates = {}, {}
+    attention_modules, gates, later_blocks = {}, {}, {}
     for l, layer in enumerate(layers, start=1):
-        attention = _layer_attention(layer, is_attention)
-        if attention is None:
+        blocks = _layer_attentions(layer, is_attention)
+        if not blocks:
             continue
+        (where, attention), *later = blocks
         attention_modules[l] = attention
+        if later:
+            later_blocks[l] = later
         if (site := _gate_site(config, attention)) is not None:
-            where = next(n for n, m in layer.named_modules(remove_duplicate=False) if m is attention)
             site.name = f"{where}.{site.name}".strip(".")
             gates[l] = site
-    names = layer_type_names(config, len(layers))
-    if names is None:
+    # Per-layer config fields list the modules (in the order the model holds them), not the calls of a loop.
+    position = {id(m): i for i, m in enumerate(model.modules())}
+    modules = sorted({id(layer): layer for layer in layers}.values(), key=lambda m: position[id(m)])
+    module_types = layer_type_names(config, len(modules))
+    if module_types is not None:
+        of_module = {id(m): t for m, t in zip(modules, module_types)}
+        names = [of_module[id(layer)] for layer in layers]
+    else:
         names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
+    paths = {id(m): n for n, m in model.named_modules()}
+    calls: dict[int, int] = {}  # id of a module -> its calls so far
+    passes = []
+    for layer in layers:
+        calls[id(layer)] = calls.get(id(layer), 0) + 1
+        passes.append(calls[id(layer)])
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
-                       _residual_head(model), _prefix(config), _streams(config), is_attention)
+                       _residual_head(model), _prefix(config), _streams(config), is_attention,
+                       [paths[id(layer)] for layer in layers], passes, later_blocks)
 
 
 def _prefix(config) -> int:

@@ -49,7 +49,7 @@ def plot_trajectory(arrays, path: Path) -> None:
 
 
 def plot_first_token_attention(arrays, path: Path) -> None:
-    attention, layers = arrays["first_token_attention"], arrays["full_attention_layers"]  # [N, n_attn, H]
+    attention, layers = arrays["first_token_attention"], arrays["attention_rows"][:, 0]  # [N, n_attn, H]; each row's layer
     per_head = np.nanmean(attention, axis=0)  # [n_attn, H]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for j, f in enumerate(layers):
