@@ -407,7 +407,7 @@ def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(
 def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk(weights_only_budget):
     import torch
 
-    from gated_attention.analysis.loading import loading_dtype
+    from gated_attention.hub.memory_budget import loading_dtype
     from gated_attention.hub.memory_budget import MemoryBudget
 
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 2})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +46,31 @@ def test_a_budget_smaller_than_the_model_converts_and_verifies_bit_identically(t
     result = AutoModelForCausalLM.from_pretrained(dst).eval()
     with torch.no_grad():
         assert torch.equal(expected(PROMPT).logits, result(PROMPT).logits)
+
+
+def test_a_bf16_source_verified_in_fp32_is_read_in_bf16_and_cast_as_it_runs(tmp_path, capsys, monkeypatch):
+    """`convert --dtype float32` on a bf16 SRC within a budget below the model: SRC is loaded in bf16, so that its
+    layers on disk are not read (and cast) while loading, and cast as they run; the result, stored in fp32, loads
+    as it is. bf16 -> fp32 is exact: the verification is bit-identical."""
+    from transformers import AutoModelForCausalLM as Auto
+
+    make_source("llama", tmp_path / "fp32")
+    src = tmp_path / "src"
+    Auto.from_pretrained(tmp_path / "fp32", dtype=torch.bfloat16).save_pretrained(src)
+    loads = []
+    original = Auto.from_pretrained.__func__
+
+    def recording(cls, folder, *args, **kwargs):
+        loads.append((Path(folder).name, kwargs.get("dtype")))
+        return original(cls, folder, *args, **kwargs)
+
+    monkeypatch.setattr(Auto, "from_pretrained", classmethod(recording))
+    dst = tmp_path / "dst"
+    assert main(["convert", str(src), str(dst), "--dtype", "float32", "--max-memory", "300KB"]) == 0
+    out = capsys.readouterr().out
+    assert "bit-identical after every layer and in the logits" in out
+    assert len(FROM_DISK.findall(out)) == 2, out
+    assert loads[0] == ("src", torch.bfloat16) and loads[-1][1] == torch.float32, loads
 
 
 def test_a_difference_in_a_layer_read_from_disk_is_found_and_named(tmp_path, capsys):

@@ -10,8 +10,8 @@
 - `placement` and `loaded`: accelerate's big-model inference within the memory budget
   (`hub.memory_budget`): the layers that fit stay in memory, the others are read from the checkpoint's
   files as they run, whole (`read_layers_whole`) and cast to the dtype asked for as they are read
-  (`loading_dtype`); what running the model adds beside its weights is kept free (`running_memory`); a
-  budget below one layer is refused before anything loads.
+  (`hub.memory_budget.loading_dtype`); what running the model adds beside its weights is kept free
+  (`running_memory`); a budget below one layer is refused before anything loads.
 
 torch and transformers are imported inside the functions: the command line imports `DEVICE_MAPS` from
 here while it builds its parser.
@@ -160,7 +160,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
     from ..kernels import fla_torch_paths
-    from ..hub.memory_budget import MemoryBudgetError, largest_layer, read_layers_whole
+    from ..hub.memory_budget import MemoryBudgetError, cast_placement, cast_weights, loading_dtype, read_layers_whole
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -173,7 +173,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
     device_map, gpus = placement(args)
-    load_dtype, reserve = dtype, 0
+    load_dtype, reserve, skeleton = dtype, 0, None
     if device_map == {"": "cpu"} or isinstance(device_map, str):  # the CPU holds weights: within the budget
         skeleton = _skeleton(model_name, cls, where, dtype, args, building)
         reserve = running_memory(skeleton, config, args.max_length, bool(args.intervene))
@@ -191,14 +191,9 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         except MemoryBudgetError as e:
             raise CLIError(f"MODEL {model_name}: {e}") from None
         load_dtype = loading_dtype(skeleton, config, dtype, budget, reserve)
-    # Loaded in another dtype than it runs in: accelerate places it by the sizes it will have once cast, with
-    # room for both dtypes of the layers in memory until the cast ends.
-    scale, cast_largest = 1.0, 0
-    if load_dtype != dtype:
-        scale, cast_largest = load_dtype.itemsize / dtype.itemsize, largest_layer(skeleton)[1]
+    cast = cast_placement(skeleton, load_dtype, dtype)
     skeleton = None
-    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, scale=scale, reserve=reserve,
-                          cast_largest=cast_largest) as place:
+    with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, reserve=reserve, **cast) as place:
         if not isinstance(device_map, str):
             place = {"device_map": device_map}
         try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
@@ -250,41 +245,6 @@ def _first_int(value, default: int) -> int:
     if isinstance(value, (list, tuple)):
         value = max((v for v in value if isinstance(v, int)), default=None)
     return value if isinstance(value, int) and value > 0 else default
-
-
-def loading_dtype(skeleton, config: dict, dtype, budget, reserve: int = 0):
-    """The dtype to load MODEL in so that it runs in `dtype` within `budget`: the checkpoint's own where
-    layers will be read from the checkpoint as they run and `dtype` is another, else `dtype`.
-
-    transformers converts every tensor of a checkpoint to the dtype asked for as it loads, those it leaves
-    on disk too: the whole checkpoint is read once and its pages count against the process (a bf16 0.85B
-    Llama analysed in fp32 within 1 GB peaked at 2.84 GB). Loaded in the checkpoint's dtype, the tensors
-    that stay on disk are not read at load; each is cast to `dtype` as its layer runs (accelerate casts a
-    tensor it reads to the dtype of the parameter it fills, which `cast_weights` sets), and the layers in
-    memory are cast once loaded. A model that keeps some modules in fp32 whatever the dtype
-    (`_keep_in_fp32_modules`) loads as transformers loads it.
-    """
-    import torch
-
-    saved = config.get("dtype") or config.get("torch_dtype")
-    if dtype == "auto" or saved not in ("float32", "bfloat16", "float16") or getattr(torch, saved) == dtype:
-        return dtype
-    if getattr(skeleton, "_keep_in_fp32_modules", None) or getattr(skeleton, "_keep_in_fp32_modules_strict", None):
-        return dtype
-    # Every layer stays in memory: nothing is read as it runs. transformers casts as it loads, with each stored
-    # tensor mapped from the file until the load ends: both dtypes at once.
-    size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
-    if size * (1 + getattr(torch, saved).itemsize / dtype.itemsize) <= budget.room(reserve):
-        return dtype
-    return getattr(torch, saved)
-
-
-def cast_weights(model, loaded, dtype) -> None:
-    """Cast the weights `from_pretrained` gave in dtype `loaded` to `dtype`: those in memory now, and those on
-    disk (meta tensors) as their layers run. `.data` keeps tied weights one tensor."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.dtype == loaded:
-            tensor.data = tensor.data.to(dtype)
 
 
 def _placement_line(model, budget) -> str:

@@ -26,7 +26,8 @@ import torch
 
 from .. import register_auto_classes
 from ..hub.command_line import format_size
-from ..hub.memory_budget import MemoryBudget, MemoryBudgetError, collect_if_alive, read_layers_whole
+from ..hub.memory_budget import (MemoryBudget, MemoryBudgetError, cast_placement, cast_weights, collect_if_alive,
+                                 loading_dtype, read_layers_whole, reading_reserve)
 from .sources import ConversionError, SourceCheckpoint
 
 VERIFY_TOKENS = 32
@@ -71,16 +72,20 @@ class Comparison:
 
 def check_budget(budget: MemoryBudget, config, dtype: torch.dtype) -> None:
     """Refuse, before anything is written, a budget that cannot hold the largest layer of the model `config`
-    describes, in `dtype` (built on the meta device: no memory, no weights)."""
+    describes, in `dtype`."""
+    try:
+        budget.check_holds(meta_model(config, dtype), BUDGET_REMEDY)
+    except MemoryBudgetError as e:
+        raise ConversionError(str(e)) from None
+
+
+def meta_model(config, dtype: torch.dtype):
+    """The model `config` describes, in `dtype`, on the meta device: its shapes, no memory, no weights."""
     from transformers import AutoModelForCausalLM
 
     register_auto_classes()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
-    try:
-        budget.check_holds(model, BUDGET_REMEDY)
-    except MemoryBudgetError as e:
-        raise ConversionError(str(e)) from None
+        return AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
 
 
 @torch.no_grad()
@@ -105,11 +110,14 @@ def run_prompt(
     from transformers import AutoModelForCausalLM
 
     register_auto_classes()
-    with budget.placement(dir=offload_dir) as placement:
+    load_dtype, cast = _loading(folder, budget, dtype, load_kwargs)
+    with budget.placement(dir=offload_dir, reserve=cast.pop("reserve", 0), **cast) as placement:
         model, info = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
+            folder, dtype=load_dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
             **placement, **load_kwargs,
         )  # fmt: skip
+        if load_dtype != dtype:
+            cast_weights(model, load_dtype, dtype)
         read_layers_whole(model)
         lost = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
         if strict and lost:  # from_pretrained would only warn, and fill a missing weight with random numbers
@@ -121,6 +129,28 @@ def run_prompt(
         del model
         collect_if_alive(alive)  # a dispatched model's weights in memory, before the next model loads
     return PromptRun(out.logits, tuple(out.hidden_states), sum(n for n, _ in sizes), sum(n for n, off in sizes if off))
+
+
+def _loading(folder: Path, budget: MemoryBudget, dtype: torch.dtype | None, load_kwargs: dict) -> tuple:
+    """The dtype to load `folder` in to run in `dtype`, and `placement`'s keyword arguments for it.
+
+    A checkpoint stored in a narrower dtype than `dtype` (`convert --dtype float32` on a bf16 SRC) is loaded in
+    its own where layers stay on disk and cast after (`hub.memory_budget.loading_dtype`): transformers' cast
+    while loading would read the whole checkpoint (a bf16 0.85B Llama verified in fp32 within 1.5 GB peaked at
+    2.80 GB). The placement then keeps room for a weight read in its stored dtype beside its cast. A widening
+    cast is exact, so the comparison's bits do not depend on which one runs.
+    """
+    from transformers import AutoConfig
+
+    from .sources import read_config_dict
+
+    stored = read_config_dict(folder)
+    if dtype is None or (stored.get("dtype") or stored.get("torch_dtype")) in (None, str(dtype).removeprefix("torch.")):
+        return dtype, {}
+    skeleton = meta_model(load_kwargs.get("config") or AutoConfig.from_pretrained(folder), dtype)
+    reserve = reading_reserve(skeleton, stored.get("dtype") or stored.get("torch_dtype"))
+    load_dtype = loading_dtype(skeleton, stored, dtype, budget, reserve)
+    return load_dtype, {"reserve": reserve, **cast_placement(skeleton, load_dtype, dtype)}
 
 
 def compare_runs(reference: PromptRun, result: PromptRun) -> Comparison:

@@ -10,6 +10,8 @@
 - `budget.placement()`: `from_pretrained`'s `device_map`, `max_memory` and `offload_folder`, with the
   offload folder a temporary directory that is removed on leaving, whatever happens.
 - `reading_reserve(model, stored)`: what reading a weight stored in another dtype adds beside it.
+- `loading_dtype`, `cast_placement`, `cast_weights`: a model to run in another dtype than its checkpoint's,
+  loaded in the checkpoint's where layers stay on disk, placed by its cast sizes, and cast once loaded.
 - `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
   splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
 - `read_layers_whole(model)`: after loading, each layer read from disk is read whole as it starts, not
@@ -196,6 +198,56 @@ def reading_reserve(model, stored) -> int:
     if not (isinstance(stored, torch.dtype) and stored.is_floating_point) or stored == model.dtype:
         return 0
     return max((p.numel() for p in model.parameters()), default=0) * stored.itemsize
+
+
+def loading_dtype(skeleton, config: dict, dtype, budget, reserve: int = 0):
+    """The dtype to load a model in so that it runs in `dtype` within `budget`: the checkpoint's own where
+    layers will be read from the checkpoint as they run and `dtype` is another, else `dtype`.
+
+    transformers converts every tensor of a checkpoint to the dtype asked for as it loads, those it leaves
+    on disk too: the whole checkpoint is read once and its pages count against the process (a bf16 0.85B
+    Llama analysed in fp32 within 1 GB peaked at 2.84 GB). Loaded in the checkpoint's dtype, the tensors
+    that stay on disk are not read at load; each is cast to `dtype` as its layer runs (accelerate casts a
+    tensor it reads to the dtype of the parameter it fills, which `cast_weights` sets), and the layers in
+    memory are cast once loaded. Only a wider dtype is reached that way (bf16 -> fp32: exact, and no float32
+    buffer is touched); a model that keeps some modules in fp32 whatever the dtype (`_keep_in_fp32_modules`)
+    loads as transformers loads it.
+    """
+    import torch
+
+    saved = config.get("dtype") or config.get("torch_dtype")
+    if dtype == "auto" or saved not in ("float32", "bfloat16", "float16") or getattr(torch, saved) == dtype:
+        return dtype
+    if getattr(torch, saved).itemsize >= dtype.itemsize:
+        # A narrower dtype than the checkpoint's is left to transformers: cast after loading, the buffers a model
+        # computes in float32 whatever its dtype (RoPE's inv_freq) would be narrowed too (an fla hybrid verified in
+        # bf16 then differed from its conversion after layer 2).
+        return dtype
+    if getattr(skeleton, "_keep_in_fp32_modules", None) or getattr(skeleton, "_keep_in_fp32_modules_strict", None):
+        return dtype
+    # Every layer stays in memory: nothing is read as it runs. transformers casts as it loads, with each stored
+    # tensor mapped from the file until the load ends: both dtypes at once.
+    size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    if size * (1 + getattr(torch, saved).itemsize / dtype.itemsize) <= budget.room(reserve):
+        return dtype
+    return getattr(torch, saved)
+
+
+def cast_weights(model, loaded, dtype) -> None:
+    """Cast the weights `from_pretrained` gave in dtype `loaded` to `dtype`: those in memory now, and those on
+    disk (meta tensors) as their layers run. `.data` keeps tied weights one tensor."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.dtype == loaded:
+            tensor.data = tensor.data.to(dtype)
+
+
+def cast_placement(skeleton, loaded, dtype) -> dict:
+    """`placement`'s `scale` and `cast_largest` for a model loaded in dtype `loaded` to run in `dtype` (none when
+    they are the same): accelerate places it by the sizes it will have once cast, with room for both dtypes
+    of the layers in memory until `cast_weights` ends."""
+    if loaded == dtype or not hasattr(loaded, "itemsize") or not hasattr(dtype, "itemsize"):
+        return {}
+    return {"scale": loaded.itemsize / dtype.itemsize, "cast_largest": largest_layer(skeleton)[1]}
 
 
 def read_layers_whole(model) -> None:
