@@ -50,7 +50,7 @@ from transformers.utils import logging
 
 from ..kernels import fla_torch_paths
 from . import metrics as M
-from .layout import GateSite, model_layout
+from .layout import GateSite, ModelLayout, model_layout
 
 logger = logging.get_logger(__name__)
 
@@ -193,16 +193,23 @@ ResidualFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 
 @contextlib.contextmanager
-def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
-    """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L.
+def residual_hooks(layout: ModelLayout, fn: ResidualFn) -> Iterator[None]:
+    """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L, X[l] `[B, T, D]`.
 
-    `layers` are the decoder-layer calls in the order the model makes them (`ModelLayout.layers`): a module that
-    runs several times in one forward (a loop) is listed once per call, and X[l] is the output of the l-th call.
-    X[0] is read from the first call's input by a `with_kwargs` pre-hook (the argument is found by name, never
-    by position); a later pass of that module is no new forward. A tensor returned by `fn` replaces the state
-    the model continues with. Hooks are removed on exit, also when the body raises.
+    `layout.layers` are the decoder-layer calls in the order the model makes them: a module that runs several times in
+    one forward (a loop) is listed once per call, and X[l] is the output of the l-th call. X[0] is read from the first
+    call's input by a `with_kwargs` pre-hook (the argument is found by name, never by position); a later pass of that module is no new forward. A tensor
+    returned by `fn` replaces the state the model continues with. A time-major model's states (`[T, B, D]`) are given
+    to `fn` as `[B, T, D]` views and its replacements turned back. Hooks are removed on exit, also when the body raises.
     """
+    layers = layout.layers
     done = 0  # decoder-layer calls so far in this forward
+
+    def call(l: int, x: torch.Tensor) -> torch.Tensor | None:
+        if not layout.time_major:
+            return fn(l, x)
+        new = fn(l, x.transpose(0, 1))  # [T, B, D] -> [B, T, D], as transformers returns it
+        return None if new is None else new.transpose(0, 1)
 
     def pre_hook(module, args, kwargs):
         nonlocal done
@@ -210,7 +217,7 @@ def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
             return None
         done = 0
         bound, name = _hidden_argument(module, args, kwargs)
-        new = fn(0, bound.arguments[name])
+        new = call(0, bound.arguments[name])
         if new is None:
             return None
         bound.arguments[name] = new
@@ -220,7 +227,7 @@ def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
         nonlocal done
         done += 1
         several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
-        new = fn(done, output[0] if several else output)
+        new = call(done, output[0] if several else output)
         if new is None:
             return None
         return type(output)([new, *output[1:]]) if several else new
@@ -438,12 +445,15 @@ class Capture:
         if module is not self.layout.attention_modules[l] and module not in later:
             return  # another layer's block (a module shared by several layers)
         b = 1 if module is self.layout.attention_modules[l] else 2 + later.index(module)
-        weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+        at = self.layout.weights_index
+        weights = output[at] if isinstance(output, (tuple, list)) and len(output) > at else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             raise CaptureError(
                 f"{self._where(l)}: {type(module).__name__} returned no attention weights, so its attention map "
                 f"cannot be captured"
             )
+        if self.layout.weights_axes != "bnij":  # XLNet's [T, T, B, H]: permuted as transformers returns it
+            weights = torch.einsum(f"{self.layout.weights_axes}->bnij", weights)
         record = self.records[-1]
         key, suffix = (l, "") if b == 1 else ((l, b), "later_")
         if key in getattr(record, f"{suffix}attentions") or key in getattr(record, f"{suffix}received"):
@@ -484,7 +494,7 @@ class Capture:
             stack.callback(self.model.register_forward_hook(self._on_forward_end).remove)
             # The residual hook checks each layer call comes in order, so it is always installed; before the layer
             # hooks, which read the position it has reached.
-            stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
+            stack.enter_context(residual_hooks(self.layout, self._on_residual))
             self._layer_hooks(stack)
             if self.want_attentions:
                 blocks = [*self.layout.attention_modules.values(), *(m for later in self.layout.later_blocks.values() for _, m in later)]

@@ -19,6 +19,8 @@ declaration does not say enough, a record below says it, as data, in this one pl
 - `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
 - `MAIN_STREAMS`: models whose residual carries prediction streams after the main one (ProphetNet).
 - `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
+- `TIME_MAJOR`: model types that keep their states time-major (XLNet: `[T, B, D]`, weights `[T, T, B, H]`): read in
+  that layout and permuted as transformers permutes what it returns.
 - `LOOPED`: model types whose layers run several times in one forward although their declared layer count
   counts modules, not calls (Dory's recurrent section): their layers are found in the order they run.
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
@@ -86,12 +88,12 @@ LEGACY_DECLARATIONS = {
     "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
     "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
     "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
+    "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: TIME_MAJOR
 }
 # transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
 # tokens, with the reason, said in one line instead of a wrong number.
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
-    "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
     "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
            "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
     "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
@@ -122,6 +124,11 @@ PROMPT_PREFIXES = {"cpmant": "prompt_length"}
 # `config.ngram` n-gram streams): the residual is read as the main stream, the first T positions, as transformers
 # returns it.
 MAIN_STREAMS = {"prophetnet": "ngram"}
+# Model types whose modules keep their states time-major, `[T, B, D]`: the einsum axes of the attention weights (i query,
+# j key, b batch, n head) and where they are in the attention module's output (XLNet's is (h, g, weights), g None
+# without a target mapping). transformers permutes both to `[B, T, D]` and `[B, H, T, T]` before returning them; the
+# capture reads them in the model's layout and permutes them the same way (and an edit of the residual goes back).
+TIME_MAJOR = {"xlnet": ("ijbn", 2)}
 # Model types whose decoder layers run several times in one forward while their config counts modules: the config
 # field that counts the passes (a model with one pass runs each layer once). Those that count calls need no record.
 LOOPED = {"dory": "n_recurrent_loops"}
@@ -290,6 +297,11 @@ class ModelLayout:
     # layer -> (name under the layer, module) of each, in the order the layer holds and calls them. Each is a row of
     # its own (`attention_rows`); `attention_modules` and `gates` are the first block's.
     later_blocks: dict[int, list[tuple[str, nn.Module]]] = field(default_factory=dict)
+    # States kept time-major (`TIME_MAJOR`): the residual `[T, B, D]`, the weights in these einsum axes at this index of
+    # the attention module's output ("bnij" at 1: `[B, H, T, T]` second, as transformers' attention modules return them).
+    time_major: bool = False
+    weights_axes: str = "bnij"
+    weights_index: int = 1
 
     @property
     def num_layers(self) -> int:
@@ -503,9 +515,11 @@ def model_layout(model: nn.Module) -> ModelLayout:
     for layer in layers:
         calls[id(layer)] = calls.get(id(layer), 0) + 1
         passes.append(calls[id(layer)])
+    axes, index = TIME_MAJOR.get(getattr(config, "model_type", None), ("bnij", 1))
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
                        _residual_head(model), _prefix(config), _streams(config), is_attention,
-                       [paths[id(layer)] for layer in layers], passes, later_blocks)
+                       [paths[id(layer)] for layer in layers], passes, later_blocks,
+                       time_major=axes != "bnij", weights_axes=axes, weights_index=index)
 
 
 def _prefix(config) -> int:
