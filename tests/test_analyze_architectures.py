@@ -434,21 +434,22 @@ def test_a_legacy_record_reads_transformers_own_maps(name):
     assert len(cap.records[-1].residual) == 3 and torch.equal(cap.records[-1].residual[0], out.hidden_states[0])
 
 
-# Models read in a layout of their own (layout.TIME_MAJOR): the fields of a tiny one.
-OWN_LAYOUTS = {"xlnet": dict(d_head=16)}
+# Models read in a layout of their own (layout.TIME_MAJOR, layout.PARALLEL_LAYERS): the fields of a tiny one.
+OWN_LAYOUTS = {"xlnet": dict(d_head=16), "xlm": {}}
 
 
 @pytest.mark.parametrize("name", list(OWN_LAYOUTS))
 @torch.no_grad()
 def test_a_model_in_a_layout_of_its_own_is_read_as_transformers_returns_it(name):
-    """XLNet keeps [T, B, D] states and [T, T, B, H] weights: every X[l] and map must be transformers' own, and an
-    edit of X[l] must reach the model in its layout."""
+    """XLNet keeps [T, B, D] states and [T, T, B, H] weights; XLM's layers are entries of parallel lists, and it
+    multiplies each layer's output by its padding mask in place afterwards. Every X[l] and map must be transformers'
+    own, and an edit of X[l] must reach the model in its layout."""
     from gated_attention.analysis.interventions import apply_edits
 
     model = tiny(name, **OWN_LAYOUTS[name])
     layout = model_layout(model)
     assert layout.full_attention_layers == [1, 2]
-    ids = torch.tensor([[1, 5, 9, 7, 9, 11, 13, 2, 2]])  # id 2: XLM's default pad index, which it masks
+    ids = torch.tensor([[1, 5, 9, 7, 9, 11, 13, 0, 0]])  # id 0: the pad index, whose count XLM masks at the end
     out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
     for reduce in (False, True):
         with Capture(model, reduce=reduce) as cap:
@@ -489,7 +490,6 @@ def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenize
 REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
-    "xlm": {},
     "blt": None,  # None: the catalog's tiny model (BLT sizes its byte encoder, global transformer and decoder apart)
 }
 
@@ -779,10 +779,10 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 # Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
 # configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too),
-# time-major states.
+# time-major states, layers that are no modules.
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
           "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
-          "xlnet"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
+          "xlnet", "xlm"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
 
 
 @pytest.mark.parametrize("name", SAMPLE)
