@@ -49,13 +49,12 @@ EXPECTED_EXACT = set("""
     nemotron nemotron_h olmo olmo2 olmo3 olmo_hybrid olmoe openai-gpt opt pegasus persimmon phi phi3 phi4_multimodal
     phimoe plbart prophetnet qwen2 qwen2_moe qwen3 qwen3_5 qwen3_5_moe qwen3_5_moe_text qwen3_5_text qwen3_moe
     qwen3_next recurrent_gemma rembert roberta roberta-prelayernorm roc_bert roformer sarvam_mla sarvam_moe seed_oss
-    smollm3 solar_open stablelm starcoder2 trocr vaultgemma whisper xglm xlm xlm-roberta xlm-roberta-xl xlnet youtu zamba
+    smollm3 solar_open stablelm starcoder2 trocr vaultgemma whisper xglm xlm xlm-roberta xlm-roberta-xl xlnet xmod youtu zamba
     zamba2 zaya
 """.split())
 EXPECTED_NONE = {"falcon_mamba", "mamba", "mamba2", "rwkv", "xlstm"}
 EXPECTED_REFUSED = {
     "reformer": "per chunk and hash bucket",  # transformers returns no [T, T] map either
-    "xmod": "Input language unknown",  # the model's own error: it needs set_default_language()
     "blt": "patches its entropy model cuts",  # its global transformer's maps are of patches, not tokens
     "gemma3n_text": "several streams",  # AltUp: [4, B, T, D], reduced without a module of its own
 }
@@ -165,6 +164,9 @@ FIELDS = {
                              mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2),
     "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32)),
     "xlnet": dict(d_head=16),
+    # X-MOD picks its language adapters by config.default_language, which has no default: analyze refuses a checkpoint
+    # without one (the input's language is the user's to say); a released one sets it or is set by its user.
+    "xmod": dict(default_language="en_XX"),
     # Loops (one row per pass): each with layers before, in and after the loop, and two passes. Dory's defaults
     # double its counts (released configs list attention and MLP blocks apart), Inkling2-loop's loop layers lie past
     # a 4-layer model, and HRM's per-stack count would stay at its default.

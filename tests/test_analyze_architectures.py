@@ -524,6 +524,23 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
         assert shapes and shapes[0] != 24
 
 
+def test_a_setting_only_the_user_can_choose_is_named_in_the_refusal():
+    """X-MOD's forward needs its input language (config.default_language, no default): analyze cannot know the inputs'
+    language, so it names the field and its choices; once set, the model is read (the catalog's sample: exact)."""
+    from gated_attention.analysis.layout import LayoutError
+
+    model = tiny("xmod", is_decoder=True, languages=["en_XX", "de_DE"])
+    with pytest.raises(LayoutError) as e:
+        model_layout(model)
+    assert str(e.value) == (
+        "XmodForCausalLM cannot be analysed: its config sets no `default_language`, which chooses the language adapter "
+        "every layer runs; set it in the checkpoint's config.json to the inputs' (one of ['en_XX', 'de_DE'])")
+    with pytest.raises(ValueError, match="Input language unknown"):  # transformers' own forward, without it
+        model(input_ids=torch.randint(3, VOCAB, (1, 5)))
+    model.set_default_language("de_DE")
+    assert model_layout(model).full_attention_layers == [1, 2]
+
+
 def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, capsys):
     folder, report = tmp_path / "model", tmp_path / "out"
     tiny("reformer", **REFUSED["reformer"]).save_pretrained(folder)
@@ -782,7 +799,7 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 # time-major states, layers that are no modules.
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
           "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
-          "xlnet", "xlm"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
+          "xlnet", "xlm", "xmod"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
 
 
 @pytest.mark.parametrize("name", SAMPLE)

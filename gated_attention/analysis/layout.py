@@ -14,6 +14,8 @@ declaration does not say enough, a record below says it, as data, in this one pl
   lightning attention is linear attention).
 - `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
   (Reformer's chunks and hash buckets): refused with the reason, in one line.
+- `REQUIRED_FIELDS`: config fields a model needs set, have no default, and the analysis cannot choose (X-MOD's input
+  language): a checkpoint without one is refused in one line that names the field and its choices.
 - `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
   that reduces them before the final norm is where the residual state is read through.
 - `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
@@ -99,6 +101,10 @@ UNREADABLE = {
     "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
            "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
 }
+# Config fields a model type needs set and has no default for, which the analysis cannot choose for the user: the field,
+# the config field that lists its choices, and what the model does with it. X-MOD runs one language adapter per layer,
+# chosen by the input's language: transformers' own forward raises without one, and only the user knows the inputs'.
+REQUIRED_FIELDS = {"xmod": ("default_language", "languages", "the language adapter every layer runs")}
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
 # (named under the attention module as the model names its parameters) and the activation the model applies to its
 # output, `[B, T, H]` (a score per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width.
@@ -236,6 +242,11 @@ def declaration(model: nn.Module) -> dict[str, list[Spec]]:
         model_type = getattr(getattr(sub, "config", None), "model_type", None)
         if model_type in UNREADABLE:
             raise LayoutError(f"{type(model).__name__} cannot be analysed: {UNREADABLE[model_type]}")
+        if (required := REQUIRED_FIELDS.get(model_type)) and getattr(sub.config, required[0], None) is None:
+            name, choices, use = required
+            raise LayoutError(
+                f"{type(model).__name__} cannot be analysed: its config sets no `{name}`, which chooses {use}; set it "
+                f"in the checkpoint's config.json to the inputs' (one of {list(getattr(sub.config, choices, []))})")
         if not own and (legacy := _legacy_declaration(sub)) is not None:
             own = {**legacy, "legacy": legacy["attentions"]}
         if not own.get("hidden_states"):
