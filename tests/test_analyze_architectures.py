@@ -796,10 +796,10 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 # Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
 # configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too),
-# time-major states, layers that are no modules.
+# time-major states, layers that are no modules, per-layer-type rotary parameters.
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
           "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
-          "xlnet", "xlm", "xmod"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
+          "xlnet", "xlm", "xmod", "cohere_compass_text"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
 
 
 @pytest.mark.parametrize("name", SAMPLE)
