@@ -372,6 +372,7 @@ LEGACY = {
     "mpt": {}, "openai-gpt": {}, "cpmant": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
     "rembert": dict(is_decoder=True), "roformer": dict(is_decoder=True), "mvp": dict(decoder_layers=2), "trocr": {},
     "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2, ngram=2),  # its maps and X: the main stream's
+    "xlnet": dict(d_head=16),  # time-major: layout.TIME_MAJOR
 }
 
 
@@ -433,6 +434,37 @@ def test_a_legacy_record_reads_transformers_own_maps(name):
     assert len(cap.records[-1].residual) == 3 and torch.equal(cap.records[-1].residual[0], out.hidden_states[0])
 
 
+# Models read in a layout of their own (layout.TIME_MAJOR, layout.PARALLEL_LAYERS): the fields of a tiny one.
+OWN_LAYOUTS = {"xlnet": dict(d_head=16), "xlm": {}}
+
+
+@pytest.mark.parametrize("name", list(OWN_LAYOUTS))
+@torch.no_grad()
+def test_a_model_in_a_layout_of_its_own_is_read_as_transformers_returns_it(name):
+    """XLNet keeps [T, B, D] states and [T, T, B, H] weights; XLM's layers are entries of parallel lists, and it
+    multiplies each layer's output by its padding mask in place afterwards. Every X[l] and map must be transformers'
+    own, and an edit of X[l] must reach the model in its layout."""
+    from gated_attention.analysis.interventions import apply_edits
+
+    model = tiny(name, **OWN_LAYOUTS[name])
+    layout = model_layout(model)
+    assert layout.full_attention_layers == [1, 2]
+    ids = torch.tensor([[1, 5, 9, 7, 9, 11, 13, 0, 0]])  # id 0: the pad index, whose count XLM masks at the end
+    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
+    for reduce in (False, True):
+        with Capture(model, reduce=reduce) as cap:
+            model(input_ids=ids, use_cache=False)
+        record = cap.records[-1]
+        if reduce:  # M-Act's numbers: each token's largest |X[l]|
+            assert [torch.equal(m, x.abs().amax(-1).float()) for m, x in zip(record.token_max, out.hidden_states)] == [True] * 3
+            continue
+        assert [torch.equal(x, reference) for x, reference in zip(record.residual, out.hidden_states)] == [True] * 3
+        assert [torch.equal(record.attentions[f], a) for f, a in zip([1, 2], out.attentions)] == [True, True]
+    with apply_edits(model, {1: (torch.tensor([3]), torch.tensor([7.0]))}, token=2):
+        edited = model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+    assert edited[1][0, 2, 3] == 7.0 and torch.equal(edited[1][0, 1], out.hidden_states[1][0, 1])
+
+
 def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenizer, tmp_path):
     from gated_attention.analysis.samples import builtin_samples
 
@@ -458,7 +490,6 @@ def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenize
 REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
-    "xlnet": dict(d_head=16), "xlm": {},
     "blt": None,  # None: the catalog's tiny model (BLT sizes its byte encoder, global transformer and decoder apart)
 }
 
@@ -491,6 +522,23 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
             model(input_ids=ids, use_cache=False)
         handle.remove()
         assert shapes and shapes[0] != 24
+
+
+def test_a_setting_only_the_user_can_choose_is_named_in_the_refusal():
+    """X-MOD's forward needs its input language (config.default_language, no default): analyze cannot know the inputs'
+    language, so it names the field and its choices; once set, the model is read (the catalog's sample: exact)."""
+    from gated_attention.analysis.layout import LayoutError
+
+    model = tiny("xmod", is_decoder=True, languages=["en_XX", "de_DE"])
+    with pytest.raises(LayoutError) as e:
+        model_layout(model)
+    assert str(e.value) == (
+        "XmodForCausalLM cannot be analysed: its config sets no `default_language`, which chooses the language adapter "
+        "every layer runs; set it in the checkpoint's config.json to the inputs' (one of ['en_XX', 'de_DE'])")
+    with pytest.raises(ValueError, match="Input language unknown"):  # transformers' own forward, without it
+        model(input_ids=torch.randint(3, VOCAB, (1, 5)))
+    model.set_default_language("de_DE")
+    assert model_layout(model).full_attention_layers == [1, 2]
 
 
 def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, capsys):
@@ -747,9 +795,11 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 
 # Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
-# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too).
+# configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too),
+# time-major states, layers that are no modules, per-layer-type rotary parameters.
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
-          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt"]
+          "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
+          "xlnet", "xlm", "xmod", "cohere_compass_text"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
 
 
 @pytest.mark.parametrize("name", SAMPLE)

@@ -382,8 +382,8 @@ def run_analysis(
 
     out_dir = Path(out_dir)
     device = input_device(model)
-    context = getattr(model.config, "max_position_embeddings", None)
-    inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) else None)
+    context = getattr(model.config, "max_position_embeddings", None)  # XLNet's is -1: no limit
+    inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) and context > 0 else None)
     if not inputs:
         raise ValueError("no input has at least two tokens")
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None

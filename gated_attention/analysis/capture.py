@@ -50,7 +50,7 @@ from transformers.utils import logging
 
 from ..kernels import fla_torch_paths
 from . import metrics as M
-from .layout import GateSite, model_layout
+from .layout import GateSite, ModelLayout, model_layout
 
 logger = logging.get_logger(__name__)
 
@@ -193,24 +193,32 @@ ResidualFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 
 @contextlib.contextmanager
-def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
-    """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L.
+def residual_hooks(layout: ModelLayout, fn: ResidualFn) -> Iterator[None]:
+    """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L, X[l] `[B, T, D]`.
 
-    `layers` are the decoder-layer calls in the order the model makes them (`ModelLayout.layers`): a module that
-    runs several times in one forward (a loop) is listed once per call, and X[l] is the output of the l-th call.
-    X[0] is read from the first call's input by a `with_kwargs` pre-hook (the argument is found by name, never
-    by position); a later pass of that module is no new forward. A tensor returned by `fn` replaces the state
-    the model continues with. Hooks are removed on exit, also when the body raises.
+    `layout.layers` are the decoder-layer calls in the order the model makes them: a module that runs several times in
+    one forward (a loop) is listed once per call, and X[l] is the output of the l-th call. X[0] is read from the input
+    of the first call's entry (`layout.entries`: the layer, or the module that starts it) by a `with_kwargs` pre-hook
+    (the argument is found by name, never by position); a later pass of that module is no new forward. A tensor
+    returned by `fn` replaces the state the model continues with. A time-major model's states (`[T, B, D]`) are given
+    to `fn` as `[B, T, D]` views and its replacements turned back. Hooks are removed on exit, also when the body raises.
     """
+    layers, entries = layout.layers, layout.entries
     done = 0  # decoder-layer calls so far in this forward
+
+    def call(l: int, x: torch.Tensor) -> torch.Tensor | None:
+        if not layout.time_major:
+            return fn(l, x)
+        new = fn(l, x.transpose(0, 1))  # [T, B, D] -> [B, T, D], as transformers returns it
+        return None if new is None else new.transpose(0, 1)
 
     def pre_hook(module, args, kwargs):
         nonlocal done
-        if 0 < done < len(layers) and layers[done] is module:  # a later pass of the first layer, in the same forward
+        if 0 < done < len(entries) and entries[done] is module:  # a later pass of the first layer, in the same forward
             return None
         done = 0
         bound, name = _hidden_argument(module, args, kwargs)
-        new = fn(0, bound.arguments[name])
+        new = call(0, bound.arguments[name])
         if new is None:
             return None
         bound.arguments[name] = new
@@ -220,14 +228,14 @@ def residual_hooks(layers: list[nn.Module], fn: ResidualFn) -> Iterator[None]:
         nonlocal done
         done += 1
         several = isinstance(output, (tuple, list))  # (hidden, weights, ...); a list in OpenAI GPT's blocks
-        new = fn(done, output[0] if several else output)
+        new = call(done, output[0] if several else output)
         if new is None:
             return None
         return type(output)([new, *output[1:]]) if several else new
 
     handles = []
     try:
-        handles.append(layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        handles.append(entries[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
         for layer in {id(layer): layer for layer in layers}.values():
             handles.append(layer.register_forward_hook(post_hook))
         yield
@@ -332,6 +340,8 @@ class Capture:
         self._next = 0
         self._in_forward = False
         self._stack: contextlib.ExitStack | None = None
+        # The last residual state read, not yet reduced: (its record, X[l]). See `_reduce_pending`.
+        self._pending: tuple[Record, torch.Tensor] | None = None
 
     def clear(self) -> None:
         self.records.clear()
@@ -345,7 +355,17 @@ class Capture:
         self._next = 0  # the residual state l the next decoder-layer hook must give
         self._in_forward = True
 
+    def _reduce_pending(self, *_) -> None:
+        """Reduce the last residual state read. A model may change a layer's output in place after the layer returns
+        it (XLM multiplies it by its padding mask), and transformers returns the changed tensor: a state is therefore
+        reduced when the next layer starts or the forward that made it returns, not when its layer returns."""
+        if self._pending is not None:
+            record, x = self._pending
+            self._pending = None
+            record.token_max.append(x.abs().amax(-1).float())
+
     def _on_forward_end(self, module, args, output) -> None:
+        self._reduce_pending()
         self._in_forward = False
         if self._next <= self.layout.num_layers:  # a layer the model skipped (Mllama's cross-attention without an image)
             raise CaptureError(
@@ -353,6 +373,7 @@ class Capture:
             )
 
     def _on_residual(self, l: int, x: torch.Tensor) -> None:
+        self._reduce_pending()
         if l == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
             self.records.append(Record())
             self._next = 0
@@ -379,7 +400,7 @@ class Capture:
             )
         if self.want_residual:
             if self.reduce:
-                record.token_max.append(x.detach().abs().amax(-1).float())
+                self._pending = (record, x.detach())
             else:
                 record.residual.append(x.detach())
         if l == self.layout.num_layers and self.want_attentions:
@@ -400,11 +421,12 @@ class Capture:
         The call about to run gives X[_next] (the residual hooks, registered first, have read X[0] already); a loop's
         module gives a different l at each pass. A call the layout does not list there is one line, before its
         attention is read under a wrong layer."""
-        layers = self.layout.layers
+        layers, entries = self.layout.layers, self.layout.entries
 
         def enter(module, args):
+            self._reduce_pending()
             l = self._next
-            if not (1 <= l <= len(layers) and layers[l - 1] is module):
+            if not (1 <= l <= len(entries) and entries[l - 1] is module):
                 raise CaptureError(
                     f"{self._where(max(l, 1))}: another decoder layer ran in its place (the model runs its layers in an "
                     f"order its layout does not list)"
@@ -416,8 +438,9 @@ class Capture:
         def leave(module, args, output):
             self._layer = None
 
+        for entry in {id(entry): entry for entry in entries}.values():
+            stack.callback(entry.register_forward_pre_hook(enter).remove)
         for layer in {id(layer): layer for layer in layers}.values():
-            stack.callback(layer.register_forward_pre_hook(enter).remove)
             stack.callback(layer.register_forward_hook(leave).remove)
 
     def _follow_attention(self, l: int, stack: contextlib.ExitStack) -> None:
@@ -438,12 +461,15 @@ class Capture:
         if module is not self.layout.attention_modules[l] and module not in later:
             return  # another layer's block (a module shared by several layers)
         b = 1 if module is self.layout.attention_modules[l] else 2 + later.index(module)
-        weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+        at = self.layout.weights_index
+        weights = output[at] if isinstance(output, (tuple, list)) and len(output) > at else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             raise CaptureError(
                 f"{self._where(l)}: {type(module).__name__} returned no attention weights, so its attention map "
                 f"cannot be captured"
             )
+        if self.layout.weights_axes != "bnij":  # XLNet's [T, T, B, H]: permuted as transformers returns it
+            weights = torch.einsum(f"{self.layout.weights_axes}->bnij", weights)
         record = self.records[-1]
         key, suffix = (l, "") if b == 1 else ((l, b), "later_")
         if key in getattr(record, f"{suffix}attentions") or key in getattr(record, f"{suffix}received"):
@@ -482,9 +508,13 @@ class Capture:
             stack.enter_context(torch_linear_attention(self.model))
             stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record
             stack.callback(self.model.register_forward_hook(self._on_forward_end).remove)
+            # The model whose forward runs the layers (the base model) returns before the whole does, and may run alone.
+            runner = self._runner()
+            if runner is not self.model:
+                stack.callback(runner.register_forward_hook(self._reduce_pending).remove)
             # The residual hook checks each layer call comes in order, so it is always installed; before the layer
             # hooks, which read the position it has reached.
-            stack.enter_context(residual_hooks(self.layout.layers, self._on_residual))
+            stack.enter_context(residual_hooks(self.layout, self._on_residual))
             self._layer_hooks(stack)
             if self.want_attentions:
                 blocks = [*self.layout.attention_modules.values(), *(m for later in self.layout.later_blocks.values() for _, m in later)]
@@ -500,8 +530,19 @@ class Capture:
         self._stack = stack
         return self
 
+    def _runner(self) -> nn.Module:
+        """The innermost `PreTrainedModel` that holds the last decoder layer: its forward runs the layers."""
+        from transformers import PreTrainedModel
+
+        last, runner = self.layout.layers[-1], self.model
+        for module in self.model.modules():  # outer models come first
+            if isinstance(module, PreTrainedModel) and any(m is last for m in module.modules()):
+                runner = module
+        return runner
+
     def __exit__(self, *exc_info) -> None:
         stack, self._stack = self._stack, None
+        self._reduce_pending()
         self._layer, self._in_forward = None, False
         if stack is not None:
             stack.close()

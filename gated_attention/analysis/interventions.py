@@ -90,7 +90,7 @@ def apply_edits(model: nn.Module, edits: Edits, token: int = 0) -> Iterator[None
         x[:, token, coords.to(x.device)] = values.to(device=x.device, dtype=x.dtype)
         return x
 
-    with torch_linear_attention(model), residual_hooks(model_layout(model).layers, edit):
+    with torch_linear_attention(model), residual_hooks(model_layout(model), edit):
         yield
 
 

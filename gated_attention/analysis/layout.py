@@ -14,11 +14,17 @@ declaration does not say enough, a record below says it, as data, in this one pl
   lightning attention is linear attention).
 - `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
   (Reformer's chunks and hash buckets): refused with the reason, in one line.
+- `REQUIRED_FIELDS`: config fields a model needs set, have no default, and the analysis cannot choose (X-MOD's input
+  language): a checkpoint without one is refused in one line that names the field and its choices.
 - `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
   that reduces them before the final norm is where the residual state is read through.
 - `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
 - `MAIN_STREAMS`: models whose residual carries prediction streams after the main one (ProphetNet).
 - `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
+- `TIME_MAJOR`: model types that keep their states time-major (XLNet: `[T, B, D]`, weights `[T, T, B, H]`): read in
+  that layout and permuted as transformers permutes what it returns.
+- `PARALLEL_LAYERS`: model types whose layers are no modules (XLM: parallel lists of attention, norm and feed-forward
+  modules): the list whose entry starts each layer and the one whose entry's output is the layer's output.
 - `LOOPED`: model types whose layers run several times in one forward although their declared layer count
   counts modules, not calls (Dory's recurrent section): their layers are found in the order they run.
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
@@ -86,16 +92,19 @@ LEGACY_DECLARATIONS = {
     "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
     "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
     "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
+    "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: TIME_MAJOR
 }
 # transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
 # tokens, with the reason, said in one line instead of a wrong number.
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
-    "xlnet": "it keeps its states time-major ([T, B, D]) and returns weights as [T, T, B, H], which the analysis does not read",
     "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
            "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
-    "xlm": "its layers are no modules (parallel lists of attention, norm and feed-forward modules), so no layer has an output to read",
 }
+# Config fields a model type needs set and has no default for, which the analysis cannot choose for the user: the field,
+# the config field that lists its choices, and what the model does with it. X-MOD runs one language adapter per layer,
+# chosen by the input's language: transformers' own forward raises without one, and only the user knows the inputs'.
+REQUIRED_FIELDS = {"xmod": ("default_language", "languages", "the language adapter every layer runs")}
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
 # (named under the attention module as the model names its parameters) and the activation the model applies to its
 # output, `[B, T, H]` (a score per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width.
@@ -122,6 +131,17 @@ PROMPT_PREFIXES = {"cpmant": "prompt_length"}
 # `config.ngram` n-gram streams): the residual is read as the main stream, the first T positions, as transformers
 # returns it.
 MAIN_STREAMS = {"prophetnet": "ngram"}
+# Model types whose modules keep their states time-major, `[T, B, D]`: the einsum axes of the attention weights (i query,
+# j key, b batch, n head) and where they are in the attention module's output (XLNet's is (h, g, weights), g None
+# without a target mapping). transformers permutes both to `[B, T, D]` and `[B, H, T, T]` before returning them; the
+# capture reads them in the model's layout and permutes them the same way (and an edit of the residual goes back).
+TIME_MAJOR = {"xlnet": ("ijbn", 2)}
+# Model types whose layers are no modules: the base model holds parallel lists of per-layer modules and runs entry i of
+# each in turn (XLM: attentions, layer_norm1, ffns, layer_norm2). The list whose entry i starts layer i + 1 (its
+# attention, whose input is the layer's input) and the list whose entry i's output is that layer's output. XLM then
+# multiplies that output by its padding mask in place, as its forward goes on: the capture reduces a residual state only
+# when the next is read or the model's forward has returned, so it reads what transformers returns.
+PARALLEL_LAYERS = {"xlm": ("attentions", "layer_norm2")}
 # Model types whose decoder layers run several times in one forward while their config counts modules: the config
 # field that counts the passes (a model with one pass runs each layer once). Those that count calls need no record.
 LOOPED = {"dory": "n_recurrent_loops"}
@@ -222,6 +242,11 @@ def declaration(model: nn.Module) -> dict[str, list[Spec]]:
         model_type = getattr(getattr(sub, "config", None), "model_type", None)
         if model_type in UNREADABLE:
             raise LayoutError(f"{type(model).__name__} cannot be analysed: {UNREADABLE[model_type]}")
+        if (required := REQUIRED_FIELDS.get(model_type)) and getattr(sub.config, required[0], None) is None:
+            name, choices, use = required
+            raise LayoutError(
+                f"{type(model).__name__} cannot be analysed: its config sets no `{name}`, which chooses {use}; set it "
+                f"in the checkpoint's config.json to the inputs' (one of {list(getattr(sub.config, choices, []))})")
         if not own and (legacy := _legacy_declaration(sub)) is not None:
             own = {**legacy, "legacy": legacy["attentions"]}
         if not own.get("hidden_states"):
@@ -290,6 +315,18 @@ class ModelLayout:
     # layer -> (name under the layer, module) of each, in the order the layer holds and calls them. Each is a row of
     # its own (`attention_rows`); `attention_modules` and `gates` are the first block's.
     later_blocks: dict[int, list[tuple[str, nn.Module]]] = field(default_factory=dict)
+    # The module whose call starts each decoder layer, its input X[l-1]: the layer itself but where the layer is no
+    # module (`PARALLEL_LAYERS`: XLM's attention starts it, its last norm ends it).
+    entries: list[nn.Module] = field(default_factory=list)
+    # States kept time-major (`TIME_MAJOR`): the residual `[T, B, D]`, the weights in these einsum axes at this index of
+    # the attention module's output ("bnij" at 1: `[B, H, T, T]` second, as transformers' attention modules return them).
+    time_major: bool = False
+    weights_axes: str = "bnij"
+    weights_index: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            self.entries = list(self.layers)
 
     @property
     def num_layers(self) -> int:
@@ -466,6 +503,8 @@ def model_layout(model: nn.Module) -> ModelLayout:
     Raises `LayoutError` (one line) when the model's declaration does not let them be found.
     """
     config = text_config(model)
+    if (parallel := _parallel_layout(model)) is not None:
+        return parallel
     declared = declaration(model)
     # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder
     # (decoder_layers; ProphetNet's num_decoder_layers).
@@ -503,9 +542,38 @@ def model_layout(model: nn.Module) -> ModelLayout:
     for layer in layers:
         calls[id(layer)] = calls.get(id(layer), 0) + 1
         passes.append(calls[id(layer)])
+    axes, index = TIME_MAJOR.get(getattr(config, "model_type", None), ("bnij", 1))
     return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
                        _residual_head(model), _prefix(config), _streams(config), is_attention,
-                       [paths[id(layer)] for layer in layers], passes, later_blocks)
+                       [paths[id(layer)] for layer in layers], passes, later_blocks,
+                       time_major=axes != "bnij", weights_axes=axes, weights_index=index)
+
+
+def _parallel_layout(model: nn.Module) -> ModelLayout | None:
+    """The layout of a model whose layers are entries of parallel lists (`PARALLEL_LAYERS`), or None.
+
+    Its attention (XLM's `MultiHeadAttention`) returns weights only when the model is called with
+    `output_attentions=True`, as a legacy class's; every layer is an attention layer.
+    """
+    recorded = None
+    for sub in _pretrained_models(model):  # the causal LM shares its base model's model type: the one with the lists
+        record = PARALLEL_LAYERS.get(getattr(getattr(sub, "config", None), "model_type", None))
+        if record is None:
+            continue
+        recorded = record
+        starts, ends = (getattr(sub, name, None) for name in record)
+        if not (isinstance(starts, nn.ModuleList) and isinstance(ends, nn.ModuleList) and len(starts) == len(ends) > 0):
+            continue
+        layers, n = list(ends), len(ends)
+        attention_modules = {l: starts[l - 1] for l in range(1, n + 1)}
+        paths = {id(m): name for name, m in model.named_modules()}
+        return ModelLayout(layers, ["full_attention"] * n, list(range(1, n + 1)), attention_modules, {},
+                           weights_on_request=True, names=[paths[id(m)] for m in layers], passes=[1] * n,
+                           entries=list(starts))
+    if recorded is not None:
+        raise LayoutError(f"{type(model).__name__}: no parallel lists {recorded[0]!r} and {recorded[1]!r} of one "
+                          f"length hold its layers")
+    return None
 
 
 def _prefix(config) -> int:
