@@ -58,13 +58,14 @@ EXPECTED_REFUSED = {
     "reformer": "per chunk and hash bucket",  # transformers returns no [T, T] map either
     "blt": "patches its entropy model cuts",  # its global transformer's maps are of patches, not tokens
     "gemma3n_text": "several streams",  # AltUp: [4, B, T, D], reduced without a module of its own
+    "musicgen": "audio codec codes",  # its causal LM is the decoder of a text-to-audio model: no text tokens in
+    "musicgen_melody": "audio codec codes",
 }
 # The catalog cannot build a tiny model of these from the default config with its rules (its limit, not analyze's):
-# Gemma 3n's audio and vision towers need timm (whose install would replace torch); MusicGen's causal LM takes its
-# decoder's config, not the type's, and reads [B * codebooks, T] ids through one embedding per codebook; Dots3-Note's
-# and the Gemma 4 assistants' shrunk defaults fail their own config validation (no fields given for them yet).
+# Gemma 3n's audio and vision towers need timm (whose install would replace torch); Dots3-Note's and the Gemma 4
+# assistants' shrunk defaults fail their own config validation (no fields given for them yet).
 EXPECTED_NOT_BUILT = set("""
-    dots3_note gemma3n gemma4_assistant gemma4_unified_assistant musicgen musicgen_melody
+    dots3_note gemma3n gemma4_assistant gemma4_unified_assistant
 """.split())
 EXPECTED_ERROR: set[str] = set()
 
@@ -209,6 +210,12 @@ WHOLE = {
 }
 
 
+# Types whose causal LM takes its decoder's config, not the type's (MusicGen's `MusicgenForCausalLM` is the decoder of
+# a text-to-audio model, built from `MusicgenDecoderConfig`, which the Auto classes do not map to it): the config class,
+# and the mapped class is built from it.
+DECODER_CONFIGS = {"musicgen": "MusicgenDecoderConfig", "musicgen_melody": "MusicgenMelodyDecoderConfig"}
+
+
 def build(model_type: str):
     """A tiny random model of `model_type`, with transformers' own classes (importing fla registers other
     models under some of transformers' model types: `bitnet`, `mamba2`)."""
@@ -216,8 +223,9 @@ def build(model_type: str):
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config_class = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+    config_class = getattr(transformers, DECODER_CONFIGS.get(model_type) or CONFIG_MAPPING_NAMES[model_type])
     if model_type in WHOLE:
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config_class(**WHOLE[model_type])).eval()
@@ -230,6 +238,8 @@ def build(model_type: str):
         kwargs.pop(key, None)
     config = config_class(**kwargs)
     torch.manual_seed(0)
+    if model_type in DECODER_CONFIGS:
+        return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])._from_config(config).eval()
     return AutoModelForCausalLM.from_config(config).eval()  # transformers' config class: transformers' model
 
 

@@ -491,7 +491,21 @@ REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
     "blt": None,  # None: the catalog's tiny model (BLT sizes its byte encoder, global transformer and decoder apart)
+    # MusicGen's causal LM is its decoder, built from the decoder's config (no Auto class maps it: `decoder()`)
+    "musicgen_decoder": dict(ffn_dim=64),
+    "musicgen_melody_decoder": dict(ffn_dim=64),
 }
+DECODERS = {"musicgen_decoder": "MusicgenForCausalLM", "musicgen_melody_decoder": "MusicgenMelodyForCausalLM"}
+
+
+def decoder(model_type: str, **fields) -> nn.Module:
+    """A tiny causal LM of a decoder's model type, built with the class that takes its config (the class its saved
+    checkpoints name in `architectures`)."""
+    import transformers
+
+    config = AutoConfig.for_model(model_type, **SIZES, **fields)
+    torch.manual_seed(0)
+    return getattr(transformers, DECODERS[model_type])._from_config(config).eval()
 
 
 def test_every_refusal_is_tested():
@@ -505,7 +519,10 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
     from gated_attention.analysis.layout import UNREADABLE, LayoutError
 
     shipped(name)
-    model = tiny(name, **REFUSED[name]) if REFUSED[name] is not None else catalog().build(name)
+    if name in DECODERS:
+        model = decoder(name, **REFUSED[name])
+    else:
+        model = tiny(name, **REFUSED[name]) if REFUSED[name] is not None else catalog().build(name)
     with pytest.raises(LayoutError) as e:
         model_layout(model)
     assert str(e.value) == f"{type(model).__name__} cannot be analysed: {UNREADABLE[name]}"
@@ -522,6 +539,13 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
             model(input_ids=ids, use_cache=False)
         handle.remove()
         assert shapes and shapes[0] != 24
+    if name in DECODERS:  # the reason, as the model runs: one row of codes per codebook, which a row of text is not
+        codebooks = model.config.num_codebooks
+        with torch.no_grad():
+            logits = model(input_ids=torch.randint(3, VOCAB, (codebooks, 8)), use_cache=False).logits
+            assert logits.shape == (codebooks, 8, VOCAB)  # [B * num_codebooks, T, V]: a row of logits per codebook
+            with pytest.raises(RuntimeError):  # one row of tokens: [1, T] is no [B * num_codebooks, T]
+                model(input_ids=torch.randint(3, VOCAB, (1, 8)), use_cache=False)
 
 
 def test_a_setting_only_the_user_can_choose_is_named_in_the_refusal():
@@ -551,6 +575,30 @@ def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, c
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("gated-attention analyze: error: ReformerModelWithLMHead cannot be analysed: ")
     assert not report.exists()
+
+
+def test_a_musicgen_checkpoint_is_refused_in_one_line_before_it_loads(tokenizer, tmp_path, capsys):
+    """MusicGen's causal LM, saved alone (model type "musicgen_decoder") or inside the whole text-to-audio model (model
+    type "musicgen", which transformers maps to the same causal LM), is its decoder: one line with the reason."""
+    from transformers import EncodecConfig, MusicgenConfig, MusicgenForConditionalGeneration, T5Config
+
+    shipped("musicgen_decoder")
+    model = decoder("musicgen_decoder", **REFUSED["musicgen_decoder"])
+    whole = MusicgenForConditionalGeneration(MusicgenConfig(
+        text_encoder=T5Config(d_model=32, d_ff=32, num_layers=1, num_heads=2, d_kv=16, vocab_size=VOCAB).to_dict(),
+        audio_encoder=EncodecConfig(hidden_size=16, num_filters=4, upsampling_ratios=[2, 2], codebook_size=64,
+                                    codebook_dim=16, num_lstm_layers=1).to_dict(),
+        decoder=model.config.to_dict()))
+    for saved in (model, whole):
+        folder, report = tmp_path / saved.config.model_type, tmp_path / f"{saved.config.model_type}-out"
+        saved.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        capsys.readouterr()
+        assert main(["analyze", str(folder), "--out", str(report), "--n-per-domain", "1", "--max-length", "16"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and not report.exists()
+        assert err.splitlines()[-1] == "gated-attention analyze: error: MusicgenForCausalLM cannot be analysed: " + (
+            "its inputs are audio codec codes, one row of input_ids per codebook ([B * num_codebooks, T]), not text tokens")
 
 
 def test_xlstm_has_no_softmax_attention(tokenizer, tmp_path):
@@ -796,10 +844,11 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 # Every class of benchmarks/analyze_catalog.py and every row of issue 44's table: a legacy class, attention-free
 # models, a tower as deep as the text model, hyper-connections, attention replaced at short inputs, composite
 # configs, output gates, two attention blocks in one layer, layers that loop, unreadable maps (of patches too),
-# time-major states, layers that are no modules, per-layer-type rotary parameters.
+# time-major states, layers that are no modules, per-layer-type rotary parameters, inputs that are no text tokens
+# (a causal LM built from its decoder's config).
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
           "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
-          "xlnet", "xlm", "xmod", "cohere_compass_text"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
+          "xlnet", "xlm", "xmod", "cohere_compass_text", "musicgen"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
 
 
 @pytest.mark.parametrize("name", SAMPLE)

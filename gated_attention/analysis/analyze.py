@@ -381,6 +381,7 @@ def run_analysis(
     from .plots import plot_all
 
     out_dir = Path(out_dir)
+    layout = model_layout(model)  # first: a model it refuses (its inputs no text tokens) is one line, before any input
     device = input_device(model)
     context = getattr(model.config, "max_position_embeddings", None)  # XLNet's is -1: no limit
     inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) and context > 0 else None)
@@ -392,13 +393,13 @@ def run_analysis(
     if rows is not None and largest >= rows:  # the embedding would raise IndexError
         raise ValueError(f"MODEL {model_name}: the tokenizer gives token id {largest}, and the model's embedding has "
                          f"{rows} rows: the tokenizer is not this model's (see --tokenizer)")
-    if intervention and not model_layout(model).full_attention_layers:
+    if intervention and not layout.full_attention_layers:
         raise ValueError(f"--intervene acts at the inputs of attention layers, and {type(model).__name__} has no softmax attention")
-    if intervention and model_layout(model).streams > 1:
+    if intervention and layout.streams > 1:
         raise ValueError(f"--intervene edits one residual stream, and {type(model).__name__} carries several (n-gram streams)")
-    if intervention and model_layout(model).prefix:
+    if intervention and layout.prefix:
         raise ValueError(f"--intervene edits the first token, and {type(model).__name__} puts its prompt tokens before it")
-    if intervention and model_layout(model).residual_head is not None:
+    if intervention and layout.residual_head is not None:
         raise ValueError(f"--intervene edits one residual stream, and {type(model).__name__} carries several (hyper-connections)")
 
     layout, results, gates = capture_inputs(model, inputs, device)

@@ -13,7 +13,8 @@ declaration does not say enough, a record below says it, as data, in this one pl
 - `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax map (MiniMax's
   lightning attention is linear attention).
 - `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
-  (Reformer's chunks and hash buckets): refused with the reason, in one line.
+  (Reformer's chunks and hash buckets), or whose inputs are no text tokens (MusicGen's decoder reads audio
+  codec codes): refused with the reason, in one line.
 - `REQUIRED_FIELDS`: config fields a model needs set, have no default, and the analysis cannot choose (X-MOD's input
   language): a checkpoint without one is refused in one line that names the field and its choices.
 - `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
@@ -95,11 +96,16 @@ LEGACY_DECLARATIONS = {
     "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: TIME_MAJOR
 }
 # transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
-# tokens, with the reason, said in one line instead of a wrong number.
+# tokens, or whose inputs are no text tokens a tokenizer gives, with the reason, said in one line instead of a wrong
+# number or a traceback.
+AUDIO_CODES = ("its inputs are audio codec codes, one row of input_ids per codebook ([B * num_codebooks, T]), not "
+               "text tokens")
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
     "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
            "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
+    "musicgen_decoder": AUDIO_CODES,  # MusicgenForCausalLM: the decoder of a text-to-audio model
+    "musicgen_melody_decoder": AUDIO_CODES,
 }
 # Config fields a model type needs set and has no default for, which the analysis cannot choose for the user: the field,
 # the config field that lists its choices, and what the model does with it. X-MOD runs one language adapter per layer,

@@ -4,6 +4,8 @@
   transformers' class, because importing fla registers fla's models under some of the same names
   (`mamba2`) with the Auto classes; a composite model's text model saved alone (Emu3, Mllama), with
   the transformers class its config names.
+- `refuse_unreadable`: a class the analysis refuses (`layout.UNREADABLE`) is one line before anything
+  loads (a whole MusicGen checkpoint maps to its decoder, whose inputs are audio codes).
 - `is_fla_model`: whether MODEL is one of flash-linear-attention's models, built inside `fla_torch_paths`
   (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
   type nothing else knows.
@@ -52,6 +54,18 @@ def causal_lm_class(config: dict, trust_remote_code: bool):
         if getattr(getattr(cls, "config_class", None), "model_type", None) == model_type is not None:
             return cls
     return None
+
+
+def refuse_unreadable(cls) -> None:
+    """A class the analysis refuses (`layout.UNREADABLE`, by the model type of the config it takes) is one line before
+    anything loads. A full MusicGen checkpoint (model type "musicgen", a text-to-audio model whose weights lie under
+    `decoder.`) maps to `MusicgenForCausalLM`, its decoder, whose inputs are audio codes: the refusal is that reason,
+    not the missing weights its loading would report."""
+    from .layout import UNREADABLE
+
+    model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
+    if model_type in UNREADABLE:
+        raise CLIError(f"{cls.__name__} cannot be analysed: {UNREADABLE[model_type]}")  # as `model_layout` says it
 
 
 def is_fla_model(model_name: str, config: dict) -> bool:
@@ -172,6 +186,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         config = {}
     building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
+    refuse_unreadable(cls)
     device_map, gpus = placement(args)
     load_dtype, reserve, skeleton = dtype, 0, None
     if device_map == {"": "cpu"} or isinstance(device_map, str):  # the CPU holds weights: within the budget
