@@ -38,8 +38,8 @@ EXPECTED_EXACT = set("""
     afmoe apertus apertus1p5_text arcee aria_text axk1 axk2 bailing_hybrid bamba bart beam bert bert-generation
     big_bird bigbird_pegasus biogpt bitnet blenderbot blenderbot-small bloom camembert codegen cohere cohere2
     cohere2_moe cohere_compass_text cpmant ctrl cwm data2vec-text dbrx deepseek_v2 deepseek_v3 deepseek_v32
-    deepseek_v4 diffllama doge dory dots1 dots3_note_text electra emu3 ernie ernie4_5 ernie4_5_moe exaone exaone4
-    exaone_moe falcon falcon_h1 flex_olmo flint fuyu gemma gemma2 gemma3 gemma3_text gemma4 gemma4_text
+    deepseek_v4 diffllama doge dory dots1 dots3_note dots3_note_text electra emu3 ernie ernie4_5 ernie4_5_moe exaone
+    exaone4 exaone_moe falcon falcon_h1 flex_olmo flint fuyu gemma gemma2 gemma3 gemma3_text gemma4 gemma4_text
     gemma4_unified gemma4_unified_text git glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa got_ocr2 gpt-sw3 gpt2
     gpt_bigcode gpt_neo gpt_neox gpt_neox_japanese gpt_oss gptj granite granite_swa granitemoe granitemoe_swa
     granitemoehybrid granitemoeshared helium hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax
@@ -60,13 +60,12 @@ EXPECTED_REFUSED = {
     "gemma3n_text": "several streams",  # AltUp: [4, B, T, D], reduced without a module of its own
     "musicgen": "audio codec codes",  # its causal LM is the decoder of a text-to-audio model: no text tokens in
     "musicgen_melody": "audio codec codes",
+    "gemma4_assistant": "speculative-decoding assistant",  # reads its target model's states and keys, not tokens
+    "gemma4_unified_assistant": "speculative-decoding assistant",
 }
 # The catalog cannot build a tiny model of these from the default config with its rules (its limit, not analyze's):
-# Gemma 3n's audio and vision towers need timm (whose install would replace torch); Dots3-Note's and the Gemma 4
-# assistants' shrunk defaults fail their own config validation (no fields given for them yet).
-EXPECTED_NOT_BUILT = set("""
-    dots3_note gemma3n gemma4_assistant gemma4_unified_assistant
-""".split())
+# Gemma 3n's audio and vision towers need timm (whose install would replace torch).
+EXPECTED_NOT_BUILT = {"gemma3n"}
 EXPECTED_ERROR: set[str] = set()
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, WINDOW = 64, 4, 2, 16, 64, 16
@@ -126,35 +125,41 @@ def shrink(d: dict, layers: int = 2) -> dict:
     if isinstance(out.get("topk_group"), int):
         out["topk_group"] = 1
     # Per-layer values as long as the old depth: the layer types spread so that each kind stays, the others
-    # their first n entries; per-layer overrides keyed by layer index, those of the first n layers.
+    # their first n entries; per-layer overrides keyed by layer index, those of the layers the (attention) layer
+    # types keep, under their new index (Dots3-Note's sliding layers have head sizes of their own).
     if old_layers:
+        types = next((d[k] for k in TYPE_LISTS if isinstance(d.get(k), list) and len(d[k]) == old_layers), None)
+        kept = spread(types, n) if types else list(range(n))
         for key, value in d.items():
             if isinstance(value, list) and len(value) == old_layers and key in TYPE_LISTS:
-                out[key] = spread(value, n)
+                out[key] = [value[i] for i in spread(value, n)]
             elif isinstance(value, list) and len(value) == old_layers and out[key] is value:
                 out[key] = value[:n]
-            elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
-                out[key] = {k: v for k, v in value.items() if int(k) < n}
+        for key, value in d.items():
+            if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+                by_index = {int(k): k for k in value}
+                name = {old: str(new).zfill(len(k)) if isinstance(k := by_index[old], str) else new  # "02" stays 2 wide
+                        for new, old in enumerate(kept) if old in by_index}
+                out[key] = {name[old]: value[by_index[old]] for old in name}
     return out
 
 
 TYPE_LISTS = ("layer_types", "layers_block_type", "mlp_layer_types", "block_types")
 
 
-def spread(types: list, n: int) -> list:
-    """n entries of a per-layer list that keep each kind it has, in its order (a hybrid keeps its attention layers)."""
-    kinds = list(dict.fromkeys(types))
-    if len(kinds) >= n:
-        return kinds[:n]
-    # the first occurrence of each kind, padded with the model's own first layers
-    picked = sorted({types.index(k) for k in kinds})
+def spread(types: list, n: int) -> list[int]:
+    """The indices of n layers that keep each kind of layer `types` has, in its order (a hybrid keeps its attention
+    layers): the first layer of each kind, padded with the model's own first layers."""
+    picked = sorted({types.index(k) for k in dict.fromkeys(types)})[:n]
     rest = [i for i in range(len(types)) if i not in picked]
-    return [types[i] for i in sorted(picked + rest[: n - len(picked)])]
+    return sorted(picked + rest[: n - len(picked)])
 
 
 # Qwen4-exp's sparse-attention indexer, which has no default sizes (its released config sets them): one kv head, a head
 # that holds the attention's rotary part.
 QSA = dict(head_dim=16, indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4)
+ASSISTANT = dict(num_kv_shared_layers=0, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+                 enable_moe_block=False, use_double_wide_mlp=False)
 # Fields the rules above get wrong for a type, given after them.
 FIELDS = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
@@ -193,10 +198,23 @@ FIELDS = {
     "nemotron": dict(num_key_value_heads=2),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"] * 2, num_hidden_layers=4),
     "dbrx": dict(attn_config=dict(rope_theta=10000.0, clip_qkv=8.0)),
+    # Its towers' adapters map their width to the text model's, and validation checks both ends (its causal LM is the
+    # text model: the towers are not built)
+    "dots3_note": dict(vision_config=dict(adapter_in_dim=HIDDEN, adapter_out_dim=HIDDEN),
+                       audio_config=dict(adapter_input_size=HIDDEN, adapter_out_dim=HIDDEN)),
+    # The Gemma 4 assistants (speculative-decoding drafters) share every layer's keys and values with their target
+    # model (0: the config then shares all of them) and have no per-layer inputs, MoE block or double-wide MLP
+    "gemma4_assistant": dict(text_config=ASSISTANT),
+    "gemma4_unified_assistant": dict(text_config=ASSISTANT),
     # BLT reads bytes (260 ids, fewer than the catalog tokenizer's 300) and hashes byte n-grams into 500,002 rows
     "blt": dict(vocab_size=300, encoder_hash_byte_group_vocab=1000, encoder_config=dict(vocab_size=300),
                 decoder_config=dict(vocab_size=300), patcher_config=dict(vocab_size=300)),
 }
+
+
+# Types whose default config fails its own validation (Gemma 4's assistant: its text config's defaults are the target
+# model's): their defaults are read with their FIELDS given.
+INVALID_DEFAULTS = {"gemma4_assistant"}
 
 
 # Types whose whole tiny config is given (the shrinking rules miss their Mamba sizes): tests/test_analyze_architectures.py's.
@@ -229,7 +247,7 @@ def build(model_type: str):
     if model_type in WHOLE:
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config_class(**WHOLE[model_type])).eval()
-    defaults = config_class().to_dict()
+    defaults = config_class(**(FIELDS[model_type] if model_type in INVALID_DEFAULTS else {})).to_dict()
     layers = 4 if any(isinstance(defaults.get(k), list) for k in ("layer_types", "layers_block_type", "block_types")) else 2
     kwargs = shrink(defaults, layers)
     for key, value in FIELDS.get(model_type, {}).items():  # a dict for a sub-config sets some of its fields

@@ -494,6 +494,8 @@ REFUSED = {
     # MusicGen's causal LM is its decoder, built from the decoder's config (no Auto class maps it: `decoder()`)
     "musicgen_decoder": dict(ffn_dim=64),
     "musicgen_melody_decoder": dict(ffn_dim=64),
+    "gemma4_assistant": None,  # the catalog's: every layer shares its target's keys and values
+    "gemma4_unified_assistant": None,
 }
 DECODERS = {"musicgen_decoder": "MusicgenForCausalLM", "musicgen_melody_decoder": "MusicgenMelodyForCausalLM"}
 
@@ -539,6 +541,11 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
             model(input_ids=ids, use_cache=False)
         handle.remove()
         assert shapes and shapes[0] != 24
+    if "assistant" in name:  # the reason, as the model runs: no input_ids, and no keys of its own in any layer
+        text = model.config.get_text_config()
+        assert text.num_kv_shared_layers == text.num_hidden_layers
+        with pytest.raises(ValueError, match="inputs_embeds and shared_kv_states cannot be None"):
+            model(input_ids=torch.randint(3, VOCAB, (1, 8)))
     if name in DECODERS:  # the reason, as the model runs: one row of codes per codebook, which a row of text is not
         codebooks = model.config.num_codebooks
         with torch.no_grad():
@@ -848,7 +855,7 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 # (a causal LM built from its decoder's config).
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
           "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
-          "xlnet", "xlm", "xmod", "cohere_compass_text", "musicgen"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
+          "xlnet", "xlm", "xmod", "cohere_compass_text", "musicgen", "dots3_note"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
 
 
 @pytest.mark.parametrize("name", SAMPLE)
@@ -863,6 +870,19 @@ def test_a_sample_of_the_catalog_has_its_expected_outcome(name):
     assert kind == cat.expected(name), detail
     if kind == "refused":
         assert cat.EXPECTED_REFUSED[name] in detail and "\n" not in detail
+
+
+def test_the_catalog_keeps_each_kept_layers_own_overrides_under_its_new_index():
+    """Dots3-Note's sliding layers (from layer 2 of 46) have head sizes of their own, in `per_layer_config` keyed by
+    layer: the 2 layers the catalog keeps (one of each type) keep theirs, renumbered, or its validation fails."""
+    types = ["indexed", "indexed", "sliding", "sliding", "indexed", "sliding"]
+    d = dict(num_hidden_layers=6, layer_types=types, mlp_layer_types=["dense"] + ["sparse"] * 5,
+             per_layer_config={"02": "swa", "03": "swa", "05": "swa"})
+    out = catalog().shrink(d, 2)
+    assert out["layer_types"] == ["indexed", "sliding"] and out["mlp_layer_types"] == ["dense", "sparse"]
+    assert out["per_layer_config"] == {"01": "swa"}
+    four = catalog().shrink({**d, "per_layer_config": {2: "swa", 3: "swa", 5: "swa"}}, 4)
+    assert four["layer_types"] == types[:4] and four["per_layer_config"] == {2: "swa", 3: "swa"}
 
 
 def test_the_catalog_flags_a_type_it_has_no_expectation_for(monkeypatch, capsys):

@@ -14,7 +14,7 @@ declaration does not say enough, a record below says it, as data, in this one pl
   lightning attention is linear attention).
 - `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
   (Reformer's chunks and hash buckets), or whose inputs are no text tokens (MusicGen's decoder reads audio
-  codec codes): refused with the reason, in one line.
+  codec codes, Gemma 4's assistants their target model's states): refused with the reason, in one line.
 - `REQUIRED_FIELDS`: config fields a model needs set, have no default, and the analysis cannot choose (X-MOD's input
   language): a checkpoint without one is refused in one line that names the field and its choices.
 - `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
@@ -100,12 +100,17 @@ LEGACY_DECLARATIONS = {
 # number or a traceback.
 AUDIO_CODES = ("its inputs are audio codec codes, one row of input_ids per codebook ([B * num_codebooks, T]), not "
                "text tokens")
+ASSISTANT = ("a speculative-decoding assistant: its inputs are its target model's hidden states and key/value cache "
+             "(inputs_embeds, shared_kv_states), not input_ids, which its forward ignores; every layer attends to the "
+             "target's keys")
 UNREADABLE = {
     "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
     "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
            "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
     "musicgen_decoder": AUDIO_CODES,  # MusicgenForCausalLM: the decoder of a text-to-audio model
     "musicgen_melody_decoder": AUDIO_CODES,
+    "gemma4_assistant": ASSISTANT,  # Gemma4AssistantForCausalLM: a drafter for speculative decoding
+    "gemma4_unified_assistant": ASSISTANT,
 }
 # Config fields a model type needs set and has no default for, which the analysis cannot choose for the user: the field,
 # the config field that lists its choices, and what the model does with it. X-MOD runs one language adapter per layer,
