@@ -859,6 +859,7 @@ SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird"
 
 
 @pytest.mark.parametrize("name", SAMPLE)
+@pytest.mark.filterwarnings("error:Mean of empty slice:RuntimeWarning")  # Inkling2's padded heads, in the plots
 def test_a_sample_of_the_catalog_has_its_expected_outcome(name):
     shipped(name)
     cat = catalog()
@@ -867,6 +868,9 @@ def test_a_sample_of_the_catalog_has_its_expected_outcome(name):
     from gated_attention.analysis.samples import builtin_samples
 
     kind, detail = cat.outcome(name, cat.tokenizer(), builtin_samples(1))
+    if kind == "build failed" != cat.expected(name) and not transformers_version().startswith(f"{cat.EXPECTED_FOR}."):
+        pytest.skip(f"transformers {transformers_version()} rejects the catalog's tiny {name} (its rules are written "
+                    f"for {cat.EXPECTED_FOR}): {detail}")  # the catalog's config, not the analysis: nothing analysed
     assert kind == cat.expected(name), detail
     if kind == "refused":
         assert cat.EXPECTED_REFUSED[name] in detail and "\n" not in detail

@@ -50,7 +50,10 @@ def plot_trajectory(arrays, path: Path) -> None:
 
 def plot_first_token_attention(arrays, path: Path) -> None:
     attention, layers = arrays["first_token_attention"], arrays["attention_rows"][:, 0]  # [N, n_attn, H]; each row's layer
-    per_head = np.nanmean(attention, axis=0)  # [n_attn, H]
+    # A layer with fewer heads than the most is NaN-padded in every input (Inkling2): its missing heads stay NaN.
+    present = ~np.isnan(attention).all(axis=0)  # [n_attn, H]
+    per_head = np.full(attention.shape[1:], np.nan)
+    per_head[present] = np.nanmean(attention[:, present], axis=0)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for j, f in enumerate(layers):
         ax.scatter(np.full(per_head.shape[1], f), per_head[j], s=8, color="tab:blue", alpha=0.5)
