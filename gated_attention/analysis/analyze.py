@@ -121,14 +121,14 @@ def _tokenize(tokenizer, samples: Sequence[Sample], max_length: int, context: in
 
 
 @torch.no_grad()
-def capture_inputs(model: nn.Module, inputs, device) -> tuple[ModelLayout, list[InputResult], GateAccumulator]:
+def capture_inputs(model: nn.Module, inputs, device, layout: ModelLayout | None = None) -> tuple[ModelLayout, list[InputResult], GateAccumulator]:
     """Every input through `model` once, reduced as it is produced: nothing grows with the number of inputs."""
     gates = GateAccumulator()
     results = []
     # The capture reads the residual stream, maps and gates, not the logits: the last position's is enough, and
     # all of them ([T, vocab] in fp32, 0.5 GB at 1,024 tokens of a 128k vocabulary) would outgrow a layer's map.
     extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    with Capture(model, attentions=True, gates=True, reduce=True) as cap:
+    with Capture(model, attentions=True, gates=True, reduce=True, layout=layout) as cap:
         for sample, ids in tqdm(inputs, desc="capture", unit="input"):
             cap.clear()
             model(input_ids=ids.to(device), use_cache=False, **extra)
@@ -402,7 +402,7 @@ def run_analysis(
     if intervention and layout.residual_head is not None:
         raise ValueError(f"--intervene edits one residual stream, and {type(model).__name__} carries several (hyper-connections)")
 
-    layout, results, gates = capture_inputs(model, inputs, device)
+    layout, results, gates = capture_inputs(model, inputs, device, layout)
     fa = layout.full_attention_layers
     rows = [input_metrics(r, fa) for r in results]
     gate_table = gates.table()

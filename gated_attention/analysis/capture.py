@@ -329,12 +329,13 @@ class Capture:
     """
 
     def __init__(
-        self, model: nn.Module, *, residual: bool = True, attentions: bool = True, gates: bool = True, reduce: bool = False
+        self, model: nn.Module, *, residual: bool = True, attentions: bool = True, gates: bool = True, reduce: bool = False,
+        layout: ModelLayout | None = None,
     ):
         self.model = model
         self.want_residual, self.want_attentions, self.want_gates = residual, attentions, gates
         self.reduce = reduce
-        self.layout = model_layout(model)
+        self.layout = layout or model_layout(model)  # given: the caller's, read once (a loop's costs a forward)
         self.records: list[Record] = []
         self._layer: int | None = None  # the decoder layer running now (1-based)
         self._next = 0
