@@ -13,6 +13,14 @@ numbers, so a release that backports a feature just works:
   the "ep_dispatch_experts" style) after 5.17, where `enable_expert_parallel=True`
   swaps the tensor-parallel plan for an expert plan with a router rule
   ("ep_router"): `MOE_EXPERT_PARALLEL_PLAN` is the plan the installed release reads.
+- 5.25 moved the tensor-parallel API to `transformers.distributed.tensor_parallel` (`tensor_parallel_api`;
+  `transformers.integrations.tensor_parallel` is a shim there) and passes `config=` (and `mesh_manager=`) to
+  its layer styles' hooks, which 5.17-5.24 call with three arguments: the package's styles pass on whatever
+  keywords they are given (`modeling/tensor_parallel.py`).
+- 5.25 wraps transformers' torch functions behind fla-dispatching wrappers (`torch_chunk_gated_delta_rule`, ...)
+  in the `kernels` package's function modules, which choose the torch path for CPU tensors themselves; before,
+  they were plain `functools.wraps` wrappers that called fla whatever the device (`analysis/capture.py`
+  unwraps those).
 - Before 5.24, `generate()` asks the cache for its length, which a cache of
   linear-attention layers alone cannot tell: a model without attention layers
   generates only with `use_cache=False` there (`ATTENTION_FREE_CACHED_GENERATE`).
@@ -121,6 +129,16 @@ def __getattr__(name: str):
         slice_logits_to_keep = _slice_logits_to_keep
     globals()[name] = slice_logits_to_keep
     return slice_logits_to_keep
+
+
+@functools.cache
+def tensor_parallel_api():
+    """transformers' tensor-parallel module: `ALL_PARALLEL_STYLES`, `ColwiseParallel`, `TensorParallelLayer`, ..."""
+    try:
+        from transformers.distributed import tensor_parallel
+    except ImportError:  # before 5.25
+        from transformers.integrations import tensor_parallel
+    return tensor_parallel
 
 
 def get_recurrent_state(cache: Cache, layer_idx: int) -> torch.Tensor | None:

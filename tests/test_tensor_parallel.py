@@ -171,13 +171,15 @@ def test_each_rank_holds_no_larger_share_than_transformers_peer(two_ranks):
     # (our gates are extra parameters, so bytes alone do not compare: the share does).
     share = {name: r["parameter_bytes"] / r["whole_parameter_bytes"] for name, r in pick(two_ranks, "tp").items()}
     peer = {"moe": share["peer-qwen3_moe[tp]"], "hybrid": share["peer-qwen3_5[tp]"], "": share["peer-qwen3[tp]"]}
-    # Replicated: norms, the router, GDN's convolutions and decay; on transformers 5.17 the embedding too.
-    assert all(0.5 < value < 0.7 for value in peer.values()), peer
+    # Every peer is sharded at all (transformers 5.25's Qwen3-MoE plan leaves its experts whole under tensor
+    # parallelism alone, for expert parallelism to split: 0.79 there, 0.5-0.7 before).
+    assert all(0.5 < value < 0.8 for value in peer.values()), peer
     for name, value in share.items():
         if name.startswith("peer-"):
             continue
         family = next(f for f in peer if name.startswith(f))
-        assert value <= peer[family] + 1e-3, (name, value, peer)
+        # Replicated: norms, the router, GDN's convolutions and decay; on transformers 5.17 the embedding too.
+        assert value <= peer[family] + 1e-3 and 0.5 < value < 0.7, (name, value, peer)
 
 
 @pytest.fixture(scope="module")

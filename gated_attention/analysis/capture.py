@@ -101,7 +101,9 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     """
     from transformers import PreTrainedModel
 
-    subs = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    # A class that does not call attention through transformers' interface cannot switch (Falcon before 5.25: it
+    # picks its weight-returning path itself when asked, `weights_requested`); asking would only warn.
+    subs = [m for m in model.modules() if isinstance(m, PreTrainedModel) and _can_switch_attention(m)]
     previous = [(m, getattr(m.config, "_attn_implementation", None)) for m in subs]
     if all(p in (None, "eager") for _, p in previous):
         yield
@@ -115,6 +117,11 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
         for m, p in previous:
             if getattr(m.config, "_attn_implementation", None) != p:
                 m.set_attn_implementation(p)
+
+
+def _can_switch_attention(model: nn.Module) -> bool:
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    return can_set is None or can_set()
 
 
 @contextlib.contextmanager
@@ -501,10 +508,11 @@ class Capture:
         stack = contextlib.ExitStack()
         try:
             if self.want_attentions and self.layout.weights_on_request:
-                # A legacy class picks its weight-returning path itself when asked, as transformers' flag does
-                # (Falcon cannot switch its implementation and says so).
+                # A legacy class picks its weight-returning path itself when asked, as transformers' flag does; one
+                # that has moved to transformers' attention interface since (Falcon in 5.25) returns weights only
+                # when eager, so it is switched too where it can be.
                 stack.enter_context(weights_requested(self.model))
-            elif self.want_attentions:
+            if self.want_attentions:
                 stack.enter_context(eager_attention(self.model))
             stack.enter_context(torch_linear_attention(self.model))
             stack.callback(self.model.register_forward_pre_hook(self._on_forward).remove)  # opens each Record

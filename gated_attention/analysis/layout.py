@@ -78,7 +78,8 @@ NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
 # attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
 # attention class, and the attribute the attention sits under where a layer holds another of the same class
 # (an encoder-decoder's decoder layer also holds its cross-attention, which a causal LM never runs).
-# tests/test_analyze_architectures.py fails for a record once transformers declares that model: delete it then.
+# A release that declares the class is read from its declaration instead (`declaration`); the record serves the
+# older ones. tests/test_analyze_architectures.py fails for a record once the floor release declares it: delete it then.
 LEGACY_DECLARATIONS = {
     "bloom": ("BloomBlock", "BloomAttention", None),
     "falcon": ("FalconDecoderLayer", "FalconAttention", None),

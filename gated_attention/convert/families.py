@@ -90,15 +90,16 @@ def _whole_head_rope(c) -> str | None:
 
 
 def _phi3_rope(fields, rope_kwargs: dict) -> None:
-    """Phi3Config.convert_rope_params_to_dict: legacy `rope_scaling` replaces `rope_parameters`, the partial
-    rotary factor moves into it, and the legacy "su" / "yarn" types are Phi-3's "longrope"."""
-    rope_scaling = rope_kwargs.pop("rope_scaling", None)
-    fields.rope_parameters = rope_scaling or fields.rope_parameters or {}
-    fields.rope_parameters.setdefault("rope_theta", rope_kwargs.pop("rope_theta", fields.default_theta))
-    fields.rope_parameters.setdefault("partial_rotary_factor", rope_kwargs.get("partial_rotary_factor", 1.0))
-    fields.standardize_rope_params()
-    if fields.rope_parameters.get("rope_type") in ("su", "yarn"):
-        fields.rope_parameters["rope_type"] = "longrope"
+    """Phi3Config.convert_rope_params_to_dict, the class's own: legacy `rope_scaling` replaces `rope_parameters`,
+    the partial rotary factor moves into it, and the legacy "su" / "yarn" types are Phi-3's "longrope".
+
+    The one family whose class is imported (~2 s): releases order these steps differently (5.25 renames the type
+    before standardising, which then takes the top-level `original_max_position_embeddings` over the one in
+    `rope_scaling`; 5.24 after, keeping it), so only the installed class says what it reads.
+    """
+    from transformers.models.phi3.configuration_phi3 import Phi3Config
+
+    Phi3Config.convert_rope_params_to_dict(fields, **rope_kwargs)
 
 
 # --- the records --------------------------------------------------------------------------------------

@@ -13,19 +13,23 @@ states for Gated DeltaNet, or its `StaticCache(config=..., max_cache_len=...)`
 (`generate(cache_implementation="static")`), whose attention layers are
 pre-allocated `StaticLayer`s beside the same fixed-size GDN states.
 
-As in transformers' Qwen3-Next the model is stateful (`_is_stateful`): a
-recurrent state cannot be cropped back to accepted tokens, so generate() refuses
-assisted decoding up front. Packed rows (see `packing.py`) reach the GDN layers
+As in transformers' Qwen3-Next the model is stateful (`_is_stateful`): its GDN
+layers hand the cache only their last recurrent state, which cannot be cropped
+back to accepted tokens, so generate() refuses assisted decoding up front. (5.25
+dropped that check from generate(): its linear-attention cache crops a state when
+the layer hands it one state per token; with ours it would restore the wrong one.) Packed rows (see `packing.py`) reach the GDN layers
 as `cu_seqlens`; a custom 4-D attention mask, which a recurrence cannot apply,
 is refused.
 """
+
+import copy
 
 import torch
 import transformers
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
+from transformers.generation import GenerationMixin, GenerationMode
 from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeModelOutputWithPast
@@ -152,6 +156,12 @@ class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAt
         self.post_init()
 
     def generate(self, *args, **kwargs):
+        if _generation_mode(self, kwargs) == GenerationMode.ASSISTED_GENERATION:
+            raise ValueError(
+                f"assisted generation is not supported with stateful models, such as {type(self).__name__}: its Gated "
+                "DeltaNet states cannot be rolled back to the accepted tokens; generate without assistant_model / "
+                "prompt_lookup_num_tokens"
+            )
         use_cache = kwargs.get("use_cache", self.generation_config.use_cache)
         attention_free = "full_attention" not in self.config.layer_types
         if attention_free and use_cache and not ATTENTION_FREE_CACHED_GENERATE:
@@ -160,3 +170,10 @@ class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAt
                 f"(installed: {transformers.__version__}); upgrade, or pass use_cache=False"
             )
         return super().generate(*args, **kwargs)
+
+
+def _generation_mode(model: GenerationMixin, kwargs: dict) -> GenerationMode:
+    """The mode generate() will run in, read as it reads it: its config (given or the model's) updated by the call's keywords."""
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
+    return config.get_generation_mode(kwargs.get("assistant_model"))

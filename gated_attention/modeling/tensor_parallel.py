@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from transformers.integrations.tensor_parallel import ALL_PARALLEL_STYLES, ColwiseParallel, TensorParallelLayer
 
+from ..compat import tensor_parallel_api
 from ..configuration.gate_spec import GATE_ALIASES, gate_enabled
 from ..configuration.tensor_parallel import REPLICATED_SUM_OUTPUT_GRAD, SHARDED_GATHERED_SUM_GRAD
 
+_tp = tensor_parallel_api()
 _POSITION_NAMES = {position: alias for alias, position in GATE_ALIASES.items()}
 
 
@@ -39,7 +40,7 @@ def _sum_output_grad(output: torch.Tensor, mesh) -> torch.Tensor:
     return _SumGradAcrossRanks.apply(output, mesh.get_group())
 
 
-class ColwiseGatheredSumOutputGrad(ColwiseParallel):
+class ColwiseGatheredSumOutputGrad(_tp.ColwiseParallel):
     """A head-shared elementwise gate: each rank holds a shard of its weights, computes all its scores
     (gathered), and applies them to its own heads only.
 
@@ -53,21 +54,22 @@ class ColwiseGatheredSumOutputGrad(ColwiseParallel):
 
         super().__init__(input_layouts=Replicate(), output_layouts=Replicate())
 
-    def transform_output_post_forward(self, module, output, mesh):
-        return _sum_output_grad(super().transform_output_post_forward(module, output, mesh), mesh)
+    # `**kwargs`: what the installed release passes besides these (5.25: `config=`), handed on unchanged.
+    def transform_output_post_forward(self, module, output, mesh, **kwargs):
+        return _sum_output_grad(super().transform_output_post_forward(module, output, mesh, **kwargs), mesh)
 
 
-class ReplicatedSumOutputGrad(TensorParallelLayer):
+class ReplicatedSumOutputGrad(_tp.TensorParallelLayer):
     """A head-shared headwise gate (one score, too small to split): whole on every rank, its output's gradient
     summed over the ranks as above, so its parameters get one process's gradient on every rank."""
 
-    def transform_output_post_forward(self, module, output, mesh):
+    def transform_output_post_forward(self, module, output, mesh, **kwargs):
         return _sum_output_grad(output, mesh)
 
 
 if dist.is_available():  # as transformers registers its own styles
-    ALL_PARALLEL_STYLES.register(SHARDED_GATHERED_SUM_GRAD, ColwiseGatheredSumOutputGrad())
-    ALL_PARALLEL_STYLES.register(REPLICATED_SUM_OUTPUT_GRAD, ReplicatedSumOutputGrad())
+    _tp.ALL_PARALLEL_STYLES.register(SHARDED_GATHERED_SUM_GRAD, ColwiseGatheredSumOutputGrad())
+    _tp.ALL_PARALLEL_STYLES.register(REPLICATED_SUM_OUTPUT_GRAD, ReplicatedSumOutputGrad())
 
 
 def gate_name(spec: dict) -> str:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run tests on another transformers release than the one installed, in a throwaway venv.
+#
+# Usage: bash tests/with_transformers.sh REQUIREMENT [pytest args]
+#   REQUIREMENT: what pip installs, e.g. "transformers==5.17.0" (tests/floor.sh) or
+#   "transformers>=5.17,<6" with --upgrade semantics (tests/newest.sh takes the newest the pins admit).
+#
+# The venv sits on top of the current environment: torch, fla, accelerate, peft and the
+# editable package are shared, only transformers (and the huggingface_hub it needs) is its own.
+# "The current environment" is the one `python` runs in, a venv or not. A .pth file
+# in the scratch venv adds its site-packages folders (with `site.addsitedir`, so their
+# own .pth files, e.g. the editable install's, work too) after the scratch venv's own.
+# (`--system-site-packages` would share the *base* interpreter's packages instead:
+# from inside a venv, those lack torch.)
+# With KEEP_VENV=DIR the venv is built in DIR and kept (reused when it has the release already).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+requirement="$1"; shift
+if [[ -n "${KEEP_VENV:-}" ]]; then
+    venv="$KEEP_VENV"
+else
+    venv="$(mktemp -d)/transformers"
+    trap 'rm -rf "$(dirname "$venv")"' EXIT
+fi
+[[ -x "$venv/bin/python" ]] || python -m venv "$venv"
+scratch_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+python - "$scratch_site/zz_current_environment.pth" <<'PY'
+import os, site, sys
+folders = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+with open(sys.argv[1], "w") as f:
+    f.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in folders if os.path.isdir(d)) + "\n")
+PY
+"$venv/bin/python" -c 'import torch, accelerate, peft' || { echo "$0: the current environment's packages are not visible in the scratch venv" >&2; exit 1; }
+# --upgrade: a range takes its newest release here even though the shared environment already satisfies it.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$requirement"
+"$venv/bin/python" - "$requirement" <<'PY'
+import sys
+import transformers
+from packaging.requirements import Requirement
+
+requirement = Requirement(sys.argv[1])
+assert requirement.specifier.contains(transformers.__version__), (sys.argv[1], transformers.__version__)
+print(f"{requirement.name} {transformers.__version__} ({sys.argv[1]}) from {transformers.__file__}")
+PY
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
