@@ -39,7 +39,7 @@ import transformers
 from packaging.version import Version
 
 TRANSFORMERS_FLOOR = "5.17"
-TRANSFORMERS_CEILING = "6"  # exclusive
+TRANSFORMERS_CEILING = "5.26"  # exclusive: the newest release tested is 5.25 (pyproject.toml says why)
 SUPPORTED_TRANSFORMERS = f"transformers>={TRANSFORMERS_FLOOR},<{TRANSFORMERS_CEILING}"
 
 if not Version(TRANSFORMERS_FLOOR) <= Version(transformers.__version__) < Version(TRANSFORMERS_CEILING):

@@ -66,8 +66,10 @@ def test_model_answers_to_both_cache_names():
             torch.testing.assert_close(rest.logits, full[:, 4:], rtol=1e-5, atol=1e-5)
 
 
-def test_remote_code_names_the_release_it_needs(tmp_path, run_without_package):
-    """A Hub user on an unsupported transformers gets one line naming the range, not a TypeError mid-forward."""
+@pytest.mark.parametrize("release", ["5.16.0", "5.26.0"], ids=["older", "newer"])
+def test_remote_code_names_the_release_it_needs(release, tmp_path, run_without_package):
+    """A Hub user on an unsupported transformers, older than the floor or past the tested ceiling, gets one line
+    naming the range, not a TypeError mid-forward."""
     folder = tmp_path / "checkpoint"
     GatedAttentionForCausalLM(
         GatedAttentionConfig(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4)
@@ -75,7 +77,7 @@ def test_remote_code_names_the_release_it_needs(tmp_path, run_without_package):
     out = run_without_package(
         f"""
         import transformers
-        transformers.__version__ = "5.16.0"  # stands in for an older install: the check reads only the version
+        transformers.__version__ = {release!r}  # stands in for another install: the check reads only the version
         from transformers import AutoModelForCausalLM
         try:
             AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
@@ -85,5 +87,5 @@ def test_remote_code_names_the_release_it_needs(tmp_path, run_without_package):
     )
     message = out.strip().splitlines()[-1]
     assert message.startswith("refused:"), out
-    assert SUPPORTED_TRANSFORMERS in message and "5.16.0" in message
+    assert SUPPORTED_TRANSFORMERS in message and release in message
     assert "pip install" in message
