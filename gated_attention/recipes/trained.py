@@ -24,6 +24,37 @@ Output, in `--out`: `results.csv` (one row per model: `control`, `gated`; the so
 "The sink layers" are the layers where the source's F-Attn is at least `SINK_THRESHOLD` (the sinks
 preset's criterion); `f_attn` in `results.csv` is the mean over them. Layers are 1-based; the first
 token is position 0 of each packed row (the end-of-text token every row starts with).
+
+`--remove-sink` (`remove_sink`) asks the question from the other side: take the sink away from both models
+and see which lives better without it. If the paper's account holds, the gated model recovers its held-out
+loss faster and further, because a head with nothing to do can close its gate instead of parking its
+attention on the first token. The removal is `analysis.interventions.mask_first_token` in the source's sink
+layers: no query q >= 1 attends to the first token there (the other keys share its weight), in both models,
+in every forward from the step-0 probe to the last measurement (training included). The same intervention
+on both: their logits are bit-identical right after it, so `heldout_loss_removed` is the same in both rows.
+Results gain `removed_layers`, `heldout_loss_removed` (the step-0 probe), `recovered` (the fraction of the
+removal's damage to the held-out loss undone: 0 right after it, 1 back at the source's loss with its sink),
+`probes.csv` the held-out loss at every probe, and `trained_recovery.png` draws it against the step.
+
+Why masking, and why only the sink layers (measured on SmolLM2, 8 held-out rows of 128 tokens, loss 2.841
+with the sink; benchmarks/RESULTS.md):
+- Deleting the first token's massive activation (`interventions.deletion_edits`, k = 1 at every layer's
+  input) takes the loss to 19.10 (perplexity ~2e8): every later layer's RMSNorm and every head then reads a
+  first token it has never seen. Recovering from that within a CPU budget of tens of steps at the preset's
+  rate would measure the repair of a broken residual stream, not whether a model can do without a sink; and
+  a model could regrow a spike in coordinates a fixed deletion does not touch (not measured here), so the
+  removal need not hold through training.
+- Masking attention to the first token in every layer is no removal at all: the second token then sees
+  only itself wherever the first is hidden, it becomes the first token in effect, and the loss fell
+  (2.778).
+- Masking it in the sink layers takes the loss to 3.240 (here; 4.04 in the default removal run, whose sink
+  layers, read from 8 rows, include layers 4-6 and 8): load-bearing but recoverable, it holds by
+  construction (no attention weight reaches the masked key, whatever the training does), and it leaves the massive activation and the
+  early layers, where the first token still carries information, as they were. What a head can no longer do
+  in those layers is exactly what the sink is for: put its attention somewhere harmless. The ungated model
+  has to find another such place (another token, a small value), the gated one can also close its gate.
+The gates train at their own rate (`--gate-lr`, 50x the others by default), as in the preset without the
+removal: part of any advantage is that rate, which is how the converted gates are meant to be trained.
 """
 
 from __future__ import annotations
