@@ -288,6 +288,6 @@ def draw_recovery(out: Path) -> Path:
     ax.axhline(float(first["heldout_loss_removed"]), color="gray", ls=":", lw=1, label="right after the removal")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="training step", ylabel="held-out loss (nats)",
-           title=f"Recovery without the sink (first-token attention masked in layers {first['removed_layers']})")
+           title=f"Recovery without the sink\n(first-token attention masked in layers {first['removed_layers']})")
     ax.legend(fontsize=8)
     return save_figure(fig, out / "trained_recovery.png")
