@@ -318,6 +318,7 @@ def test_quickstart_refuses_a_value_out_of_range_when_parsing(argv, flag, capsys
     (["--weight-decay", "1"], "--weight-decay applies to --preset sinks and --preset trained only"),
     (["--source", "x.gguf"], "--source applies to --preset trained only"),
     (["--preset", "sinks", "--long-tokens", "64"], "--long-tokens applies to --preset trained only"),
+    (["--remove-sink"], "--remove-sink applies to --preset trained only"),
     (["--preset", "trained", "--hidden-size", "64"], "--hidden-size applies to quickstart's main job and --preset sinks"),
     (["--preset", "trained", "--gates-first", "4", "--steps", "4"], "--gates-first 4 leaves no step of full training"),
     (["--corpus", "packages", "--architecture", "hybrid"], "--architecture, --corpus apply to --preset sinks only"),

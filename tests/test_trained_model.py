@@ -241,6 +241,39 @@ def test_the_trained_preset_smoke_end_to_end(smollm2, tmp_path, capsys):
     assert (out / "trained_layers.png").stat().st_size and (out / "trained_trend.png").stat().st_size
 
 
+def test_the_trained_preset_without_its_sink_smoke_end_to_end(smollm2, tmp_path, capsys):
+    """--remove-sink: every column written, the sink layers' first-token attention gone in both models from step 0
+    (the removal holds through training and evaluation), the held-out loss at every probe, the step-0 probe right
+    after the removal the same in both (their logits are bit-identical then) and worse than the source's."""
+    from gated_attention.recipes.report import read_csv
+
+    out = tmp_path / "out"
+    argv = ["quickstart", "--preset", "trained", "--smoke", "--remove-sink", "--source", str(smollm2), "--out", str(out),
+            "--cache", str(tmp_path / "cache"), "--no-progress"]
+    assert main(argv) == 0
+    log = capsys.readouterr().out
+    assert "sink removed: attention to the first token masked in layers" in log
+    assert "the prediction, gated against control at 2 steps without the sink" in log
+    results = read_csv(out / "results.csv")
+    assert [r["model"] for r in results] == ["control", "gated"] and all(v != "" for r in results for v in r.values())
+    removed = {int(x) for part in results[0]["removed_layers"].split(", ")
+               for x in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
+    source = {int(r["layer"]): float(r["f_attn"]) for r in read_csv(out / "layers.csv") if r["model"] == "source"}
+    assert removed == {l for l, f in source.items() if f >= 0.3}  # the source's sink layers
+    probes = read_csv(out / "probes.csv")
+    assert sorted({(r["model"], int(r["step"])) for r in probes}) == [(m, k) for m in ("control", "gated") for k in (0, 1, 2)]
+    assert all(float(r["f_attn"]) == 0 for r in probes if int(r["layer"]) in removed)  # at every probe, in both
+    assert all(float(r["f_attn"]) > 0 for r in probes if int(r["layer"]) not in removed)
+    at = {(r["model"], int(r["step"])): float(r["heldout_loss"]) for r in probes}
+    for r in results:
+        assert float(r["heldout_loss_removed"]) == at[(r["model"], 0)] == at[("control", 0)]
+        assert float(r["heldout_loss"]) == at[(r["model"], 2)]
+        assert float(r["heldout_loss_removed"]) > float(r["heldout_loss_before"])  # the sink was load-bearing
+        lost = float(r["heldout_loss_removed"]) - float(r["heldout_loss_before"])
+        assert float(r["recovered"]) == pytest.approx((float(r["heldout_loss_removed"]) - float(r["heldout_loss"])) / lost)
+    assert (out / "trained_recovery.png").stat().st_size
+
+
 def test_an_instruct_tokenizers_chat_markers_do_not_join_documents(smollm2):
     """SmolLM2-Instruct's BOS and EOS are its chat template's <|im_start|> and <|im_end|>: packed plain text starts
     rows with, and separates documents by, its end-of-text token instead (id 0, as in its pretraining)."""

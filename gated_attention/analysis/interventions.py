@@ -16,11 +16,20 @@ positions are p_i = f_i - 1, and `C_i` = top-k coordinates of |z[p_i]|.
   logits bit for bit. `intervene` runs it every time and reports it.
 
 An edit plan is `{l: (coords [n] long, values [n])}`: set X[l][0, coords] = values.
+
+- First-token masking (`mask_first_token`): in the given attention layers, no
+  query q >= 1 attends to key 0; the other keys share the whole weight (the
+  softmax renormalises over them). Query 0 keeps its only key, itself. A
+  persistent intervention: it holds for every forward, training ones too,
+  while the context is open. The residual and the keys are untouched, so
+  the first token still feeds every later token through the layers it is
+  not masked in, and through none in the layers it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -92,6 +101,58 @@ def apply_edits(model: nn.Module, edits: Edits, token: int = 0) -> Iterator[None
 
     with torch_linear_attention(model), residual_hooks(model_layout(model), edit):
         yield
+
+
+def first_token_mask(mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """`mask` (the attention's own: None, bool `[B|1, 1|H, T, S]` True = attend, or additive float) with key 0
+    blocked for every query at an absolute position >= 1 (query i of T sits at S - T + i, as with a cache).
+
+    None becomes a bool causal mask `[1, 1, T, S]`: without a mask the attention was causal by its flag, which
+    a given mask turns off."""
+    positions = torch.arange(kv_len - q_len, kv_len, device=device)  # [T] absolute query positions
+    keys = torch.arange(kv_len, device=device)  # [S]
+    blocked = (keys[None, :] == 0) & (positions[:, None] >= 1)  # [T, S]
+    if mask is None:
+        return (keys[None, :] <= positions[:, None]) & ~blocked  # [T, S] -> broadcast as [1, 1, T, S] below
+    if mask.dtype == torch.bool:
+        return mask & ~blocked
+    return mask.masked_fill(blocked, torch.finfo(mask.dtype).min)
+
+
+@contextlib.contextmanager
+def mask_first_token(model: nn.Module, layers: Sequence[int]) -> Iterator[None]:
+    """While open, the softmax attention of each of `layers` (1-based) gives no weight to key 0 from queries
+    q >= 1, in every forward (`first_token_mask`): the sink there is gone, for training and evaluation alike.
+
+    A `with_kwargs` pre-hook on each attention module rewrites its `attention_mask` argument, so every
+    attention implementation that honours a mask (eager, sdpa: the ones the recipes and `Capture` use) sees
+    the same pattern; a mask of None (sdpa's causal flag) becomes an explicit causal one."""
+    modules = model_layout(model).attention_modules
+    missing = sorted(set(layers) - set(modules))
+    if missing:
+        raise ValueError(f"layers {missing} have no softmax attention (attention layers: {sorted(modules)})")
+
+    def pre_hook(module, args, kwargs):
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        x = bound.arguments["hidden_states"]  # [B, T, D]
+        mask = bound.arguments.get("attention_mask")
+        extra = bound.arguments.get("kwargs", {})
+        cache = next((c for c in (bound.arguments.get("cache"), bound.arguments.get("past_key_values"),
+                                  extra.get("past_key_values")) if c is not None), None)
+        past = cache.get_seq_length(module.layer_idx) if cache is not None else 0
+        t = x.shape[1]
+        new = first_token_mask(mask, t, past + t if mask is None else mask.shape[-1], x.device)
+        bound.arguments["attention_mask"] = new[None, None] if new.dim() == 2 else new
+        return bound.args, bound.kwargs
+
+    handles = []
+    try:
+        for l in sorted(set(layers)):
+            handles.append(modules[l].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @dataclass

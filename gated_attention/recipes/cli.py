@@ -87,6 +87,10 @@ def register(subparsers) -> None:
     p.add_argument("--long-tokens", type=bounded(int, 0), help="--preset trained: tokens of the long held-out text "
                    f"whose two halves' perplexity is reported (default {t.long_tokens:,}: twice SmolLM2's context; "
                    "0: none, a 16K-token pass takes minutes on a CPU)")
+    p.add_argument("--remove-sink", action="store_true", default=None, help="--preset trained: take the source's "
+                   "sink away in both models before training, by masking attention to the first token in the source's "
+                   "sink layers (F-Attn >= 0.3), for training and evaluation alike; reports the held-out loss right "
+                   "after the removal and its recovery at every probe (trained_recovery.png)")
     p.add_argument("--architecture", choices=ARCHITECTURES, help="--preset sinks: dense (default) or a Gated "
                    "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
     p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "

@@ -269,3 +269,25 @@ def draw_trained(out: Path, sink_threshold: float) -> list[Path]:
         ax.legend(fontsize=8)
     written.append(save_figure(fig, out / "trained_trend.png"))
     return written
+
+
+def draw_recovery(out: Path) -> Path:
+    """The trained preset's `trained_recovery.png` with `--remove-sink`: each model's held-out loss against the
+    step (`probes.csv`, from step 0, right after the removal), beside the source's with its sink and the loss
+    right after the removal (`results.csv`)."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    probes, results = read_csv(out / "probes.csv"), read_csv(out / "results.csv")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for model, color, marker in (("control", "C0", "o"), ("gated", "C1", "s")):
+        points = sorted({(int(r["step"]), float(r["heldout_loss"])) for r in probes if r["model"] == model})
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, color=color, label=f"{model}, sink removed")
+    first = results[0]
+    ax.axhline(float(first["heldout_loss_before"]), color="black", ls="--", lw=1, label="source, with its sink")
+    ax.axhline(float(first["heldout_loss_removed"]), color="gray", ls=":", lw=1, label="right after the removal")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="training step", ylabel="held-out loss (nats)",
+           title=f"Recovery without the sink\n(first-token attention masked in layers {first['removed_layers']})")
+    ax.legend(fontsize=8)
+    return save_figure(fig, out / "trained_recovery.png")

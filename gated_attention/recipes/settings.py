@@ -157,12 +157,13 @@ class TrainedSettings:
     long_tokens: int = 16384  # the long held-out text: twice SmolLM2's 8,192 positions
     yarn_factor: float = 2.0
     seed: int = 0
+    remove_sink: bool = False  # mask attention to the first token in the source's sink layers, in both models
 
 
 TRAINED_SMOKE = dict(corpus_chars=100_000, seq_len=32, batch_size=2, steps=2, eval_sequences=2,
                      analysis_sequences=2, probe_every=1, probe_sequences=2, long_tokens=128)
 _TRAINED_FLAGS = ("source", "steps", "batch_size", "seq_len", "lr", "gate_lr", "weight_decay", "gates_first",
-                  "eval_sequences", "long_tokens", "seed")
+                  "eval_sequences", "long_tokens", "seed", "remove_sink")
 
 
 def trained_settings_from_args(args: argparse.Namespace) -> TrainedSettings:
@@ -183,7 +184,7 @@ def trained_settings_from_args(args: argparse.Namespace) -> TrainedSettings:
 # flags that only some of the jobs read (dest names); given to another, they would do nothing
 _MAIN_JOB_ONLY = ("pretrain_steps", "continue_lr", "long_factor")
 _SINKS_ONLY = ("architecture", "corpus")
-_TRAINED_ONLY = ("source", "gates_first", "long_tokens")
+_TRAINED_ONLY = ("source", "gates_first", "long_tokens", "remove_sink")
 _NOT_TRAINED = ("pretrain_steps", "continue_lr", "long_factor", "architecture", "corpus", "hidden_size",
                 "num_hidden_layers", "num_attention_heads", "vocab_size")
 

@@ -24,11 +24,43 @@ Output, in `--out`: `results.csv` (one row per model: `control`, `gated`; the so
 "The sink layers" are the layers where the source's F-Attn is at least `SINK_THRESHOLD` (the sinks
 preset's criterion); `f_attn` in `results.csv` is the mean over them. Layers are 1-based; the first
 token is position 0 of each packed row (the end-of-text token every row starts with).
+
+`--remove-sink` (`remove_sink`) asks the question from the other side: take the sink away from both models
+and see which lives better without it. If the paper's account holds, the gated model recovers its held-out
+loss faster and further, because a head with nothing to do can close its gate instead of parking its
+attention on the first token. The removal is `analysis.interventions.mask_first_token` in the source's sink
+layers: no query q >= 1 attends to the first token there (the other keys share its weight), in both models,
+in every forward from the step-0 probe to the last measurement (training included). The same intervention
+on both: their logits are bit-identical right after it, so `heldout_loss_removed` is the same in both rows.
+Results gain `removed_layers`, `heldout_loss_removed` (the step-0 probe), `recovered` (the fraction of the
+removal's damage to the held-out loss undone: 0 right after it, 1 back at the source's loss with its sink),
+`probes.csv` the held-out loss at every probe, and `trained_recovery.png` draws it against the step.
+
+Why masking, and why only the sink layers (measured on SmolLM2, 8 held-out rows of 128 tokens, loss 2.841
+with the sink; benchmarks/RESULTS.md):
+- Deleting the first token's massive activation (`interventions.deletion_edits`, k = 1 at every layer's
+  input) takes the loss to 19.10 (perplexity ~2e8): every later layer's RMSNorm and every head then reads a
+  first token it has never seen. Recovering from that within a CPU budget of tens of steps at the preset's
+  rate would measure the repair of a broken residual stream, not whether a model can do without a sink; and
+  a model could regrow a spike in coordinates a fixed deletion does not touch (not measured here), so the
+  removal need not hold through training.
+- Masking attention to the first token in every layer is no removal at all: the second token then sees
+  only itself wherever the first is hidden, it becomes the first token in effect, and the loss fell
+  (2.778).
+- Masking it in the sink layers takes the loss to 3.240 (here; 4.04 in the default removal run, whose sink
+  layers, read from 8 rows, include layers 4-6 and 8): load-bearing but recoverable, it holds by
+  construction (no attention weight reaches the masked key, whatever the training does), and it leaves the massive activation and the
+  early layers, where the first token still carries information, as they were. What a head can no longer do
+  in those layers is exactly what the sink is for: put its attention somewhere harmless. The ungated model
+  has to find another such place (another token, a small value), the gated one can also close its gate.
+The gates train at their own rate (`--gate-lr`, 50x the others by default), as in the preset without the
+removal: part of any advantage is that rate, which is how the converted gates are meant to be trained.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -45,7 +77,7 @@ from torch import nn
 from .. import CLIError
 from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
 from .common import Job
-from .report import draw_trained, format_columns, write_csv
+from .report import draw_recovery, draw_trained, format_columns, write_csv
 from .settings import TrainedSettings
 from .sinks import SINK_THRESHOLD, layer_metrics
 
@@ -59,10 +91,32 @@ def run(args: argparse.Namespace, s: TrainedSettings) -> int:
     tokenizer, models = build_models(source, s, job)
     d = prepare_data(s, tokenizer, job)
     before = measure_source(models["control"], source, s, d, job)
-    trained = {name: train_with_probes(model, name, s, d, job) for name, model in models.items()}
-    after = {name: measure(model, name, s, d, job) for name, model in models.items()}
-    report(before, after, trained, s, job)
+    with contextlib.ExitStack() as removal:  # the sink stays removed until both models are measured
+        removed = remove_sink(models, sink_layers_of(before), removal, job) if s.remove_sink else []
+        trained = {name: train_with_probes(model, name, s, d, job) for name, model in models.items()}
+        after = {name: measure(model, name, s, d, job, heldout=trained[name].probes[-1]["heldout_loss"])
+                 for name, model in models.items()}
+    report(before, after, trained, removed, s, job)
     return 0
+
+
+def sink_layers_of(measured: dict) -> list[int]:
+    """The layers (1-based) whose F-Attn is at least `SINK_THRESHOLD` in `measure`'s per-layer rows."""
+    return [r["layer"] for r in measured["layers"] if r["f_attn"] >= SINK_THRESHOLD]
+
+
+def remove_sink(models: dict[str, nn.Module], layers: list[int], stack: contextlib.ExitStack, job: Job) -> list[int]:
+    """Mask attention to the first token in `layers` (the source's sink layers) of every model, until `stack`
+    closes: the same intervention on both, in every forward from here on, training and evaluation alike."""
+    from ..analysis.interventions import mask_first_token
+
+    if not layers:
+        raise CLIError(f"--remove-sink: the source has no sink layer (F-Attn >= {SINK_THRESHOLD}) to remove it from")
+    for model in models.values():
+        stack.enter_context(mask_first_token(model, layers))
+    job.log(f"sink removed: attention to the first token masked in layers {_ranges(layers)} of "
+            f"{' and '.join(models)} (the source's sink layers)")
+    return layers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +237,8 @@ class Trained:
 
 
 def train_with_probes(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job) -> Trained:
-    """`s.steps` steps, probing per-layer F-Attn and M-Act every `s.probe_every` steps. The batch of step k is a
+    """`s.steps` steps, probing the held-out loss (on `eval_sequences` rows, so the last probe's is the result's)
+    and per-layer F-Attn and M-Act every `s.probe_every` steps, and with `remove_sink` at step 0 too. The batch of step k is a
     function of (seed, k) only, so both models see the same batches. With `gates_first`, the gated model
     trains its gates alone for that many steps (the other parameters frozen, their learning rate unused)."""
     config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
@@ -196,6 +251,20 @@ def train_with_probes(model: nn.Module, name: str, s: TrainedSettings, d: Data, 
     if name == "gated" and s.gates_first:
         stops.add(s.gates_first)  # where the other parameters join in
     history, probes, t0, start = [], [], time.perf_counter(), 0
+
+    def probe(step: int) -> None:
+        heldout = evaluate_loss(model, d.valid[: s.eval_sequences], s.batch_size)
+        layers = layer_metrics(model, d.valid[: s.probe_sequences])
+        minutes = (time.perf_counter() - t0) / 60
+        loss = history[-1]["loss"] if history else math.nan
+        probes.extend({"model": name, "step": step, "minutes": minutes, "loss": loss, "heldout_loss": heldout, **r}
+                      for r in layers)
+        job.log(f"{name}: step {step}/{s.steps}  {minutes:5.1f} min  loss {loss:.3f}  held-out {heldout:.4f}  F-Attn "
+                f"{np.nanmean([r['f_attn'] for r in layers]):.3f}  M-Act {np.mean([r['m_act'] for r in layers]):.4g}"
+                + ("" if name == "control" else f"  gate {np.nanmean([r['gate_mean'] for r in layers]):.3f}"))
+
+    if s.remove_sink:
+        probe(0)  # right after the removal: where the recovery starts
     for stop in sorted(stops):
         alone = name == "gated" and start < s.gates_first
         for n, p in model.named_parameters():
@@ -206,12 +275,7 @@ def train_with_probes(model: nn.Module, name: str, s: TrainedSettings, d: Data, 
         start = stop
         if stop % every and stop != s.steps:
             continue
-        layers = layer_metrics(model, d.valid[: s.probe_sequences])
-        minutes = (time.perf_counter() - t0) / 60
-        probes += [{"model": name, "step": stop, "minutes": minutes, "loss": history[-1]["loss"], **r} for r in layers]
-        job.log(f"{name}: step {stop}/{s.steps}  {minutes:5.1f} min  loss {history[-1]['loss']:.3f}  F-Attn "
-                f"{np.nanmean([r['f_attn'] for r in layers]):.3f}  M-Act {np.mean([r['m_act'] for r in layers]):.4g}"
-                + ("" if name == "control" else f"  gate {np.nanmean([r['gate_mean'] for r in layers]):.3f}"))
+        probe(stop)
     for p in model.parameters():
         p.requires_grad_(True)
     return Trained(history, probes, (time.perf_counter() - t0) / 60)
@@ -237,14 +301,16 @@ def long_perplexity(model: nn.Module, ids: torch.Tensor) -> tuple[float, float]:
     return math.exp(loss[: half - 1].mean()), math.exp(loss[half - 1 :].mean())
 
 
-def measure(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job) -> dict:
-    """Held-out loss, per-layer metrics, and the long text's perplexity with the trained RoPE and with YaRN
-    (NaN with `long_tokens` 0: a 16K-token pass takes minutes on a CPU)."""
+def measure(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job, heldout: float | None = None) -> dict:
+    """Held-out loss (`heldout` where the last probe measured it on the same rows), per-layer metrics, and the long
+    text's perplexity with the trained RoPE and with YaRN (NaN with `long_tokens` 0: a 16K-token pass takes
+    minutes on a CPU)."""
     from ..convert.rope import RopeChange, apply_rope_change
 
     t0 = time.perf_counter()
     model.eval()
-    heldout = evaluate_loss(model, d.valid[: s.eval_sequences], s.batch_size)
+    if heldout is None:
+        heldout = evaluate_loss(model, d.valid[: s.eval_sequences], s.batch_size)
     layers = layer_metrics(model, d.valid[: s.analysis_sequences])
     long = dict.fromkeys(("long_ppl_near", "long_ppl_far", "long_ppl_near_yarn", "long_ppl_far_yarn"), math.nan)
     if s.long_tokens:
@@ -285,11 +351,12 @@ def measure_source(model: nn.Module, source: Path, s: TrainedSettings, d: Data, 
 
 LAYER_COLUMNS = ["model", "layer", "f_attn", "m_act", "first_token_max", "other_tokens_max", "gate_mean",
                  "gate_frac_below_0.1"]
-PROBE_COLUMNS = ["model", "step", "minutes", "loss", *LAYER_COLUMNS[1:]]
+PROBE_COLUMNS = ["model", "step", "minutes", "loss", "heldout_loss", *LAYER_COLUMNS[1:]]
 TRAINING_COLUMNS = ["model", "step", "loss", "gate_score", "lr", "gate_lr", "batch", "seconds"]
 RESULT_COLUMNS = ["model", "steps", "heldout_loss", "heldout_ppl", "f_attn", "m_act", "first_token_max",
                   "gate_mean", "gate_frac_below_0.1", "long_ppl_near", "long_ppl_far", "long_ppl_near_yarn",
-                  "long_ppl_far_yarn", "heldout_loss_before", "f_attn_before", "m_act_before", "train_minutes"]
+                  "long_ppl_far_yarn", "heldout_loss_before", "f_attn_before", "m_act_before", "train_minutes",
+                  "removed_layers", "heldout_loss_removed", "recovered"]
 
 
 def summary(measured: dict, sink_layers: list[int]) -> dict:
@@ -326,16 +393,28 @@ def table_columns(long_tokens: int) -> list[tuple[str, str, str]]:
     ]
 
 
-def report(before: dict, after: dict[str, dict], trained: dict[str, Trained], s: TrainedSettings, job: Job) -> None:
-    """Write the CSVs, draw the plots from them, print the table and what the gate did to the sink."""
+def recovered(removed: float, now: float, before: float) -> float:
+    """The fraction of the removal's damage to the held-out loss undone: 0 right after the removal, 1 back at the
+    source's loss with its sink, above 1 better than it; NaN where the removal did no damage to undo."""
+    return (removed - now) / (removed - before) if removed > before else math.nan
+
+
+def report(before: dict, after: dict[str, dict], trained: dict[str, Trained], removed: list[int], s: TrainedSettings,
+           job: Job) -> None:
+    """Write the CSVs, draw the plots from them, print the table and what the gate did to the sink (with
+    `remove_sink`: how far each model recovered without it)."""
     out = job.out
-    sink_layers = [r["layer"] for r in before["layers"] if r["f_attn"] >= SINK_THRESHOLD]
+    sink_layers = sink_layers_of(before)
     source = summary(before, sink_layers)
     results = []
     for name in MODELS:
         row = {"model": name, "steps": s.steps, **summary(after[name], sink_layers),
                "heldout_loss_before": source["heldout_loss"], "f_attn_before": source["f_attn"],
-               "m_act_before": source["m_act"], "train_minutes": trained[name].minutes}
+               "m_act_before": source["m_act"], "train_minutes": trained[name].minutes,
+               "removed_layers": _ranges(removed) or "none", "heldout_loss_removed": math.nan, "recovered": math.nan}
+        if removed:
+            row["heldout_loss_removed"] = trained[name].probes[0]["heldout_loss"]  # the step-0 probe
+            row["recovered"] = recovered(row["heldout_loss_removed"], row["heldout_loss"], source["heldout_loss"])
         results.append(row)
     write_csv(out / "results.csv", results, RESULT_COLUMNS)
     layer_rows = [{"model": "source", **r} for r in before["layers"]]
@@ -344,19 +423,43 @@ def report(before: dict, after: dict[str, dict], trained: dict[str, Trained], s:
     write_csv(out / "probes.csv", [p for t in trained.values() for p in t.probes], PROBE_COLUMNS)
     write_csv(out / "training.csv", [{"model": n, **h} for n, t in trained.items() for h in t.history], TRAINING_COLUMNS)
     plots = draw_trained(out, SINK_THRESHOLD)
+    if removed:
+        plots.append(draw_recovery(out))
 
     control, gated = results
     job.log("")
     job.log(format_columns([{"model": "source", "steps": 0, **source}, *results], table_columns(s.long_tokens)))
     job.log("")
     job.log(f"sink layers (source F-Attn >= {SINK_THRESHOLD}): {_ranges(sink_layers) or 'none'}")
-    job.log(f"the goal, gated against control at {s.steps} steps: held-out loss no worse "
-            f"({gated['heldout_loss']:.4f} vs {control['heldout_loss']:.4f}: {_verdict(gated['heldout_loss'] <= control['heldout_loss'])}), "
-            f"F-Attn at least 20% lower ({_change(gated['f_attn'], control['f_attn'])}: "
-            f"{_verdict(gated['f_attn'] <= 0.8 * control['f_attn'])}), M-Act at least 2x lower "
-            f"({control['m_act'] / gated['m_act']:.3f}x: {_verdict(gated['m_act'] * 2 <= control['m_act'])})")
+    if removed:
+        report_recovery(results, trained, source, s, job)
+    else:
+        job.log(f"the goal, gated against control at {s.steps} steps: held-out loss no worse "
+                f"({gated['heldout_loss']:.4f} vs {control['heldout_loss']:.4f}: "
+                f"{_verdict(gated['heldout_loss'] <= control['heldout_loss'])}), "
+                f"F-Attn at least 20% lower ({_change(gated['f_attn'], control['f_attn'])}: "
+                f"{_verdict(gated['f_attn'] <= 0.8 * control['f_attn'])}), M-Act at least 2x lower "
+                f"({control['m_act'] / gated['m_act']:.3f}x: {_verdict(gated['m_act'] * 2 <= control['m_act'])})")
     job.log(f"wrote {out / 'results.csv'}, layers.csv, probes.csv, training.csv, "
             f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")
+
+
+def report_recovery(results: list[dict], trained: dict[str, Trained], source: dict, s: TrainedSettings, job: Job) -> None:
+    """The recovery without the sink: held-out loss at every probe for both models, and the paper's prediction
+    (the gated model, whose heads can switch themselves off with the gate, recovers faster and further)."""
+    control, gated = results
+    curves = {name: {p["step"]: p["heldout_loss"] for p in trained[name].probes} for name in MODELS}
+    steps = sorted(set(curves["control"]) & set(curves["gated"]) - {0})
+    losses = {name: " ".join(f"{curves[name][k]:.4f}" for k in steps) for name in MODELS}
+    job.log(f"held-out loss: {source['heldout_loss']:.4f} with the sink, {control['heldout_loss_removed']:.4f} right "
+            f"after its removal; at steps {', '.join(map(str, steps))}: control {losses['control']}, "
+            f"gated {losses['gated']}")
+    ahead = sum(curves["gated"][k] < curves["control"][k] for k in steps)
+    job.log(f"the prediction, gated against control at {s.steps} steps without the sink: recovers further (held-out "
+            f"{gated['heldout_loss']:.4f} vs {control['heldout_loss']:.4f}, {100 * gated['recovered']:.1f}% vs "
+            f"{100 * control['recovered']:.1f}% of the damage undone: "
+            f"{_verdict(gated['heldout_loss'] < control['heldout_loss'])}), faster (lower at {ahead} of "
+            f"{len(steps)} probes: {_verdict(ahead == len(steps))})")
 
 
 def _verdict(met: bool) -> str:
