@@ -37,6 +37,16 @@ def test_query_split_on_a_hand_made_sequence():
     assert torch.equal(both[1][1], active) and torch.equal(both[0][0], dormant)
 
 
+def test_optimal_loss_by_hand():
+    task = BackcopyTask(n_tokens=4, n_triggers=2, successors=2, trigger_prob=0.25)
+    p = task.transition()
+    x = torch.tensor([[0, 2, 5, 2, 3]])  # queries 0..3 predict 2, 5, 2, 3
+    h = [-sum(v * math.log(v) for v in row if v > 0) for row in p]
+    choice = -(0.25 * math.log(0.25 / 2) + 0.75 * math.log(0.75))
+    by_hand = [math.log(4), choice + 0.75 * h[1], 0.0, choice + 0.75 * h[1]]  # BOS, token 2, trigger, token 2
+    assert task.optimal_loss(x) == pytest.approx(sum(by_hand) / 4, rel=1e-12)
+
+
 def test_sequences_follow_the_rules_and_are_a_function_of_the_seeds():
     task = BackcopyTask(n_tokens=16, n_triggers=3, successors=2, trigger_prob=0.2, seed=3)
     x = task.sample(64, 40, seed=1)
@@ -105,7 +115,7 @@ def test_backcopy_preset_smoke_end_to_end(tmp_path, capsys):
     results = _read(out / "results.csv")
     assert [r["model"] for r in results] == ["control", "gated"]
     for column in ("steps", "heldout_loss", "f_attn_dormant", "f_attn_active", "m_act", "first_token_norm_ratio",
-                   "gate_mean", "sink_layer", "entropy_floor"):
+                   "gate_mean", "sink_layer", "optimal_loss"):
         assert column in results[0], column
     for r in results:
         assert int(r["steps"]) == settings.BACKCOPY_SMOKE["steps"]

@@ -16,11 +16,12 @@ trained on the same pool of sequences in the same order (the batch of step k
 depends only on (seed, k)), with the same rates. Reported, in `--out`:
 
 - `results.csv`: one row per model: steps, held-out loss (nats per token, on
-  `eval_sequences` held-out sequences from another sample seed), the task's
-  entropy floor, and, in the layer where the control's dormant-query first-token
-  attention is strongest (`sink_layer`): `f_attn_dormant`, `f_attn_active`,
-  `f_attn_all` (mean over heads and the queries of that kind), the first token's
-  max |hidden| over the other tokens' (`first_token_norm_ratio`, that layer's
+  `eval_sequences` held-out sequences from another sample seed), the best
+  possible loss on them (`optimal_loss`, the task's conditional entropy), and,
+  in the layer where the control's dormant-query first-token attention is
+  strongest (`sink_layer`): `f_attn_dormant`, `f_attn_active`, `f_attn_all`
+  (mean over heads and the queries of that kind), the first token's max
+  |hidden| over the other tokens' (`first_token_norm_ratio`, that layer's
   output), `m_act` (mean over layers of max |hidden|) and `gate_mean`;
 - `layers.csv` the same per layer, `probes.csv` F-Attn per layer and query kind
   every `probe_every` steps, `training.csv` the loss per step;
@@ -77,7 +78,8 @@ def prepare_data(s: BackcopySettings, job: Job) -> tuple[BackcopyTask, Data]:
     _, active = task.query_kinds(d.valid)
     job.log(f"data: Bigram-Backcopy, {s.n_tokens} tokens ({s.successors} successors each), {s.n_triggers} triggers "
             f"(p {s.trigger_prob:g}), BOS first; {len(d.train)} training sequences of {s.seq_len}, {n_valid} held out "
-            f"({active.float().mean().item():.3f} of the queries active); entropy floor {task.entropy_floor():.3f} nats; "
+            f"({active.float().mean().item():.3f} of the queries active); the best possible held-out loss "
+            f"{task.optimal_loss(d.valid[: s.eval_sequences]):.4f} nats; "
             f"{s.steps} steps x {s.batch_size} = {s.steps * s.batch_size / len(d.train):.2f} epochs")
     return task, d
 
@@ -152,7 +154,7 @@ def measure(models: dict, trained: dict[str, Trained], s: BackcopySettings, task
         layer_rows += [{"model": name, **r, "m_act": m["m_act"], "gate_mean": m["gate_mean"]} for r in m["layers"]]
         at_sink = next(r for r in m["layers"] if r["layer"] == sink)
         results.append({
-            "model": name, "steps": s.steps, "heldout_loss": loss, "entropy_floor": task.entropy_floor(),
+            "model": name, "steps": s.steps, "heldout_loss": loss, "optimal_loss": task.optimal_loss(d.valid[: s.eval_sequences]),
             "sink_layer": sink, "f_attn_dormant": at_sink["f_attn_dormant"], "f_attn_active": at_sink["f_attn_active"],
             "f_attn_all": at_sink["f_attn_all"], "m_act": m["m_act"],
             "first_token_norm_ratio": at_sink["first_token_norm_ratio"], "gate_mean": m["gate_mean"],
@@ -171,7 +173,7 @@ RESULT_COLUMNS = [
     ("model", "model", "{}"),
     ("steps", "steps", "{}"),
     ("heldout_loss", "held-out loss", "{:.4f}"),
-    ("entropy_floor", "floor", "{:.4f}"),
+    ("optimal_loss", "optimal", "{:.4f}"),
     ("sink_layer", "layer", "{}"),
     ("f_attn_dormant", "F-Attn dormant", "{:.3f}"),
     ("f_attn_active", "F-Attn active", "{:.3f}"),

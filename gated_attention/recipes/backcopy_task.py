@@ -84,15 +84,18 @@ class BackcopyTask:
         past_bos[..., 0] = False
         return past_bos & ~is_trigger, past_bos & is_trigger
 
-    def entropy_floor(self) -> float:
-        """The best possible mean loss per predicted token (nats) at the chain's stationary mix, ignoring the
-        first token: the bigram's entropy plus the trigger choice at ordinary queries, 0 at active ones."""
+    def optimal_loss(self, rows: torch.Tensor) -> float:
+        """The Bayes-optimal mean loss (nats) over every predicted token of `rows` `[N, T]` (queries 0 .. T-2, as
+        `training.evaluate_loss` counts them): the entropy of each query's next token given its past, which is
+        log(n_tokens) at BOS, 0 after a trigger (the copy), and otherwise the trigger choice plus the bigram's entropy."""
         p = self.transition()
         h_row = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=1)  # [n_tokens]
         q = self.trigger_prob
-        ordinary = -(q * math.log(q / self.n_triggers) + (1 - q) * math.log(1 - q)) + (1 - q) * float(h_row.mean())
-        share_active = q / (1 + q)  # one trigger query per 1/q ordinary ones, roughly
-        return (1 - share_active) * ordinary
+        h_choice = -(q * math.log(q / self.n_triggers) if q > 0 else 0) - ((1 - q) * math.log(1 - q) if q < 1 else 0)
+        x = rows[:, :-1].numpy()
+        h = np.where(x > self.n_tokens, 0.0, h_choice + (1 - q) * h_row[np.clip(x, 1, self.n_tokens) - 1])
+        h[:, 0] = math.log(self.n_tokens)  # BOS: the first token is uniform over the ordinary ones
+        return float(h.mean())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ _QUICKSTART_FLAGS = ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """quickstart's settings from its parsed flags (each flag's range is checked by the parser)."""
     _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
-    _refuse_flags(args, ("weight_decay",), "--preset sinks and --preset trained")
+    _refuse_flags(args, ("weight_decay",), "--preset sinks, --preset trained and --preset backcopy")
     _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
     s = Settings(**(SMOKE if getattr(args, "smoke", False) else {}))
     _apply_flags(s, args, _QUICKSTART_FLAGS)
@@ -193,18 +193,18 @@ class BackcopySettings:
     intermediate_size: int = 192
     num_hidden_layers: int = 1
     num_attention_heads: int = 1
-    seq_len: int = 128
+    seq_len: int = 64
     batch_size: int = 32
-    steps: int = 2000
+    steps: int = 4000
     lr: float = 3e-3
     gate_lr: float = 3e-3
     weight_decay: float = 0.0
     warmup_fraction: float = 0.05
-    lr_min_ratio: float = 0.1  # the cosine schedule ends at this fraction of the peak rate (1.0: constant after warmup)
+    lr_min_ratio: float = 1.0  # the cosine schedule ends at this fraction of the peak rate (1.0: constant after warmup)
     train_sequences: int = 16384  # a fixed pool, read in the (seed, step) order of `training.train`
     eval_sequences: int = 256  # held-out sequences (another sample seed) for the held-out loss
     analysis_sequences: int = 32  # held-out sequences for the attention metrics
-    probe_every: int = 100  # steps between probes of F-Attn (0: only at the end)
+    probe_every: int = 250  # steps between probes of F-Attn (0: only at the end)
     probe_sequences: int = 8
     seed: int = 0
     ungated_only: bool = False  # the settings search decides by the control alone (benchmarks/backcopy_search.py)
