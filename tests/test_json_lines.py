@@ -75,7 +75,7 @@ def test_documents_are_json_loads_of_each_line_in_every_chunk_split_and_resume(t
     for rank in range(3):  # one file, three processes: every third document
         mine = [t for chunk, _ in corpus.chunks("text", rank, 3, None, 5) for t in texts(chunk)]
         assert mine == want[rank::3]
-    assert corpus.columns() == ["other", "text"] and corpus.has_text("text") and not corpus.has_text("nope")
+    assert corpus.columns()[:2] == ["other", "text"] and set(corpus.columns()) == {k for record in records for k in record} and corpus.has_text("text") and not corpus.has_text("nope")
 
 
 def test_two_files_over_two_processes_are_a_file_each(tmp_path, sizes):
@@ -247,3 +247,24 @@ def test_a_folder_of_json_lines_is_read_by_split_as_datasets_picks_the_files(tmp
     (folder / "notes.txt").write_text("another kind")
     with pytest.raises(DataError, match="mixed file kinds"):  # as datasets' reader of folders refuses it
         open_corpus(str(folder))
+
+
+def test_rows_differing_in_fields_are_read(tmp_path):
+    """A first row without the text field does not make the file's columns: the union over rows does."""
+    from gated_attention.hub.json_lines import check_corpus, open_corpus
+
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"other": 1}\n{"text": "a"}\n{"text": "b", "other": 2}\n')
+    corpus = open_corpus(str(path))
+    assert corpus.columns() == ["other", "text"]
+    check_corpus(corpus, "text", str(path))  # no DataError
+
+
+def test_no_row_with_the_field_names_the_union(tmp_path):
+    from gated_attention.hub.datasets import DataError
+    from gated_attention.hub.json_lines import check_corpus, open_corpus
+
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"a": 1}\n{"b": "x"}\n')
+    with pytest.raises(DataError, match=r"its columns: a, b"):
+        check_corpus(open_corpus(str(path)), "text", str(path))

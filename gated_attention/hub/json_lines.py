@@ -340,8 +340,14 @@ class JsonLinesCorpus:
     # -- what the checks and the stream ask -------------------------------------------------------
 
     def columns(self) -> list[str] | None:
-        """The keys of the first line; None for files without a line."""
-        return next((keys for keys, _ in self.values("")), None)
+        """The keys of all lines, in the order first met (a row lacking a field is that row's problem,
+        not the file's, as `datasets` infers columns from the whole file); None for files without a line."""
+        seen: dict[str, None] = {}
+        lines = 0
+        for keys, _ in self.values(""):
+            lines += 1
+            seen.update(dict.fromkeys(keys))
+        return list(seen) if lines else None
 
     def has_text(self, field: str) -> bool:
         """Whether some line has text in `field` (reads up to the first that has; a long one is not decoded)."""
@@ -428,8 +434,8 @@ def open_corpus(spec: str | list[str], split: str | None = None):
 
 
 def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True, flag: str = "--text-field") -> None:
-    """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of its
-    first line) and, with `has_text`, some document has text in it (read up to the first that has); `flag`
+    """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of some
+    line) and, with `has_text`, some document has text in it (read up to the first that has); `flag`
     names the option that gave the column."""
     if not isinstance(corpus, JsonLinesCorpus):
         check_text_field(corpus, text_field, spec, flag)
