@@ -87,6 +87,7 @@ def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsy
 # A value out of range for each script's own flags (serving_engines is the serving check's library: no flags).
 OUT_OF_RANGE = {
     "analysis_overhead": ["--repeats", "0"],
+    "backcopy_search": ["--probe-every", "-1"],
     "convert": ["--repeats", "0"],
     "convert_memory": ["--budgets", "1GB", "0GB"],
     "fla_cpu": ["--repeats", "0"],
