@@ -315,7 +315,7 @@ def test_quickstart_refuses_a_value_out_of_range_when_parsing(argv, flag, capsys
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--weight-decay", "1"], "--weight-decay applies to --preset sinks and --preset trained only"),
+    (["--weight-decay", "1"], "--weight-decay applies to --preset sinks, --preset trained and --preset backcopy only"),
     (["--source", "x.gguf"], "--source applies to --preset trained only"),
     (["--preset", "sinks", "--long-tokens", "64"], "--long-tokens applies to --preset trained only"),
     (["--remove-sink"], "--remove-sink applies to --preset trained only"),
@@ -342,7 +342,7 @@ def test_quickstart_refuses_flags_that_do_not_go_together_before_importing_torch
 
 def test_quickstart_help_shows_the_defaults_of_both_presets(capsys):
     from gated_attention.cli import build_parser
-    from gated_attention.recipes.settings import Settings, SinkSettings
+    from gated_attention.recipes.settings import BackcopySettings, Settings, SinkSettings, TrainedSettings
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["quickstart", "--help"])
@@ -352,4 +352,6 @@ def test_quickstart_help_shows_the_defaults_of_both_presets(capsys):
                         ("--lr", "lr")):
         want = f"default {getattr(main, field):g}; --preset sinks: {getattr(sinks, field):g}"
         assert want in text, (flag, want)
-    assert f"default {sinks.weight_decay:g}" in text and "--preset sinks: the --lr value" in text
+    trained, backcopy = TrainedSettings(), BackcopySettings()
+    assert f"default {sinks.weight_decay:g}" in text and "--preset sinks and backcopy: the --lr value" in text
+    assert f"--preset trained: {trained.weight_decay:g}; --preset backcopy: {backcopy.weight_decay:g}" in text

@@ -103,9 +103,10 @@ def register(subparsers) -> None:
                    "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
     p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "
                    "the Python sources of this project's dependencies, see training.data.package_corpus_documents)")
-    p.add_argument("--weight-decay", type=bounded(float, 0), help="--preset sinks and backcopy: AdamW weight decay of "
-                   f"the weight matrices (default {k.weight_decay:g}; 1.0 with --layers 12 gives the first token the "
-                   f"largest activations, see README; --preset backcopy: {b.weight_decay:g})")
+    p.add_argument("--weight-decay", type=bounded(float, 0), help="--preset sinks, trained and backcopy: AdamW weight "
+                   f"decay of the weight matrices (default {k.weight_decay:g}; 1.0 with --layers 12 gives the first "
+                   f"token the largest activations, see README; --preset trained: {t.weight_decay:g}; "
+                   f"--preset backcopy: {b.weight_decay:g})")
     p.set_defaults(func=run)
 
 
