@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import subprocess
 import sys
@@ -331,6 +332,20 @@ def test_gradient_checkpointing_gives_the_same_gradients_with_router_losses():
 def test_no_split_modules_names_the_decoder_layer():
     model = tiny_model()
     assert set(model._no_split_modules) == {type(layer).__name__ for layer in model.model.layers}
+
+
+def test_a_model_whose_class_fsdp_swapped_saves_its_own_remote_code(tmp_path):
+    """FSDP2's `fully_shard` (which transformers 5.19 applies under `tp_size` with `ep_size`) swaps a module's class
+    for an `FSDP<name>` subclass made in torch's module; saving then bundled torch's module, and failed."""
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "plain")
+    for module in (model, model.model):
+        cls = type(module)
+        module.__class__ = type(f"FSDP{cls.__name__}", (cls,), {"__module__": "torch.distributed.fsdp._fully_shard._fsdp_init"})
+    model.save_pretrained(tmp_path / "swapped")
+    plain, swapped = (json.loads((tmp_path / name / "config.json").read_text()) for name in ("plain", "swapped"))
+    assert swapped["auto_map"] == plain["auto_map"] and swapped["architectures"] == plain["architectures"]
+    assert sorted(p.name for p in (tmp_path / "swapped").glob("*.py")) == sorted(p.name for p in (tmp_path / "plain").glob("*.py"))
 
 
 def test_remote_code_bundle_loads_without_the_package(tmp_path, run_without_package):

@@ -70,14 +70,25 @@ def bundle_sources(*modules: str) -> dict[str, str]:
     return files
 
 
+def package_class(obj) -> type:
+    """The class of `obj` that this package defines: `type(obj)` itself, or the one it was made from where
+    something swapped the class of a built model (FSDP2's `fully_shard`, which transformers 5.19 applies under
+    `DistributedConfig(tp_size=N, ep_size=N)`, makes an `FSDP<name>` subclass in torch's own module)."""
+    for cls in type(obj).__mro__:
+        if cls.__module__ == PACKAGE or cls.__module__.startswith(PACKAGE + "."):
+            return cls
+    raise ValueError(f"{type(obj).__name__} is not a class of {PACKAGE}")
+
+
 def auto_map_for(model) -> dict[str, str]:
     """The `auto_map` that points the Auto classes at the flat files."""
     config_cls = type(model.config)
-    model_module = flat_module_name(type(model).__module__)
+    model_cls = package_class(model)
+    model_module = flat_module_name(model_cls.__module__)
     config_ref = f"{flat_module_name(config_cls.__module__)}.{config_cls.__name__}"
-    base = type(model.base_model) if model.base_model is not model else type(model)
+    base = package_class(model.base_model) if model.base_model is not model else model_cls
     auto_map = {"AutoConfig": config_ref, "AutoModel": f"{model_module}.{base.__name__}"}
-    causal_lm = getattr(importlib.import_module(type(model).__module__), base.__name__.replace("Model", "ForCausalLM"), None)
+    causal_lm = getattr(importlib.import_module(model_cls.__module__), base.__name__.replace("Model", "ForCausalLM"), None)
     if causal_lm is not None:
         auto_map["AutoModelForCausalLM"] = f"{model_module}.{causal_lm.__name__}"
     return auto_map
@@ -120,7 +131,7 @@ def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:
     """
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
-    files = bundle_sources(type(model).__module__, type(model.config).__module__)
+    files = bundle_sources(package_class(model).__module__, type(model.config).__module__)
     for name, source in sorted(files.items()):
         (folder / name).write_text(source, encoding="utf-8")
     model.config.auto_map = auto_map_for(model)
