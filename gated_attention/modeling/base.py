@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 from transformers.initialization import normal_, zeros_
 
 from .attention import AttentionGate, ConstantAttentionGate
-from .tensor_parallel import check_tensor_parallel_shapes  # importing registers the plan's own style
+from .tensor_parallel import check_distributed_config  # importing registers the plan's own style
 
 try:
     from gated_attention.hub.remote_code import write_remote_code
@@ -42,10 +42,7 @@ class GatedPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def post_init(self):
-        # from_pretrained sets `distributed_config` on the config before it builds the model.
-        tp_size = getattr(getattr(self.config, "distributed_config", None), "tp_size", None) or 1
-        if tp_size > 1:
-            check_tensor_parallel_shapes(self.config, tp_size)
+        check_distributed_config(self.config)  # from_pretrained sets it on the config before it builds the model
         super().post_init()
 
     def _init_weights(self, module):

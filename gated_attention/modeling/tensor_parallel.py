@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import transformers
 
-from ..compat import tensor_parallel_api
+from ..compat import EXPERT_GRADIENTS_WRONG_UNDER_FSDP, tensor_parallel_api
 from ..configuration.gate_spec import GATE_ALIASES, gate_enabled
 from ..configuration.tensor_parallel import REPLICATED_SUM_OUTPUT_GRAD, SHARDED_GATHERED_SUM_GRAD
 
@@ -76,6 +77,21 @@ def gate_name(spec: dict) -> str:
     """`G2 (value) headwise, head-shared` style name of a normalised gate spec, for messages."""
     name = f"{_POSITION_NAMES[spec['position']]} ({spec['position']}) {spec['granularity']}"
     return name + (", head-shared" if spec["head_shared"] else "")
+
+
+def check_distributed_config(config) -> None:
+    """Raise a one-line `ValueError` for a `distributed_config` (set by `from_pretrained` before the model is built)
+    this model cannot run under: heads that do not split over `tp_size` ranks, or experts sharded under FSDP in the
+    transformers releases that give them wrong gradients (`compat.EXPERT_GRADIENTS_WRONG_UNDER_FSDP`)."""
+    distributed = getattr(config, "distributed_config", None)
+    sizes = {name: getattr(distributed, name, None) or 1 for name in ("tp_size", "fsdp_size", "ep_size")}
+    if sizes["tp_size"] > 1:
+        check_tensor_parallel_shapes(config, sizes["tp_size"])
+    if EXPERT_GRADIENTS_WRONG_UNDER_FSDP and getattr(config, "num_experts", 0) and sizes["fsdp_size"] > 1 and sizes["ep_size"] > 1:
+        raise ValueError(
+            f"transformers {transformers.__version__} gives the experts wrong gradients with fsdp_size and ep_size "
+            "together (its own Qwen3-MoE too); use tp_size with ep_size, or transformers>=5.23"
+        )
 
 
 def check_tensor_parallel_shapes(config, tp_size: int) -> None:
