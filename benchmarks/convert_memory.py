@@ -3,9 +3,12 @@
     python benchmarks/convert_memory.py                            # 0.84B bf16 Llama; budgets 1GB 4GB and none
     python benchmarks/convert_memory.py --shape 8b --budgets 6GB   # an 8B-shaped one (16 GB on disk, ~35 GB scratch)
     python benchmarks/convert_memory.py --parts analyze            # analyze only
+    python benchmarks/convert_memory.py --src-dtype float32 --dtype bfloat16 --budgets 1.5GB --parts convert
+                                                                   # a narrowing --dtype: fp32 SRC verified in bf16
 
-Builds a Llama-shaped bf16 checkpoint with random weights from a config
-(nothing is downloaded), then runs `python -m gated_attention convert SRC DST`
+Builds a Llama-shaped bf16 checkpoint (`--src-dtype float32`: fp32) with
+random weights from a config (nothing is downloaded), then runs
+`python -m gated_attention convert SRC DST` (with `--dtype` when given)
 as a whole process for each budget (`--max-memory SIZE`; `none` is the
 default, what the machine has free), and prints each run's wall time and peak
 RSS (the kernel's high-water mark of the process, from wait4) beside:
@@ -78,23 +81,24 @@ for name in sys.argv[1:]:
 """
 
 
-def build_checkpoint(folder: Path, shape: str) -> None:
-    """Random bf16 weights (std 0.02, norms 1) in shards of about SHARD_BYTES, with config and index."""
+def build_checkpoint(folder: Path, shape: str, dtype: str = "bfloat16") -> None:
+    """Random weights (std 0.02, norms 1) in `dtype`, in shards of about SHARD_BYTES, with config and index."""
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, dtype="bfloat16")
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, dtype=dtype)
     config.save_pretrained(folder)
     with torch.device("meta"):
-        meta = {k: v.to(torch.bfloat16) for k, v in LlamaForCausalLM(config).state_dict().items()}
+        meta = {k: v.to(getattr(torch, dtype)) for k, v in LlamaForCausalLM(config).state_dict().items()}
     split = split_torch_state_dict_into_shards(meta, max_shard_size=SHARD_BYTES)
     g = torch.Generator().manual_seed(0)
     for filename, names in split.filename_to_tensors.items():
         tensors = {}
         for n in names:
-            t = torch.empty(meta[n].shape, dtype=torch.bfloat16)
+            # drawn in the stored dtype: fp32 values that bf16 rounds, so a narrowing --dtype is a real cast
+            t = torch.empty(meta[n].shape, dtype=meta[n].dtype)
             tensors[n] = t.fill_(1.0) if n.endswith("norm.weight") else t.normal_(0, 0.02, generator=g)
         save_file(tensors, folder / filename, metadata={"format": "pt"})
         del tensors
@@ -155,23 +159,25 @@ class Row:
     budget: int | None = None  # --max-memory: the peak RSS is checked against it
 
 
-def convert_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Row]:
-    """`convert` with verification at each budget, and without verification."""
+def convert_rows(src: Path, scratch: Path, budgets: list[int | None], dtype: str | None = None) -> list[Row]:
+    """`convert` (`--dtype dtype` when given) with verification at each budget, and without verification."""
     py = sys.executable
     rows = []
     for budget in [*budgets, "no-verify"]:
         dst = scratch / "dst"
         flags = ["--no-verify"] if budget == "no-verify" else [] if budget is None else ["--max-memory", str(budget)]
+        flags += ["--dtype", dtype] if dtype else []
         evict(src)
         result = run([py, "-m", "gated_attention", "convert", str(src), str(dst), *flags])
         shutil.rmtree(dst)
+        to = f" --dtype {dtype}" if dtype else ""
         if budget == "no-verify":
-            rows.append(Row("convert --no-verify", result))
+            rows.append(Row(f"convert{to} --no-verify", result))
             continue
         within = re.search(r"verifying within (\S+ \S+)", result.out)
         exact = "bit-identical after every layer" in result.out
         placements = re.findall(r"verifying: (?:SRC|DST) ran with (.*)", result.out)
-        name = f"convert, verify within {format_size(budget) if budget else f'free memory ({within[1]})'}"
+        name = f"convert{to}, verify within {format_size(budget) if budget else f'free memory ({within[1]})'}"
         sides = "; ".join(f"{side}: {p.replace(' of weights', '').replace(' as it ran', '')}"
                           for side, p in zip(("SRC", "DST"), placements))
         rows.append(Row(name, result, f"{'bit-identical' if exact else 'NOT bit-identical'}; {sides}", budget))
@@ -195,7 +201,7 @@ def build_tokenizer(folder: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>").save_pretrained(folder)
 
 
-def analyze_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Row]:
+def analyze_rows(src: Path, scratch: Path, budgets: list[int | None], dtype: str | None = None) -> list[Row]:
     """`analyze` (the built-in samples, one per domain) at each budget in bf16 and in the default dtype (fp32), and
     at 8x the length in bf16 within the first."""
     tokenizer = scratch / "tokenizer"
@@ -218,8 +224,9 @@ def analyze_rows(src: Path, scratch: Path, budgets: list[int | None]) -> list[Ro
     return rows
 
 
-# Each part of the table: (SRC folder, scratch folder, budgets) -> rows.
-PARTS: dict[str, Callable[[Path, Path, list[int | None]], list[Row]]] = {"convert": convert_rows, "analyze": analyze_rows}
+# Each part of the table: (SRC folder, scratch folder, budgets, convert's --dtype) -> rows.
+PARTS: dict[str, Callable[[Path, Path, list[int | None], str | None], list[Row]]] = {
+    "convert": convert_rows, "analyze": analyze_rows}
 
 
 def budget_or_none(text: str) -> int | None:
@@ -232,13 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", nargs="+", type=budget_or_none, default=[10**9, 4 * 10**9, None], metavar="SIZE",
                         help="--max-memory values, e.g. 1GB 4GB; none: the default, what is free (default: 1GB 4GB none)")
     parser.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=sorted(PARTS), help="what to measure")
+    parser.add_argument("--src-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="the dtype SRC is stored in (default: bfloat16)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"],
+                        help="convert's --dtype (default: none, SRC's own); analyze chooses its own dtypes")
     parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where the scratch space is (SRC, DST: 2.1x SRC)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
-    parser.add_argument("--build-only", nargs=2, metavar=("DIR", "SHAPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--build-only", nargs=3, metavar=("DIR", "SHAPE", "DTYPE"), help=argparse.SUPPRESS)
     parser.add_argument("--build-tokenizer", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build_only:
-        build_checkpoint(Path(args.build_only[0]), args.build_only[1])
+        build_checkpoint(Path(args.build_only[0]), args.build_only[1], args.build_only[2])
         return 0
     if args.build_tokenizer:
         build_tokenizer(Path(args.build_tokenizer))
@@ -251,11 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         # Built in a child process: a child's peak RSS counts the memory of the process it was forked from,
         # so this process stays small (it imports no torch).
-        subprocess.run([sys.executable, __file__, "--build-only", str(src), args.shape], check=True)
+        subprocess.run([sys.executable, __file__, "--build-only", str(src), args.shape, args.src_dtype], check=True)
         shards = sorted(src.glob("*.safetensors"))
         size = sum(p.stat().st_size for p in shards)
-        params = size / 2
-        print(f"SRC: {args.shape}-shaped bf16 Llama, {params / 1e9:.2f}B parameters, {format_size(size)} in {len(shards)} "
+        params = size / (4 if args.src_dtype == "float32" else 2)
+        stored = "fp32" if args.src_dtype == "float32" else "bf16"
+        print(f"SRC: {args.shape}-shaped {stored} Llama, {params / 1e9:.2f}B parameters, {format_size(size)} in {len(shards)} "
               f"shard(s) (built in {time.perf_counter() - started:.0f} s); {os.cpu_count()} CPUs, "
               f"{format_size(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))} of RAM")
 
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [Row("read SRC once (the disk's limit)", read_once, f"{size / read_once.wall_s / 1e9:.2f} GB/s"),
                 Row("import only (convert)", imports)]  # fmt: skip
         for part in args.parts:
-            rows += PARTS[part](src, root, args.budgets)
+            rows += PARTS[part](src, root, args.budgets, args.dtype)
 
         print(f"\n{'command':<48}{'wall s':>8}{'peak RSS':>12}{'above imports':>15}{'within budget':>15}  note")
         for row in rows:

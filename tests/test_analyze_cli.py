@@ -404,6 +404,45 @@ def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(
         np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
 
 
+def test_an_fp32_checkpoint_analysed_in_bf16_within_a_budget_casts_as_transformers_does(tmp_path, capsys, monkeypatch,
+                                                                                       weights_only_budget):
+    """`--dtype bfloat16` on an fp32 checkpoint, within a budget below the model: loaded in fp32, so that what stays
+    on disk is not read while loading, and cast as it runs. A narrowing cast is not exact, but it is transformers'
+    own, tensor for tensor, with RoPE's inv_freq kept in float32: the arrays equal those of the whole model loaded
+    in bf16 by transformers."""
+    import numpy as np
+    import torch
+
+    from gated_attention.hub import loading
+    from gated_attention.hub.memory_budget import largest_layer
+
+    folder = tmp_path / "model"
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4})
+    model = ga.GatedAttentionForCausalLM(config)  # fp32
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    loads = []  # the dtype each load asks transformers for
+    original = loading.from_pretrained_checked
+
+    def recording(*args, **kwargs):
+        loads.append(kwargs.get("dtype"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "from_pretrained_checked", recording)
+    budget = 3 * largest_layer(model.to(torch.bfloat16))[1] + 2000
+    argv = ["--n-per-domain", "1", "--dtype", "bfloat16"]
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "whole"), *argv) == 0
+    assert loads == [torch.bfloat16]  # all in memory: transformers casts as it loads
+    capsys.readouterr()
+    assert _analyze_main(str(folder), "--out", str(tmp_path / "budget"), "--max-memory", str(budget), *argv) == 0
+    assert "of weights read from the checkpoint as it runs" in capsys.readouterr().out
+    assert loads[-1] == torch.float32
+    whole, budgeted = _arrays(tmp_path / "whole"), _arrays(tmp_path / "budget")
+    assert whole.keys() == budgeted.keys()
+    for key in whole:
+        np.testing.assert_array_equal(whole[key], budgeted[key], err_msg=key)
+
+
 def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk(weights_only_budget):
     import torch
 
@@ -421,6 +460,12 @@ def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk(
     assert loading_dtype(skeleton, {"dtype": "float32"}, torch.float32, small) == torch.float32
     assert loading_dtype(skeleton, {}, torch.float32, small) == torch.float32  # the checkpoint's dtype unknown
     assert loading_dtype(skeleton, {"dtype": "bfloat16"}, "auto", small) == "auto"
+    # Narrowing (an fp32 checkpoint run in bf16) goes the same way: the bf16 model beside the fp32 bytes, 3x its size.
+    bf16 = MemoryBudget(size // 2, True), MemoryBudget(size * 3 // 2, True)  # size: the fp32 skeleton's bytes
+    with torch.device("meta"):
+        narrow = ga.GatedAttentionForCausalLM(config).to(torch.bfloat16)
+    assert loading_dtype(narrow, {"dtype": "float32"}, torch.bfloat16, bf16[0]) == torch.float32
+    assert loading_dtype(narrow, {"dtype": "float32"}, torch.bfloat16, bf16[1]) == torch.bfloat16  # all in memory
 
 
 @pytest.mark.parametrize("argv, expected", [

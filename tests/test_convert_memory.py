@@ -73,6 +73,75 @@ def test_a_bf16_source_verified_in_fp32_is_read_in_bf16_and_cast_as_it_runs(tmp_
     assert loads[0] == ("src", torch.bfloat16) and loads[-1][1] == torch.float32, loads
 
 
+@pytest.mark.parametrize("family", ["llama", "fla_hybrid"])
+def test_an_fp32_source_verified_in_bf16_is_read_in_fp32_and_cast_as_it_runs(tmp_path, capsys, monkeypatch, family):
+    """`convert --dtype bfloat16` on an fp32 SRC within a budget below the model: SRC is loaded in fp32, so that its
+    layers on disk are not read (and cast) while loading, and cast as they run. The cast narrows, so it is not
+    exact against SRC in fp32; but it is the cast transformers' own load in bf16 makes, tensor for tensor (RoPE's
+    float32 inv_freq kept), so DST and the verification's line are the unbudgeted run's. The fla hybrid's
+    reference is SRC's weights renamed into our model while loading."""
+    from transformers import AutoModelForCausalLM as Auto
+
+    if family == "fla_hybrid":
+        src, reference = make_fla_hybrid_source(tmp_path / "src", reference=tmp_path / "reference"), tmp_path / "reference"
+    else:
+        src = reference = make_source(family, tmp_path / "src")
+    loads = []  # (folder, dtype asked for, the model) of each from_pretrained
+    original = Auto.from_pretrained.__func__
+
+    def recording(cls, folder, *args, **kwargs):
+        loaded = original(cls, folder, *args, **kwargs)
+        loads.append((Path(folder).name, kwargs.get("dtype"), loaded[0] if isinstance(loaded, tuple) else loaded))
+        return loaded
+
+    monkeypatch.setattr(Auto, "from_pretrained", classmethod(recording))
+    verify_lines = {}
+    for name, budget in [("whole", "1GB"), ("budget", BUDGETS[family])]:
+        loads.clear()
+        assert main(["convert", str(src), str(tmp_path / name), "--dtype", "bfloat16", "--max-memory", budget]) == 0
+        out = capsys.readouterr().out
+        assert "bit-identical after every layer and in the logits" in out, out
+        assert len(FROM_DISK.findall(out)) == (2 if name == "budget" else 0), out
+        verify_lines[name] = [line for line in out.splitlines() if line.startswith("verify:")]
+        if name == "whole":  # all in memory: transformers casts as it loads, as before
+            assert loads[0][1] == torch.bfloat16, loads
+    assert loads[0][1] == torch.float32, loads  # within the budget: SRC is loaded as it is stored
+    assert verify_lines["budget"] == verify_lines["whole"] and len(verify_lines["whole"]) == 1
+    shards = sorted(p.name for p in (tmp_path / "whole").glob("*.safetensors"))
+    assert shards and sorted(p.name for p in (tmp_path / "budget").glob("*.safetensors")) == shards
+    for shard in shards:
+        assert (tmp_path / "budget" / shard).read_bytes() == (tmp_path / "whole" / shard).read_bytes(), shard
+
+    # The budgeted SRC, once cast: each tensor (the offloaded ones on the meta device) in the dtype that
+    # transformers' own load in bf16 gives it, the rotary tables in float32.
+    cast = loads[0][2]
+    expected = original(Auto, reference, dtype=torch.bfloat16)
+    ours = {n: t.dtype for n, t in (*cast.named_parameters(), *cast.named_buffers())}
+    assert ours == {n: t.dtype for n, t in (*expected.named_parameters(), *expected.named_buffers())}
+    assert {dtype for n, dtype in ours.items() if "inv_freq" in n} == {torch.float32}
+    assert {p.dtype for p in cast.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("family", ["llama", "hybrid"])
+def test_an_fp32_checkpoint_run_in_bf16_within_a_budget_gives_the_bits_of_a_whole_bf16_load(tmp_path, family):
+    """The verification's run of one fp32 checkpoint in bf16, every hidden state and the logits: partly from disk
+    (loaded in fp32 and cast, the layers on disk as they are read) against whole in memory (cast by transformers
+    as it loads). A narrowed inv_freq would move every layer after the first attention."""
+    if family == "hybrid":  # our hybrid, fp32, in one file
+        make_fla_hybrid_source(tmp_path / "fla", reference=tmp_path / "src")
+        folder, budget = tmp_path / "src", 200_000
+    else:
+        folder, budget = make_source(family, tmp_path / "src"), 110_000
+    kwargs = dict(dtype=torch.bfloat16, vocab_size=97, max_positions=16, offload_dir=tmp_path)
+    budgeted = run_prompt(folder, MemoryBudget(budget, True), **kwargs)
+    whole = run_prompt(folder, MemoryBudget(1 << 30, True), **kwargs)
+    assert budgeted.offloaded_bytes > 0 and whole.offloaded_bytes == 0
+    assert len(budgeted.hidden_states) == len(whole.hidden_states)
+    for i, (a, b) in enumerate(zip(budgeted.hidden_states, whole.hidden_states)):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"hidden state {i}"
+    assert torch.equal(budgeted.logits, whole.logits)
+
+
 def test_a_difference_in_a_layer_read_from_disk_is_found_and_named(tmp_path, capsys):
     """The layer-by-layer comparison sees a change in an offloaded layer, and names the first layer it shows in."""
     src = make_source("llama", tmp_path / "src", num_hidden_layers=3)

@@ -63,6 +63,10 @@ def test_what_the_process_holds_and_what_running_takes_come_off_the_budget(monke
     # (1.5x their fp32 size); accelerate's one fp32 layer of 10,000 bytes comes beside them. 100,000 bytes of room:
     # 100,000 / 1.5 + 10,000 in fp32 bytes, half that in the bf16 bytes accelerate counts.
     assert budget.max_memory(scale=0.5, cast_largest=10_000) == {"cpu": int((100_000 / 1.5 + 10_000) * 0.5)}
+    # Loaded in fp32 and narrowed to bf16: the layers in memory are held three times their bf16 size until the cast
+    # ends, and accelerate counts fp32 bytes, twice the bf16 ones. bf16 to fp16 (the same width) holds both too.
+    assert budget.max_memory(scale=2.0, cast_largest=10_000) == {"cpu": int((100_000 / 3 + 10_000) * 2)}
+    assert budget.max_memory(scale=1.0, cast_largest=10_000) == {"cpu": 100_000 // 2 + 10_000}
 
 
 def test_reading_a_weight_stored_in_another_dtype_reserves_its_stored_bytes():

@@ -174,7 +174,8 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
     from ..kernels import fla_torch_paths
-    from ..hub.memory_budget import MemoryBudgetError, cast_placement, cast_weights, loading_dtype, read_layers_whole
+    from ..hub.memory_budget import (MemoryBudgetError, cast_placement, cast_weights, loading_dtype, read_layers_whole,
+                                     running_dtypes)
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
@@ -207,6 +208,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
             raise CLIError(f"MODEL {model_name}: {e}") from None
         load_dtype = loading_dtype(skeleton, config, dtype, budget, reserve)
     cast = cast_placement(skeleton, load_dtype, dtype)
+    dtypes = running_dtypes(skeleton) if load_dtype != dtype else None
     skeleton = None
     with budget.placement(device_map=device_map, gpus=gpus, dir=offload_dir, reserve=reserve, **cast) as place:
         if not isinstance(device_map, str):
@@ -218,7 +220,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
             raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
         if load_dtype != dtype:
-            cast_weights(model, load_dtype, dtype)
+            cast_weights(model, load_dtype, dtypes)
         read_layers_whole(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)

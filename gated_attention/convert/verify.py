@@ -27,7 +27,7 @@ import torch
 from .. import register_auto_classes
 from ..hub.command_line import format_size
 from ..hub.memory_budget import (MemoryBudget, MemoryBudgetError, cast_placement, cast_weights, collect_if_alive,
-                                 loading_dtype, read_layers_whole, reading_reserve)
+                                 loading_dtype, read_layers_whole, reading_reserve, running_dtypes)
 from .sources import ConversionError, SourceCheckpoint
 
 VERIFY_TOKENS = 32
@@ -111,13 +111,14 @@ def run_prompt(
 
     register_auto_classes()
     load_dtype, cast = _loading(folder, budget, dtype, load_kwargs)
+    dtypes = cast.pop("dtypes", None)
     with budget.placement(dir=offload_dir, reserve=cast.pop("reserve", 0), **cast) as placement:
         model, info = AutoModelForCausalLM.from_pretrained(
             folder, dtype=load_dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
             **placement, **load_kwargs,
         )  # fmt: skip
         if load_dtype != dtype:
-            cast_weights(model, load_dtype, dtype)
+            cast_weights(model, load_dtype, dtypes)
         read_layers_whole(model)
         lost = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
         if strict and lost:  # from_pretrained would only warn, and fill a missing weight with random numbers
@@ -132,13 +133,17 @@ def run_prompt(
 
 
 def _loading(folder: Path, budget: MemoryBudget, dtype: torch.dtype | None, load_kwargs: dict) -> tuple:
-    """The dtype to load `folder` in to run in `dtype`, and `placement`'s keyword arguments for it.
+    """The dtype to load `folder` in to run in `dtype`, and `placement`'s keyword arguments for it, with `dtypes`
+    (each tensor's dtype once cast, for `cast_weights`) when the two differ.
 
-    A checkpoint stored in a narrower dtype than `dtype` (`convert --dtype float32` on a bf16 SRC) is loaded in
-    its own where layers stay on disk and cast after (`hub.memory_budget.loading_dtype`): transformers' cast
-    while loading would read the whole checkpoint (a bf16 0.85B Llama verified in fp32 within 1.5 GB peaked at
-    2.80 GB). The placement then keeps room for a weight read in its stored dtype beside its cast. A widening
-    cast is exact, so the comparison's bits do not depend on which one runs.
+    A checkpoint stored in another dtype than `dtype` (`convert --dtype float32` on a bf16 SRC, `--dtype
+    bfloat16` on an fp32 one) is loaded in its own where layers stay on disk and cast after
+    (`hub.memory_budget.loading_dtype`): transformers' cast while loading would read the whole checkpoint (a
+    bf16 0.85B Llama verified in fp32 within 1.5 GB peaked at 2.80 GB, the same model stored in fp32 and
+    verified in bf16 4.32 GB). The placement then keeps room for a weight read in its stored dtype beside its
+    cast. The cast gives each tensor the dtype transformers' own load in `dtype` gives it, by the same
+    `Tensor.to`, so the comparison's bits do not depend on which one runs: a narrowing cast is not exact, but
+    it is the same cast of the same weights, and RoPE's float32 `inv_freq` stays float32 in both.
     """
     from transformers import AutoConfig
 
@@ -150,7 +155,8 @@ def _loading(folder: Path, budget: MemoryBudget, dtype: torch.dtype | None, load
     skeleton = meta_model(load_kwargs.get("config") or AutoConfig.from_pretrained(folder), dtype)
     reserve = reading_reserve(skeleton, stored.get("dtype") or stored.get("torch_dtype"))
     load_dtype = loading_dtype(skeleton, stored, dtype, budget, reserve)
-    return load_dtype, {"reserve": reserve, **cast_placement(skeleton, load_dtype, dtype)}
+    cast = cast_placement(skeleton, load_dtype, dtype)
+    return load_dtype, {"reserve": reserve, "dtypes": running_dtypes(skeleton), **cast}
 
 
 def compare_runs(reference: PromptRun, result: PromptRun) -> Comparison:

@@ -10,8 +10,9 @@
 - `budget.placement()`: `from_pretrained`'s `device_map`, `max_memory` and `offload_folder`, with the
   offload folder a temporary directory that is removed on leaving, whatever happens.
 - `reading_reserve(model, stored)`: what reading a weight stored in another dtype adds beside it.
-- `loading_dtype`, `cast_placement`, `cast_weights`: a model to run in another dtype than its checkpoint's,
-  loaded in the checkpoint's where layers stay on disk, placed by its cast sizes, and cast once loaded.
+- `loading_dtype`, `cast_placement`, `running_dtypes`, `cast_weights`: a model to run in another dtype than its
+  checkpoint's (wider or narrower), loaded in the checkpoint's where layers stay on disk, placed by its cast
+  sizes, and cast once loaded to the dtype transformers would have given each tensor.
 - `largest_layer(model)` and `budget.check_holds(model, remedy)`: the largest block accelerate never
   splits (a decoder layer, or the embedding), and a one-line refusal of a budget smaller than it.
 - `read_layers_whole(model)`: after loading, each layer read from disk is read whole as it starts, not
@@ -114,14 +115,14 @@ class MemoryBudget:
 
         With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
         fills the GPUs first and the budget bounds only the host's memory. `scale`: each size times it, for
-        a model loaded in a dtype of another width than the one it will run in (`scale` = loaded bytes per
-        weight / running bytes per weight), and cast once loaded. Until that cast ends, the layers in memory
-        are held in both dtypes (the loaded bytes are mapped from the checkpoint's file): given the largest
-        layer in the running dtype (`cast_largest`), they get `room / (1 + scale)`, and accelerate's one
-        layer beside them.
+        a model loaded in another dtype than the one it will run in (`scale` = loaded bytes per weight /
+        running bytes per weight: 0.5 widening bf16 to fp32, 2 narrowing fp32 to bf16, 1 for bf16 to fp16),
+        and cast once loaded. Until that cast ends, the layers in memory are held in both dtypes (the loaded
+        bytes are mapped from the checkpoint's file): given the largest layer in the running dtype
+        (`cast_largest`), they get `room / (1 + scale)`, and accelerate's one layer beside them.
         """
         room = max(self.room(reserve), 1)
-        if cast_largest and scale != 1.0:
+        if cast_largest:
             room = min(room / (1 + scale) + cast_largest, room)
         sizes = {"cpu": room}
         if gpus:
@@ -206,39 +207,49 @@ def loading_dtype(skeleton, config: dict, dtype, budget, reserve: int = 0):
 
     transformers converts every tensor of a checkpoint to the dtype asked for as it loads, those it leaves
     on disk too: the whole checkpoint is read once and its pages count against the process (a bf16 0.85B
-    Llama analysed in fp32 within 1 GB peaked at 2.84 GB). Loaded in the checkpoint's dtype, the tensors
-    that stay on disk are not read at load; each is cast to `dtype` as its layer runs (accelerate casts a
-    tensor it reads to the dtype of the parameter it fills, which `cast_weights` sets), and the layers in
-    memory are cast once loaded. Only a wider dtype is reached that way (bf16 -> fp32: exact, and no float32
-    buffer is touched); a model that keeps some modules in fp32 whatever the dtype (`_keep_in_fp32_modules`)
-    loads as transformers loads it.
+    Llama analysed in fp32 within 1 GB peaked at 2.84 GB; the same model stored in fp32 and verified in bf16
+    within 1.5 GB, 4.32 GB). Loaded in the checkpoint's dtype, the tensors that stay on disk are not read at
+    load; each is cast to `dtype` as its layer runs (accelerate casts a tensor it reads to the dtype of the
+    parameter it fills, which `cast_weights` sets), and the layers in memory are cast once loaded. Wider
+    (bf16 -> fp32) and narrower (fp32 -> bf16) alike: `cast_weights` gives each tensor the dtype transformers'
+    own load in `dtype` gives it (`running_dtypes`), so the buffers a model computes in float32 whatever its
+    dtype (RoPE's inv_freq) stay float32, and the bits are those of transformers' cast. A model that keeps
+    some modules in fp32 whatever the dtype (`_keep_in_fp32_modules`, which transformers applies while loading,
+    not in the skeleton) loads as transformers loads it.
     """
     import torch
 
     saved = config.get("dtype") or config.get("torch_dtype")
     if dtype == "auto" or saved not in ("float32", "bfloat16", "float16") or getattr(torch, saved) == dtype:
         return dtype
-    if getattr(torch, saved).itemsize >= dtype.itemsize:
-        # A narrower dtype than the checkpoint's is left to transformers: cast after loading, the buffers a model
-        # computes in float32 whatever its dtype (RoPE's inv_freq) would be narrowed too (an fla hybrid verified in
-        # bf16 then differed from its conversion after layer 2).
-        return dtype
     if getattr(skeleton, "_keep_in_fp32_modules", None) or getattr(skeleton, "_keep_in_fp32_modules_strict", None):
         return dtype
     # Every layer stays in memory: nothing is read as it runs. transformers casts as it loads, with each stored
-    # tensor mapped from the file until the load ends: both dtypes at once.
+    # tensor mapped from the file until the load ends: both dtypes at once (1.5x a widened model, 3x a narrowed
+    # one, in the bytes it runs in).
     size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     if size * (1 + getattr(torch, saved).itemsize / dtype.itemsize) <= budget.room(reserve):
         return dtype
     return getattr(torch, saved)
 
 
-def cast_weights(model, loaded, dtype) -> None:
-    """Cast the weights `from_pretrained` gave in dtype `loaded` to `dtype`: those in memory now, and those on
-    disk (meta tensors) as their layers run. `.data` keeps tied weights one tensor."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.dtype == loaded:
-            tensor.data = tensor.data.to(dtype)
+def running_dtypes(skeleton) -> dict:
+    """The dtype of each parameter and buffer of `skeleton`, a model built in the dtype it will run in (on the meta
+    device, as `from_pretrained` builds it before loading): `dtype` for most, float32 for the buffers a model
+    computes in float32 whatever its dtype (RoPE's `inv_freq`). transformers loads each tensor of a checkpoint
+    into the dtype its model has for it, so these are the dtypes its own load in that dtype gives."""
+    return {name: t.dtype for name, t in (*skeleton.named_parameters(), *skeleton.named_buffers())}
+
+
+def cast_weights(model, loaded, dtypes: dict) -> None:
+    """Cast the weights and buffers `from_pretrained` gave in dtype `loaded` to those `dtypes` (`running_dtypes`)
+    gives them: those in memory now, and those on disk (meta tensors) as their layers run. A tensor that is
+    float32 by design stays float32 when the model narrows to bf16. `.data` keeps tied weights one tensor.
+
+    The cast is `Tensor.to`, as transformers' own while loading: the same bits, one tensor or the whole model."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if tensor.dtype == loaded and dtypes[name] != loaded:
+            tensor.data = tensor.data.to(dtypes[name])
 
 
 def cast_placement(skeleton, loaded, dtype) -> dict:
