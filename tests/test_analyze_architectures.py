@@ -543,7 +543,7 @@ def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
     if name in DECODERS:
         model = decoder(name, **REFUSED[name])
     else:
-        model = tiny(name, **REFUSED[name]) if REFUSED[name] is not None else catalog().build(name)
+        model = tiny(name, **REFUSED[name]) if REFUSED[name] is not None else built_by_catalog(name)
     with pytest.raises(LayoutError) as e:
         model_layout(model)
     assert str(e.value) == f"{type(model).__name__} cannot be analysed: {UNREADABLE[name]}"
@@ -657,12 +657,13 @@ def catalog():
     return sys.modules["analyze_catalog"]
 
 
-# model type -> (the gate's name under the decoder layer, its score when its projection outputs 0)
+# model type -> (the gate's name under the decoder layer, or the names releases give it, the first one the model has;
+# its score when its projection outputs 0)
 GATED = {
     "lfm3": ("self_attn.g_proj", 0.5),
     "bailing_hybrid": ("self_attn.g_proj", 0.5),
     "laguna": ("self_attn.g_proj", math.log(2.0)),  # softplus
-    "inkling2_text": ("self_attn.o_proj.gate_proj", 0.5),
+    "inkling2_text": (("self_attn.o_proj.gate_proj", "self_attn.gate_proj"), 0.5),  # 5.24 moved it into o_proj
     "dots3_note_text": ("self_attn.g_proj", 0.5),
     "hy_v4": ("self_attn.gate_proj", 0.5),
 }
@@ -675,6 +676,9 @@ def test_output_gates_transformers_ships_are_captured_by_their_own_names(name):
     model = catalog().build(name)
     layout = model_layout(model)
     gate, at_zero = GATED[name]
+    if not isinstance(gate, str):
+        layer = layout.layers[layout.full_attention_layers[0] - 1]
+        gate = next(n for n in gate if n in dict(layer.named_modules()))
     assert sorted(layout.gates) == layout.full_attention_layers and layout.gates
     assert {site.name for site in layout.gates.values()} == {gate}
     ids = torch.randint(3, 200, (1, 12))
@@ -875,6 +879,19 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
 SAMPLE = ["gpt2", "bloom", "mamba", "xlstm", "gemma3", "deepseek_v4", "big_bird", "got_ocr2", "gemma4", "lfm3",
           "laguna", "minimax", "longcat_flash", "inkling2_loop_text", "reformer", "gemma3n_text", "blt",
           "xlnet", "xlm", "xmod", "cohere_compass_text", "musicgen", "dots3_note"]  # XLNet's context is -1: no limit, not a cut to -1 tokens
+
+
+def built_by_catalog(name: str) -> nn.Module:
+    """The catalog's tiny `name`; skipped, with the reason, where a release other than the one the catalog's rules are
+    written for rejects it (Gemma 4's assistants on 5.23, whose config cannot share every layer's keys: fixed in 5.24)."""
+    cat = catalog()
+    try:
+        return cat.build(name)
+    except Exception as e:  # noqa: BLE001 - transformers' own validation, whatever it raises
+        if transformers_version().startswith(f"{cat.EXPECTED_FOR}."):
+            raise
+        pytest.skip(f"transformers {transformers_version()} rejects the catalog's tiny {name} (its rules are written "
+                    f"for {cat.EXPECTED_FOR}): {str(e).splitlines()[-1].strip()}")
 
 
 @pytest.mark.parametrize("name", SAMPLE)

@@ -118,18 +118,22 @@ UNREADABLE = {
 # chosen by the input's language: transformers' own forward raises without one, and only the user knows the inputs'.
 REQUIRED_FIELDS = {"xmod": ("default_language", "languages", "the language adapter every layer runs")}
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
-# (named under the attention module as the model names its parameters) and the activation the model applies to its
-# output, `[B, T, H]` (a score per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width.
+# (named under the attention module as the model names its parameters; where releases put it in different places,
+# each name in turn, the first the model has) and the activation the model applies to its output, `[B, T, H]` (a score
+# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width. Inkling2's gate moved into its
+# output projection in transformers 5.24 (`Inkling2GatedOutputProjection`); 5.23 keeps it on the attention, the same
+# map of the same input, applied to the same output.
+INKLING2_GATE = ("o_proj.gate_proj", "gate_proj")
 OUTPUT_GATES = {
     "Lfm3Attention": ("g_proj", "sigmoid"),
     "BailingHybridAttention": ("g_proj", "sigmoid"),
     "LagunaAttention": ("g_proj", "softplus"),
     "Dots3NoteTextAttention": ("g_proj", "sigmoid"),
     "HYV4Attention": ("gate_proj", "sigmoid"),
-    "Inkling2SlidingAttention": ("o_proj.gate_proj", "sigmoid"),
-    "Inkling2FullAttention": ("o_proj.gate_proj", "sigmoid"),
-    "Inkling2LoopSlidingAttention": ("o_proj.gate_proj", "sigmoid"),
-    "Inkling2LoopFullAttention": ("o_proj.gate_proj", "sigmoid"),
+    "Inkling2SlidingAttention": (INKLING2_GATE, "sigmoid"),
+    "Inkling2FullAttention": (INKLING2_GATE, "sigmoid"),
+    "Inkling2LoopSlidingAttention": (INKLING2_GATE, "sigmoid"),
+    "Inkling2LoopFullAttention": (INKLING2_GATE, "sigmoid"),
 }
 # Hyper-connections: model types whose decoder layers pass several residual streams on ([B, T, N, D]) and reduce them
 # to one before the final norm with a module of their own (the attribute of the text model named here). The residual
@@ -492,8 +496,9 @@ def _gate_site(config, attention: nn.Module) -> GateSite | None:
     q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
     num_heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
     if (record := OUTPUT_GATES.get(type(attention).__name__)) is not None:
-        name, activation = record
-        projection = attention.get_submodule(name) if _has_submodule(attention, name) else None
+        names, activation = record
+        name = next((n for n in ((names,) if isinstance(names, str) else names) if _has_submodule(attention, n)), None)
+        projection = attention.get_submodule(name) if name else None
         if isinstance(projection, nn.Linear) and num_heads and projection.out_features % num_heads == 0:
             return GateSite("projection", projection, num_heads, projection.out_features // num_heads, activation, name)
         return None  # the model was built without its gate (Lfm3's `use_attention_gate=False`)
