@@ -54,7 +54,7 @@ EXPECTED_EXACT = set("""
     recurrent_gemma rembert roberta roberta-prelayernorm roc_bert roformer sarvam_mla sarvam_moe seed_oss smollm3
     solar_open stablelm starcoder2 trocr vaultgemma whisper xglm xlm xlm-roberta xlm-roberta-xl xlnet xmod youtu
     zamba zamba2 zaya
-    ergo minicpm5_moe param2moe
+    ergo minicpm5_moe param2moe kolibri1_1
 """.split())
 EXPECTED_NONE = {"falcon_mamba", "mamba", "mamba2", "rwkv", "xlstm"}
 EXPECTED_REFUSED = {
@@ -68,7 +68,7 @@ EXPECTED_REFUSED = {
 }
 # The catalog cannot build a tiny model of these from the default config with its rules (its limit, not analyze's):
 # Gemma 3n's audio and vision towers need timm (whose install would replace torch).
-EXPECTED_NOT_BUILT = {"gemma3n", "kolibri1_1"}  # kolibri1_1 (5.25): its config validator rejects the tiny shape
+EXPECTED_NOT_BUILT = {"gemma3n"}
 EXPECTED_ERROR: set[str] = set()
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, WINDOW = 64, 4, 2, 16, 64, 16
@@ -209,6 +209,14 @@ FIELDS = {
     # model (0: the config then shares all of them) and have no per-layer inputs, MoE block or double-wide MLP
     "gemma4_assistant": dict(text_config=ASSISTANT),
     "gemma4_unified_assistant": dict(text_config=ASSISTANT),
+    # Kolibri 1.1's indexed (top-k) attention layers read the keys of an earlier indexer layer of their type, and its
+    # validator checks the layout its defaults give 50 layers: one sliding and one indexed layer, each twice, the
+    # indexer at 1, its indexer sizes below the 24 tokens (so the top-k does choose), head_dim a multiple of 16
+    "kolibri1_1": dict(layer_types=["sliding_attention", "indexed_attention"] * 2, num_hidden_layers=4,
+                       index_layers=[1], kv_source_layers=[0, 1, 2, 1], mlp_only_layers=[0], mlp_only_intermediate_size=64,
+                       index_topk=8, index_pool_size=64, index_compression=4, index_num_heads=1,
+                       index_num_local_tokens=4, index_num_sink_tokens=1, head_dim=16, num_experts=8,
+                       num_experts_per_tok=2),
     # BLT reads bytes (260 ids, fewer than the catalog tokenizer's 300) and hashes byte n-grams into 500,002 rows
     "blt": dict(vocab_size=300, encoder_hash_byte_group_vocab=1000, encoder_config=dict(vocab_size=300),
                 decoder_config=dict(vocab_size=300), patcher_config=dict(vocab_size=300)),
