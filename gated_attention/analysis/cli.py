@@ -258,12 +258,16 @@ def _samples(args):
     datasets = [DatasetSpec(tuple(spec), fields[i] if len(fields) > 1 else fields[0]) for i, spec in enumerate(args.dataset)]
     from tqdm.auto import tqdm
 
-    with tqdm(desc="reading --dataset", unit="doc") as bar:
+    with warnings.catch_warnings(record=True) as said, tqdm(desc="reading --dataset", unit="doc") as bar:
         try:
-            return dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field, split=args.split,
-                                   max_chars=args.max_length * CHARS_PER_TOKEN, progress=bar.update)
+            samples = dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field,
+                                      split=args.split, max_chars=args.max_length * CHARS_PER_TOKEN,
+                                      progress=bar.update)
         except DataError as e:
             raise CLIError(str(e)) from None
+    for w in said:  # after the bar, which holds the line while it runs
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return samples
 
 
 def _print_rows(label: str, rows: list[dict]) -> None:
