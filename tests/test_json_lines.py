@@ -341,3 +341,34 @@ def test_the_stream_says_the_skipped_rows_once_a_run_from_rank_0(tmp_path, token
     expected = "2 of 12 rows" if world == 1 else "1 of 6 rows"  # rank 0 reads lines 1, 3, ..., 11, not 12
     assert said == [f"--dataset {path}: {expected}{part} have no 'text' field; skipped"]
 
+
+NUL_TAILS = {
+    "after a line": (b'{"text": "a"}\n{"text": "b"}\n', 100),
+    "inside a line": (b'{"text": "a"}\n{"text": "b', 100),
+    "longer than a block": (b'{"text": "a"}\n', 50),
+}
+
+
+@pytest.mark.parametrize("case", list(NUL_TAILS))
+def test_a_nul_tail_is_refused_in_one_line_naming_where_it_begins(tmp_path, monkeypatch, capsys, model_dir, case):
+    """A file ending in NUL bytes (preallocated, or a write cut short) is refused before anything is read,
+    naming the byte where the NULs begin: the bytes meant to be there are lost (see the module docstring)."""
+    monkeypatch.setattr(json_lines, "BLOCK", 16)  # the NULs found from the end over several blocks
+    head, nuls = NUL_TAILS[case]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(head + b"\0" * nuls)
+    message = (f"--dataset {path}: {path} ends in {nuls} NUL bytes from byte {len(head)} on (space preallocated "
+               "for a write that never came, or a write cut short); cut it there to read the rest "
+               f"(truncate -s {len(head)} {path})")
+    with pytest.raises(DataError) as error:
+        check_corpus(open_corpus(str(path)), "text", str(path))
+    assert str(error.value) == message
+    with pytest.raises(DataError) as error:  # the reader itself, also without the check
+        next(open_corpus(str(path)).chunks("text", 0, 1, None, 1))
+    assert str(error.value) == message
+    status, err = _analyze([str(model_dir), "--out", str(tmp_path / "out"), "--dataset", str(path),
+                            "--n-per-domain", "1"], capsys)
+    assert status == 2 and err[-1] == f"gated-attention analyze: error: {message}"
+    assert not (tmp_path / "out").exists()
+    path.write_bytes(head)  # cut where the line says: the rest reads
+    check_corpus(open_corpus(str(path)), "text", str(path))

@@ -24,7 +24,12 @@ A row is judged alone, as `datasets` infers a file's columns from all its rows:
 a row without the text field is skipped (`check_corpus` reads only up to the
 first row that has it, and names the keys of all rows where none has), and the
 reader counts such rows as it goes, so that the stream and `analyze` say how
-many in one line (`missing_field_notice`) without reading a file twice.
+many in one line (`missing_field_notice`) without reading a file twice. A file
+whose tail is NUL bytes (space preallocated for a write that never came, or a
+write cut short by a crash) is refused in one line naming the byte where the
+NULs begin (`check_corpus`, and again whenever the file is opened for reading):
+the bytes meant to stand there are lost, and a run that trained on the rest
+without a word would hide it; the line tells how to cut the file there.
 """
 
 from __future__ import annotations
@@ -247,6 +252,13 @@ class JsonLinesCorpus:
     def _sizes(self) -> list[int]:
         return [path.stat().st_size for path in self.files]
 
+    def check_ends(self) -> None:
+        """`DataError` for the first file whose tail is NUL bytes (see the module docstring), naming the byte
+        offset where they begin; a file that does not end in NUL costs one byte read."""
+        for path in self.files:
+            with open(path, "rb") as f:
+                _refuse_nul_tail(f, path, self.spec)
+
     def _check_unchanged(self, position: dict) -> None:
         """`DataError` naming the first file whose size is not the one `position` was saved with."""
         saved = position.get("sizes")  # None: saved before sizes were kept
@@ -275,6 +287,7 @@ class JsonLinesCorpus:
             resume = index == position["file"]
             offset, number = (position["offset"], position["line"]) if resume else (0, 1)
             with open(self.files[index], "rb") as f:
+                _refuse_nul_tail(f, self.files[index], self.spec)
                 if offset == 0 and f.read(3) == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark
                     offset = 3
                 f.seek(offset)
@@ -403,6 +416,29 @@ class JsonLinesCorpus:
             yield chunk, dict(position)
 
 
+def _refuse_nul_tail(f, path: Path, spec: str) -> None:
+    """`DataError` if the open file `f` ends in NUL bytes, naming the offset where they begin (found from
+    the end, `BLOCK` bytes at a time: a preallocated tail may be gigabytes). JSON holds no raw NUL, so a
+    NUL is never a line's own last byte."""
+    size = f.seek(0, 2)
+    if not size:
+        return
+    f.seek(size - 1)
+    if f.read(1) != b"\0":
+        return
+    start = size
+    while start:
+        f.seek(max(0, start - BLOCK))
+        block = f.read(start - max(0, start - BLOCK))
+        kept = len(block.rstrip(b"\0"))
+        start -= len(block) - kept
+        if kept:
+            break
+    raise DataError(f"--dataset {spec}: {path} ends in {size - start:,} NUL bytes from byte {start:,} on (space "
+                    "preallocated for a write that never came, or a write cut short); cut it there to read the "
+                    f"rest (truncate -s {start} {path})")
+
+
 def missing_field_notice(spec: str, field: str, missing: int, read: int, whole: bool = True,
                          part: str = "") -> str:
     """The one line that says how many rows had no `field` and were skipped: of the `read` rows of `spec`
@@ -471,12 +507,13 @@ def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True, f
     """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of some
     line, read up to the first that has it; the error names the keys of all lines) and, with `has_text`,
     some document has text in it (read up to the first that has); `flag` names the option that gave the
-    column."""
+    column. JSON-lines files whose tail is NUL bytes are refused (`JsonLinesCorpus.check_ends`)."""
     if not isinstance(corpus, JsonLinesCorpus):
         check_text_field(corpus, text_field, spec, flag)
         if has_text:
             check_has_text(corpus, text_field, spec)
         return
+    corpus.check_ends()
     columns = corpus.columns(text_field, text=has_text)
     check_columns(columns, text_field, spec, flag)
     if has_text and not corpus.has_text(text_field):  # a line has the field: the first with text was sought
