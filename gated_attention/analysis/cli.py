@@ -110,10 +110,11 @@ def register(subparsers) -> None:
                        help="accelerate's device map: auto (the GPUs in order, then the CPU within --max-memory, then "
                        "disk), balanced, balanced_low_0, sequential, or one device (cpu, cuda:N)")
     p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
-                   help="the most CPU memory the process may hold, e.g. 4GB or 512MiB: what it holds before the model "
-                   "loads and a reserve for running it (more for a longer --max-length) come off, the model's weights "
-                   "get the rest, and the layers that do not fit are read from the checkpoint's files as they run "
-                   "(default: what is free when the run starts)")
+                   help="the most CPU memory the whole process may hold, Python, torch and the libraries included, "
+                   "e.g. 4GB or 512MiB: what it holds before the model loads and a reserve for running it (more for "
+                   "a longer --max-length) come off, the model's weights get the rest, and the layers that do not fit "
+                   "are read from the checkpoint's files as they run; the split is printed once, at the start, before "
+                   "the model loads (default: what is free when the run starts)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
