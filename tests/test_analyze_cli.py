@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 import gated_attention as ga
 from gated_attention.cli import main
+from gated_attention.hub.command_line import parse_size
 from test_analysis_capture import TINY, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -495,3 +498,32 @@ def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(model_d
     assert err.endswith("give a larger --max-memory, a smaller --max-length, or free some memory; nothing was written")
     assert "this process holds" in err and "running the model" in err  # the budget bounds the whole process
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+SPLIT = re.compile(r"^--max-memory 2\.00 GB: ([\d.]+ [KMG]?B) this process, ([\d.]+ [KMG]?B) running reserve, "
+                   r"([\d.]+ [KMG]?B) for weights$", re.MULTILINE)
+
+
+def test_a_budgeted_run_says_how_its_budget_is_split_once_before_the_first_model_loads(model_dir, tmp_path, capsys):
+    """--max-memory bounds the whole process; a run of two models says the split once, the first model's, before it
+    loads (its placement line follows). The sizes are the process's own and the reserve for running the model."""
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    capsys.readouterr()
+    assert _analyze_main(str(model_dir), str(other), "--out", str(tmp_path / "out"), "--n-per-domain", "1",
+                         "--max-memory", "2GB") == 0
+    out = capsys.readouterr().out
+    splits = SPLIT.findall(out)
+    assert len(splits) == 1, out
+    assert out.index("--max-memory 2.00 GB:") < out.index("tiny: all ")  # before the first model's placement line
+    held, reserve, weights = (parse_size(size.replace(" ", "")) for size in splits[0])
+    assert held > 50_000_000 and reserve > 0  # Python and torch: tens of MB at least; running: eager attention's
+    assert abs(held + reserve + weights - 2_000_000_000) <= 10_000_000  # the three make it, to two decimals of a GB
+
+
+def test_the_help_says_the_budget_is_the_whole_process_and_its_split_is_printed(capsys):
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the whole process may hold, Python, torch and the libraries included" in text
+    assert "the split is printed once, at the start, before the model loads" in text

@@ -25,6 +25,16 @@ pytestmark = pytest.mark.usefixtures("weights_only_budget")  # budgets of kiloby
 BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "200KB"}
 # Weights read from disk while the prompt ran, as the verification's log line says: one for SRC, one for DST.
 FROM_DISK = re.compile(r"verifying: (?:SRC|DST|the ungated reference) ran with ([\d.]+ \w+) of ([\d.]+ \w+) of weights read from disk")
+# How the budget is split, said once a run, before the first model loads (here the process's share is 0 B:
+# `weights_only_budget`).
+SPLIT = re.compile(r"^--max-memory [\d.]+ KB: 0 B this process, [\d.]+ K?B running reserve, [\d.]+ KB for weights$",
+                   re.MULTILINE)
+
+
+def said_split_once(out: str) -> bool:
+    """One split line, before the first model ran (a convert loads SRC, then DST)."""
+    found = list(SPLIT.finditer(out))
+    return len(found) == 1 and found[0].start() < FROM_DISK.search(out).start()
 
 
 @pytest.mark.parametrize("family", sorted(BUDGETS))
@@ -38,6 +48,7 @@ def test_a_budget_smaller_than_the_model_converts_and_verifies_bit_identically(t
     out = capsys.readouterr().out
     assert f"verifying within {BUDGETS[family][:-2]}.00 KB (--max-memory)" in out, out
     assert len(FROM_DISK.findall(out)) == 2, out  # each side ran partly from disk
+    assert said_split_once(out), out
     assert "bit-identical after every layer and in the logits" in out
     assert not list(dst.rglob(".offload-*")) and staging_leftovers(dst) == []
 
@@ -185,6 +196,7 @@ def test_extend_and_export_verify_within_a_budget_smaller_than_the_model(tmp_pat
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert len(FROM_DISK.findall(out)) == 2, out
+    assert said_split_once(out), out
     assert ("bit-identical after every layer" if command == "extend" else "verify: max |logits(SRC) - logits(DST)|") in out
 
 
@@ -211,3 +223,12 @@ def test_without_verification_the_budget_bounds_nothing_and_is_not_checked(tmp_p
     src = make_source("llama", tmp_path / "src")
     assert main(["convert", str(src), str(tmp_path / "out"), "--max-memory", "5KB", "--no-verify"]) == 0
     shutil.rmtree(tmp_path / "out")
+
+
+@pytest.mark.parametrize("command", ["convert", "extend", "export"])
+def test_the_help_says_the_budget_is_the_whole_process_and_its_split_is_printed(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the verification's whole process may hold, Python, torch and the libraries included" in text
+    assert "The split (this process, running reserve, weights) is printed once, at the start of the verification" in text

@@ -268,3 +268,107 @@ def test_no_row_with_the_field_names_the_union(tmp_path):
     path.write_text('{"a": 1}\n{"b": "x"}\n')
     with pytest.raises(DataError, match=r"its columns: a, b"):
         check_corpus(open_corpus(str(path)), "text", str(path))
+
+
+def _analyze(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """`gated-attention analyze` as the console runs it; its exit status and its stderr's lines (a progress
+    bar's redraws, ended by carriage returns, are lines of their own)."""
+    from gated_attention.cli import main
+
+    capsys.readouterr()
+    status = main(["analyze", *argv])
+    return status, capsys.readouterr().err.splitlines()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    import gated_attention as ga
+    from test_analysis_capture import TINY, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("model") / "tiny"
+    config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 2, "max_position_embeddings": 16})
+    ga.GatedAttentionForCausalLM(config).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_rows_without_the_text_field_are_skipped_and_counted_once(tmp_path, capsys, model_dir):
+    """A first row lacking --text-field refused the file; then it was read without a word. Each row is judged
+    alone, the check reads only up to the first row that has the field, and one line says how many were
+    skipped, of all rows when all were read, of those read when --n-per-domain stopped early."""
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"other": 1}\n{"text": "a"}\n{"text": "b", "other": 2}\n{"text": "c"}\n')
+    read = []
+    values = JsonLinesCorpus.values
+
+    def counted(self, field):
+        for value in values(self, field):
+            read.append(value)
+            yield value
+
+    corpus = open_corpus(str(path))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(JsonLinesCorpus, "values", counted)
+        check_corpus(corpus, "text", str(path))
+    assert len(read) == 4  # two rows for the field, then again up to its first text (has_text)
+    for n, said in (("4", "1 of 4 rows have"), ("1", "1 of 2 rows read have")):
+        status, err = _analyze([str(model_dir), "--out", str(tmp_path / f"out{n}"), "--dataset", str(path),
+                                "--n-per-domain", n], capsys)
+        assert status == 0
+        warnings = [line for line in err if "warning" in line]
+        assert warnings == [f"gated-attention analyze: warning: --dataset {path}: {said} no 'text' field; skipped"]
+    with open(tmp_path / "out4" / "inputs.csv") as f:
+        assert len(f.read().strip().splitlines()) == 1 + 3  # a header and the three rows with text
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_stream_says_the_skipped_rows_once_a_run_from_rank_0(tmp_path, tokenizer, recwarn, world):
+    """Counted in the reader's position as it reads, said at the end of the first part read to its end: not
+    again for the next epochs, nor by the other ranks, and true across a resume."""
+    path = write(tmp_path / "s.jsonl", [{"other": 1}] + [{"text": f"some text {i} " * 5} for i in range(10)]
+                 + [{"x": 2}])
+    said = []
+    for rank in range(world):
+        stream = text_stream(str(path), tokenizer, 16, rank=rank, world=world, chunk_docs=2)
+        stream.next_rows(2)  # within the first epoch: not said yet
+        assert not [w for w in recwarn if "field" in str(w.message)]
+        resumed = text_stream(str(path), tokenizer, 16, rank=rank, world=world, chunk_docs=2)
+        resumed.load_state_dict(stream.state_dict())
+        resumed.next_rows(400)  # several epochs
+        said += [str(w.message) for w in recwarn if "field" in str(w.message)]
+        recwarn.clear()
+    part = "" if world == 1 else " in rank 0's part (of 2)"
+    expected = "2 of 12 rows" if world == 1 else "1 of 6 rows"  # rank 0 reads lines 1, 3, ..., 11, not 12
+    assert said == [f"--dataset {path}: {expected}{part} have no 'text' field; skipped"]
+
+
+NUL_TAILS = {
+    "after a line": (b'{"text": "a"}\n{"text": "b"}\n', 100),
+    "inside a line": (b'{"text": "a"}\n{"text": "b', 100),
+    "longer than a block": (b'{"text": "a"}\n', 50),
+}
+
+
+@pytest.mark.parametrize("case", list(NUL_TAILS))
+def test_a_nul_tail_is_refused_in_one_line_naming_where_it_begins(tmp_path, monkeypatch, capsys, model_dir, case):
+    """A file ending in NUL bytes (preallocated, or a write cut short) is refused before anything is read,
+    naming the byte where the NULs begin: the bytes meant to be there are lost (see the module docstring)."""
+    monkeypatch.setattr(json_lines, "BLOCK", 16)  # the NULs found from the end over several blocks
+    head, nuls = NUL_TAILS[case]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(head + b"\0" * nuls)
+    message = (f"--dataset {path}: {path} ends in {nuls} NUL bytes from byte {len(head)} on (space preallocated "
+               "for a write that never came, or a write cut short); cut it there to read the rest "
+               f"(truncate -s {len(head)} {path})")
+    with pytest.raises(DataError) as error:
+        check_corpus(open_corpus(str(path)), "text", str(path))
+    assert str(error.value) == message
+    with pytest.raises(DataError) as error:  # the reader itself, also without the check
+        next(open_corpus(str(path)).chunks("text", 0, 1, None, 1))
+    assert str(error.value) == message
+    status, err = _analyze([str(model_dir), "--out", str(tmp_path / "out"), "--dataset", str(path),
+                            "--n-per-domain", "1"], capsys)
+    assert status == 2 and err[-1] == f"gated-attention analyze: error: {message}"
+    assert not (tmp_path / "out").exists()
+    path.write_bytes(head)  # cut where the line says: the rest reads
+    check_corpus(open_corpus(str(path)), "text", str(path))

@@ -98,3 +98,16 @@ def test_the_offload_folder_is_removed_also_after_an_error(tmp_path, weights_onl
         (Path(kwargs["offload_folder"]) / "weight.dat").write_bytes(b"x")
         raise RuntimeError("a failed load")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_split_is_said_once_a_budget_and_only_for_max_memory(monkeypatch):
+    from gated_attention.hub import memory_budget
+
+    monkeypatch.setattr(memory_budget, "process_memory", lambda: 500_000)
+    said = []
+    budget = MemoryBudget(600_000, True)
+    budget.say_split(40_000, said.append)
+    budget.say_split(10, said.append)  # a later load of the same run (convert's DST)
+    assert said == ["--max-memory 600.00 KB: 500.00 KB this process, 40.00 KB running reserve, 60.00 KB for weights"]
+    MemoryBudget(600_000, False).say_split(40_000, said.append)  # free memory: the process's own was not taken off
+    assert len(said) == 1

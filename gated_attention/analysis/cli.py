@@ -110,10 +110,11 @@ def register(subparsers) -> None:
                        help="accelerate's device map: auto (the GPUs in order, then the CPU within --max-memory, then "
                        "disk), balanced, balanced_low_0, sequential, or one device (cpu, cuda:N)")
     p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
-                   help="the most CPU memory the process may hold, e.g. 4GB or 512MiB: what it holds before the model "
-                   "loads and a reserve for running it (more for a longer --max-length) come off, the model's weights "
-                   "get the rest, and the layers that do not fit are read from the checkpoint's files as they run "
-                   "(default: what is free when the run starts)")
+                   help="the most CPU memory the whole process may hold, Python, torch and the libraries included, "
+                   "e.g. 4GB or 512MiB: what it holds before the model loads and a reserve for running it (more for "
+                   "a longer --max-length) come off, the model's weights get the rest, and the layers that do not fit "
+                   "are read from the checkpoint's files as they run; the split is printed once, at the start, before "
+                   "the model loads (default: what is free when the run starts)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
@@ -258,12 +259,16 @@ def _samples(args):
     datasets = [DatasetSpec(tuple(spec), fields[i] if len(fields) > 1 else fields[0]) for i, spec in enumerate(args.dataset)]
     from tqdm.auto import tqdm
 
-    with tqdm(desc="reading --dataset", unit="doc") as bar:
+    with warnings.catch_warnings(record=True) as said, tqdm(desc="reading --dataset", unit="doc") as bar:
         try:
-            return dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field, split=args.split,
-                                   max_chars=args.max_length * CHARS_PER_TOKEN, progress=bar.update)
+            samples = dataset_samples(datasets, args.n_per_domain, domain_field=args.domain_field,
+                                      split=args.split, max_chars=args.max_length * CHARS_PER_TOKEN,
+                                      progress=bar.update)
         except DataError as e:
             raise CLIError(str(e)) from None
+    for w in said:  # after the bar, which holds the line while it runs
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return samples
 
 
 def _print_rows(label: str, rows: list[dict]) -> None:

@@ -193,6 +193,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     if device_map == {"": "cpu"} or isinstance(device_map, str):  # the CPU holds weights: within the budget
         skeleton = _skeleton(model_name, cls, where, dtype, args, building)
         reserve = running_memory(skeleton, config, args.max_length, bool(args.intervene))
+        budget.say_split(reserve)  # the first model's: a run says it once
     if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
         size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
         if size > (room := budget.room(reserve)):

@@ -10,19 +10,22 @@ Datasets (`dataset_samples`): what `--dataset` reads in the training examples (`
 JSON lines through the package's reader, the rest through `datasets`), streamed, the first documents with
 text of each domain. A domain is one `--dataset`, or each value of a domain column, as the hybrid paper
 takes 100 inputs from each of its five corpora. A text is read only as far as `max_chars`: a document of
-one 200 MB line costs what its first characters cost.
+one 200 MB line costs what its first characters cost. JSON-lines rows without the text field are skipped,
+and a warning says how many of the rows read (`hub.json_lines.missing_field_notice`), once per dataset.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import GatedAttentionWarning
 from ..hub.datasets import DataError, reading
-from ..hub.json_lines import JsonLinesCorpus, check_corpus, open_corpus
+from ..hub.json_lines import JsonLinesCorpus, check_corpus, missing_field_notice, open_corpus
 
 _CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
 _MATH_MODULES = ("statistics", "fractions", "math", "cmath")
@@ -166,9 +169,12 @@ def dataset_samples(
             if isinstance(ds, JsonLinesCorpus):
                 ds = ds.documents([d.text_field] + ([domain_field] if domain_field is not None else []))
             taken: dict[str, int] = {}
+            missing, read, whole = 0, 0, True  # rows without the text field (JSON lines leave it out), of those read
             for i, doc in enumerate(ds):
                 if progress is not None:
                     progress()
+                read += 1
+                missing += d.text_field not in doc
                 text = _head(doc.get(d.text_field), max_chars)
                 if not isinstance(text, str) or not text.strip():
                     continue
@@ -182,7 +188,11 @@ def dataset_samples(
                 taken[domain] = taken.get(domain, 0) + 1
                 samples.append(Sample(domain, f"{name}:{i}", text))
                 if domain_field is None and taken[domain] >= n_per_domain:
+                    whole = False  # the rows after it are not read: the count is of those read
                     break
         if not taken:
             raise DataError(f"--dataset {name}: no document has text in its {d.text_field!r} column")
+        if missing:
+            warnings.warn(missing_field_notice(name, d.text_field, missing, read, whole), GatedAttentionWarning,
+                          stacklevel=2)
     return samples

@@ -71,11 +71,12 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
         "--max-memory",
         type=memory_size,
         metavar="SIZE",
-        help="the most memory the verification's process may hold, e.g. 8GB or 512MiB (default: what the machine "
-        "has free when the command starts). SRC and the result are loaded one after the other; accelerate keeps "
-        "what fits in SIZE, less what the process holds already, and reads the other layers from their own "
-        "safetensors files while the fixed prompt runs, so the "
-        "comparison stays bit-exact at any model size. Refused, before anything is written, if SIZE cannot hold "
+        help="the most memory the verification's whole process may hold, Python, torch and the libraries included, "
+        "e.g. 8GB or 512MiB (default: what the machine has free when the command starts). SRC and the result are "
+        "loaded one after the other; accelerate keeps what fits in SIZE, less what the process holds already and "
+        "a reserve for running, and reads the other layers from their own safetensors files while the fixed prompt "
+        "runs, so the comparison stays bit-exact at any model size. The split (this process, running reserve, "
+        "weights) is printed once, at the start of the verification, before SRC loads. Refused, before anything is written, if SIZE cannot hold "
         "the process and the largest layer. The conversion itself holds one tensor at a time",
     )
     p.add_argument(

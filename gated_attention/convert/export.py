@@ -261,9 +261,9 @@ def _verify(folder: Path, stage: Path, config, log, budget: MemoryBudget) -> flo
         "comparing logits on a fixed prompt")  # fmt: skip
     prompt = dict(dtype=torch.float32, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
                   offload_dir=stage)  # fmt: skip
-    reference = run_prompt(folder, budget, **prompt)
+    reference = run_prompt(folder, budget, log=log, **prompt)
     log(f"verifying: SRC ran with {reference.placement()}")
-    native = run_prompt(stage, budget, forward_context=qwen3_5_torch_path, **prompt)
+    native = run_prompt(stage, budget, forward_context=qwen3_5_torch_path, log=log, **prompt)
     log(f"verifying: DST ran with {native.placement()}")
     cmp = compare_runs(reference, native)
     diff, equal, scale = cmp.max_abs_diff, torch.equal(reference.logits, native.logits), cmp.max_abs_logit

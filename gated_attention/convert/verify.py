@@ -99,20 +99,23 @@ def run_prompt(
     offload_dir: Path,
     forward_context=contextlib.nullcontext,
     strict: bool = False,
+    log=print,
     **load_kwargs,
 ) -> PromptRun:
     """Load the checkpoint in `folder` within `budget`, run the fixed prompt, and let the model go.
 
     `offload_dir` holds the temporary offload folder (on DST's disk, not in a tmpfs); `load_kwargs` go to
     `from_pretrained` (config overrides, `config=`, `key_mapping=`). `strict`: every weight of the model
-    must come from the checkpoint and every tensor of the checkpoint must have a place in it.
+    must come from the checkpoint and every tensor of the checkpoint must have a place in it. `log` says how
+    the budget is split before the run's first load (`MemoryBudget.say_split`).
     """
     from transformers import AutoModelForCausalLM
 
     register_auto_classes()
     load_dtype, cast = _loading(folder, budget, dtype, load_kwargs)
-    dtypes = cast.pop("dtypes", None)
-    with budget.placement(dir=offload_dir, reserve=cast.pop("reserve", 0), **cast) as placement:
+    dtypes, reserve = cast.pop("dtypes", None), cast.pop("reserve", 0)
+    budget.say_split(reserve, log)
+    with budget.placement(dir=offload_dir, reserve=reserve, **cast) as placement:
         model, info = AutoModelForCausalLM.from_pretrained(
             folder, dtype=load_dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
             **placement, **load_kwargs,
@@ -200,9 +203,9 @@ def verify_against_source(
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
     _announce(budget, reference_name, log)
     prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
-    reference = run_prompt(src_folder, budget, **prompt, **overrides)
+    reference = run_prompt(src_folder, budget, **prompt, log=log, **overrides)
     log(f"verifying: SRC ran with {reference.placement()}")
-    result = run_prompt(stage, budget, **prompt)
+    result = run_prompt(stage, budget, log=log, **prompt)
     log(f"verifying: DST ran with {result.placement()}")
     # What a reader of "0" would otherwise take for "the RoPE change did nothing":
     note = "; DST's logits differ from SRC's own, as the RoPE change makes them" if overrides else ""
@@ -223,8 +226,8 @@ def verify_against_ungated(
     target_dtype = dtype or getattr(torch, str(config.dtype))
     prompt = dict(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
     reference = run_prompt(ckpt.folder, budget, dtype=target_dtype, config=ref_config, key_mapping=key_mapping,
-                           strict=True, **prompt)  # fmt: skip
+                           strict=True, log=log, **prompt)  # fmt: skip
     log(f"verifying: the ungated reference ran with {reference.placement()}")
-    result = run_prompt(stage, budget, dtype=dtype, **prompt)
+    result = run_prompt(stage, budget, dtype=dtype, log=log, **prompt)
     log(f"verifying: DST ran with {result.placement()}")
     return _log_and_check(compare_runs(reference, result), "ungated", exact, log)

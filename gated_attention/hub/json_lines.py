@@ -19,6 +19,17 @@ resume seeks straight to it.
 Processes share the files as `datasets.distributed.split_dataset_by_node`
 does: whole files when their number divides the world size, else every
 world-th document.
+
+A row is judged alone, as `datasets` infers a file's columns from all its rows:
+a row without the text field is skipped (`check_corpus` reads only up to the
+first row that has it, and names the keys of all rows where none has), and the
+reader counts such rows as it goes, so that the stream and `analyze` say how
+many in one line (`missing_field_notice`) without reading a file twice. A file
+whose tail is NUL bytes (space preallocated for a write that never came, or a
+write cut short by a crash) is refused in one line naming the byte where the
+NULs begin (`check_corpus`, and again whenever the file is opened for reading):
+the bytes meant to stand there are lost, and a run that trained on the rest
+without a word would hide it; the line tells how to cut the file there.
 """
 
 from __future__ import annotations
@@ -224,9 +235,10 @@ class JsonLinesCorpus:
     """The documents of local JSON-lines files, one object per line, read without `datasets` (see the module
     docstring). `spec` names the corpus in errors, as `--dataset` gave it.
 
-    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "sizes"}`: the next line to
-    read (file index, byte offset, line number), how many documents came before it (for the every-world-th
-    split) and each file's size in bytes, so that a resume from a file changed since says so rather than
+    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "read", "missing", "sizes"}`:
+    the next line to read (file index, byte offset, line number), how many documents came before it (for the
+    every-world-th split), how many of them this process read and how many of those lacked the field asked
+    (`chunks`), and each file's size in bytes, so that a resume from a file changed since says so rather than
     reading from an offset that is no longer a line's start.
     """
 
@@ -234,10 +246,18 @@ class JsonLinesCorpus:
         self.files, self.spec = [Path(f) for f in files], spec
 
     def start(self) -> dict:
-        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "sizes": self._sizes()}
+        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "read": 0, "missing": 0,
+                "sizes": self._sizes()}
 
     def _sizes(self) -> list[int]:
         return [path.stat().st_size for path in self.files]
+
+    def check_ends(self) -> None:
+        """`DataError` for the first file whose tail is NUL bytes (see the module docstring), naming the byte
+        offset where they begin; a file that does not end in NUL costs one byte read."""
+        for path in self.files:
+            with open(path, "rb") as f:
+                _refuse_nul_tail(f, path, self.spec)
 
     def _check_unchanged(self, position: dict) -> None:
         """`DataError` naming the first file whose size is not the one `position` was saved with."""
@@ -267,6 +287,7 @@ class JsonLinesCorpus:
             resume = index == position["file"]
             offset, number = (position["offset"], position["line"]) if resume else (0, 1)
             with open(self.files[index], "rb") as f:
+                _refuse_nul_tail(f, self.files[index], self.spec)
                 if offset == 0 and f.read(3) == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark
                     offset = 3
                 f.seek(offset)
@@ -333,20 +354,30 @@ class JsonLinesCorpus:
 
     def documents(self, fields: list[str]) -> Iterator[dict]:
         """`{field: value}` of every line for the `fields` asked (see `_value`: a long string comes as an
-        iterator of its parts), as `datasets` gives a document's columns."""
+        iterator of its parts), as `datasets` gives a document's columns, less the fields the line does not
+        have (`datasets` gives None for those too; left out, they can be told from a null)."""
         for line in self._lines(self.start()):
-            yield {field: self._value(*line, field)[1] for field in fields}
+            document = {}
+            for field in fields:
+                keys, value = self._value(*line, field)
+                if field in keys:
+                    document[field] = value
+            yield document
 
     # -- what the checks and the stream ask -------------------------------------------------------
 
-    def columns(self) -> list[str] | None:
-        """The keys of all lines, in the order first met (a row lacking a field is that row's problem,
-        not the file's, as `datasets` infers columns from the whole file); None for files without a line."""
+    def columns(self, field: str | None = None, text: bool = False) -> list[str] | None:
+        """The keys of all lines, in the order first met, as `datasets` infers columns from the whole file;
+        None for files without a line. With `field`, reading stops at the first line that has it (with
+        `text`: text in it), and the keys met up to there are returned: the whole file is read only where
+        no line has what is asked."""
         seen: dict[str, None] = {}
         lines = 0
-        for keys, _ in self.values(""):
+        for keys, value in self.values(field or ""):
             lines += 1
             seen.update(dict.fromkeys(keys))
+            if field is not None and field in keys and (value or not text):
+                break
         return list(seen) if lines else None
 
     def has_text(self, field: str) -> bool:
@@ -356,7 +387,11 @@ class JsonLinesCorpus:
     def chunks(self, field: str, rank: int, world: int, position: dict | None,
                size: int) -> Iterator[tuple[list[object], dict]]:
         """This process's values of `field` (documents; None where a line has none) from `position` on,
-        `size` lines at a time, each chunk with the position after it."""
+        `size` lines at a time, each chunk with the position after it.
+
+        The position also counts this process's lines since the part's start (`"read"`) and those without
+        `field` (`"missing"`), so that the count at the part's end is true across a resume; a position saved
+        before these were kept has neither, and its part's count stays unknown."""
         position = dict(position) if position is not None else self.start()
         if position.get("reader") != READER:
             raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
@@ -369,12 +404,47 @@ class JsonLinesCorpus:
             position["document"] += 1
             if not whole_files and document % world != rank:
                 continue
-            chunk.append(self._value(*line, field)[1])
+            keys, value = self._value(*line, field)
+            if "missing" in position:
+                position["read"] += 1
+                position["missing"] += field not in keys
+            chunk.append(value)
             if len(chunk) == size:
                 yield chunk, dict(position)
                 chunk = []
         if chunk:
             yield chunk, dict(position)
+
+
+def _refuse_nul_tail(f, path: Path, spec: str) -> None:
+    """`DataError` if the open file `f` ends in NUL bytes, naming the offset where they begin (found from
+    the end, `BLOCK` bytes at a time: a preallocated tail may be gigabytes). JSON holds no raw NUL, so a
+    NUL is never a line's own last byte."""
+    size = f.seek(0, 2)
+    if not size:
+        return
+    f.seek(size - 1)
+    if f.read(1) != b"\0":
+        return
+    start = size
+    while start:
+        f.seek(max(0, start - BLOCK))
+        block = f.read(start - max(0, start - BLOCK))
+        kept = len(block.rstrip(b"\0"))
+        start -= len(block) - kept
+        if kept:
+            break
+    raise DataError(f"--dataset {spec}: {path} ends in {size - start:,} NUL bytes from byte {start:,} on (space "
+                    "preallocated for a write that never came, or a write cut short); cut it there to read the "
+                    f"rest (truncate -s {start} {path})")
+
+
+def missing_field_notice(spec: str, field: str, missing: int, read: int, whole: bool = True,
+                         part: str = "") -> str:
+    """The one line that says how many rows had no `field` and were skipped: of the `read` rows of `spec`
+    (`whole`: all its rows; else only those read, which `part` may name)."""
+    return (f"--dataset {spec}: {missing:,} of {read:,} rows{'' if whole else ' read'}{part} have no {field!r} "
+            "field; skipped")
 
 
 def is_json_lines(path: Path) -> bool:
@@ -435,13 +505,16 @@ def open_corpus(spec: str | list[str], split: str | None = None):
 
 def check_corpus(corpus, text_field: str, spec: str, *, has_text: bool = True, flag: str = "--text-field") -> None:
     """`DataError` unless `text_field` is a column of an `open_corpus` corpus (for JSON lines: a key of some
-    line) and, with `has_text`, some document has text in it (read up to the first that has); `flag`
-    names the option that gave the column."""
+    line, read up to the first that has it; the error names the keys of all lines) and, with `has_text`,
+    some document has text in it (read up to the first that has); `flag` names the option that gave the
+    column. JSON-lines files whose tail is NUL bytes are refused (`JsonLinesCorpus.check_ends`)."""
     if not isinstance(corpus, JsonLinesCorpus):
         check_text_field(corpus, text_field, spec, flag)
         if has_text:
             check_has_text(corpus, text_field, spec)
         return
-    check_columns(corpus.columns(), text_field, spec, flag)
-    if has_text and not corpus.has_text(text_field):
+    corpus.check_ends()
+    columns = corpus.columns(text_field, text=has_text)
+    check_columns(columns, text_field, spec, flag)
+    if has_text and not corpus.has_text(text_field):  # a line has the field: the first with text was sought
         raise DataError(f"--dataset {spec}: no document has text in its {text_field!r} column")

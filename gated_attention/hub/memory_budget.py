@@ -6,6 +6,8 @@
   now (accelerate's own measure, psutil's available memory), remembering which of the two it is.
 - `budget.room(reserve)`: the bytes left for the model's weights: `--max-memory` less what this process holds
   already (`process_memory`) and `reserve`, what running the model adds beside its weights.
+- `budget.say_split(reserve, log)`: that split as one line, said once for the budget (a command resolves one
+  per run, however many models it loads), just before the first model loads.
 - `budget.max_memory()`: the `max_memory` dict that accelerate's `infer_auto_device_map` reads.
 - `budget.placement()`: `from_pretrained`'s `device_map`, `max_memory` and `offload_folder`, with the
   offload folder a temporary directory that is removed on leaving, whatever happens.
@@ -42,7 +44,7 @@ import logging
 import tempfile
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .command_line import format_size
@@ -90,6 +92,7 @@ def free_memory() -> int:
 class MemoryBudget:
     size: int  # bytes
     given: bool  # True: `--max-memory`; False: the machine's free memory when it was resolved
+    _said: list = field(default_factory=list, compare=False, repr=False)  # the split, once said (`say_split`)
 
     @classmethod
     def resolve(cls, size: int | None) -> MemoryBudget:
@@ -108,6 +111,20 @@ class MemoryBudget:
         beside its weights) and, for `--max-memory`, less what the process holds now (the free memory of the
         default was measured with that already taken). accelerate keeps one largest layer of it free."""
         return self.size - reserve - (process_memory() if self.given else 0)
+
+    def split(self, reserve: int = 0) -> str:
+        """How `--max-memory` is shared now, as one line: what this process holds, `reserve`, the weights' room."""
+        held = process_memory()
+        return (f"--max-memory {format_size(self.size)}: {format_size(held)} this process, {format_size(reserve)} "
+                f"running reserve, {format_size(max(self.size - held - reserve, 0))} for weights")
+
+    def say_split(self, reserve: int = 0, log=print) -> None:
+        """`log` the `split` the first time a model is about to load within `--max-memory` (nothing for the
+        default budget: free memory, which the process's own was not taken from); the later loads of the
+        run (convert's SRC, then DST) are not said again."""
+        if self.given and not self._said:
+            self._said.append(True)
+            log(self.split(reserve))
 
     def max_memory(self, *, gpus: bool = False, scale: float = 1.0, reserve: int = 0, cast_largest: int = 0) -> dict:
         """accelerate's `max_memory`: the room for the weights on the CPU (`room`), then disk for the rest

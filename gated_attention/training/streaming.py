@@ -51,7 +51,7 @@ import torch
 
 from .. import GatedAttentionWarning
 from ..hub.datasets import DataError, reading
-from ..hub.json_lines import JsonLinesCorpus, check_corpus, open_corpus
+from ..hub.json_lines import JsonLinesCorpus, check_corpus, missing_field_notice, open_corpus
 from .data import PIECE_CHARS, cuts_are_exact, document_tokens, encode_documents
 from .folders import output_folder
 
@@ -118,6 +118,7 @@ class PackedStream:
         if self.bos is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
         self._cuts_checked = False
+        self._missing_said = rank != 0  # one process says it, once a run: see `_say_missing`
         check_corpus(dataset, text_field, name, has_text=False)
         self._start(epoch=0, chunk_state=None, offset=0)
 
@@ -186,11 +187,23 @@ class PackedStream:
         with reading(self.name):
             chunk = next(self._chunks, None)
         if chunk is None:
+            self._say_missing(state)
             return False
         documents, self._next_chunk_state = chunk
         texts = self._texts(documents)
         self._chunk = _Chunk(state, self._pieces(texts))
         return True
+
+    def _say_missing(self, position: dict | None) -> None:
+        """At the end of the first part read to its end, a warning of how many JSON lines of it had no text
+        field (skipped as null, as `datasets` reads them): said by rank 0 alone, of its own part where
+        there are several (the others' lines are not parsed there), so that a run says it once."""
+        if self._missing_said or not isinstance(position, dict) or not position.get("missing"):
+            return  # a position saved before the reader counted has no "missing": unknown, not said
+        self._missing_said = True
+        part = "" if self.world == 1 else f" in rank 0's part (of {self.world})"
+        warnings.warn(missing_field_notice(self.dataset.spec, self.text_field, position["missing"], position["read"],
+                                           part=part), GatedAttentionWarning, stacklevel=3)
 
     def _pieces(self, texts: list[str | Iterator[str]]) -> Iterator[np.ndarray]:
         for tokens in encode_documents(self.tokenizer, texts, self.piece_chars):
