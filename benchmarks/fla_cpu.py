@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gated_attention.hub.command_line import OneLineErrorParser, bounded
+from gated_attention.command_line import OneLineErrorParser, bounded
 
 PARTS = ("mixers", "decode", "analyze")
 NAIVE_TARGET, TRANSFORMERS_TARGET, DECODE_TARGET, CAPTURE_TARGET = 5.0, 1.0, 1.0, 1.3
@@ -64,12 +64,12 @@ MIXERS = ("gla", "retnet", "hgrn", "hgrn2", "delta_net", "gated_deltanet", "kda"
 
 def mixer_cases(T: int, smoke: bool, mixers=MIXERS) -> list[tuple[str, str, dict[str, Callable], tuple[str, ...]]]:
     """(mixer, shape, {implementation: fn() -> output}, peers with a target) for each mixer."""
-    from gated_attention.kernels.delta_rule import torch_delta_rule
-    from gated_attention.kernels.gated_delta_rule import torch_gated_delta_rule
-    from gated_attention.kernels.gla import torch_gla
-    from gated_attention.kernels.hgrn import torch_hgrn
-    from gated_attention.kernels.kda import torch_kda
-    from gated_attention.kernels.simple_gla import retention_decay, torch_retention
+    from gated_attention.kernels.delta_rule.chunk import torch_delta_rule
+    from gated_attention.kernels.gated_delta_rule.chunk import torch_gated_delta_rule
+    from gated_attention.kernels.gla.chunk import torch_gla
+    from gated_attention.kernels.hgrn.chunk import torch_hgrn
+    from gated_attention.kernels.kda.chunk import torch_kda
+    from gated_attention.kernels.simple_gla.chunk import retention_decay, torch_retention
 
     hidden = 64 if smoke else 1024
 
@@ -146,7 +146,7 @@ def mixer_cases(T: int, smoke: bool, mixers=MIXERS) -> list[tuple[str, str, dict
     def gated_deltanet_step():  # one decode step of the same layer, from a state
         from transformers.models.qwen3_5 import modeling_qwen3_5
 
-        from gated_attention.kernels.gated_delta_rule import chunked_gated_delta_rule
+        from gated_attention.kernels.gated_delta_rule.chunk import chunked_gated_delta_rule
 
         qwen_step = inspect.unwrap(modeling_qwen3_5.torch_recurrent_gated_delta_rule)
         H, K, V = heads(6, 256, 512)
@@ -336,7 +336,7 @@ def part_analyze(args) -> list[str]:
 @contextlib.contextmanager
 def chunk_of_one():
     """The gated delta rule as it was before the recurrent step: a single position runs as a chunk of one."""
-    module = sys.modules["gated_attention.kernels.gated_delta_rule"]
+    module = sys.modules["gated_attention.kernels.gated_delta_rule.chunk"]
     plain = module.torch_gated_delta_rule
 
     def chunk_path(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,

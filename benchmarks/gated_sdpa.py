@@ -47,7 +47,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gated_attention.hub.command_line import OneLineErrorParser, bounded
+from gated_attention.command_line import OneLineErrorParser, bounded
 
 DENSE_BF16_PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}
 
@@ -204,7 +204,7 @@ def compile_only(sm: int, head_dims: list[int], all_configs: bool) -> int:
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
-    from gated_attention.kernels import gated_sdpa_triton as K
+    from gated_attention.kernels.gated_sdpa import triton as K
 
     def build(label, kernel, pointers, constants, config=None):
         fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an Autotuner wraps the JITFunction
@@ -282,7 +282,7 @@ def compile_only(sm: int, head_dims: list[int], all_configs: bool) -> int:
 
 def autotuned_configs() -> list[str]:
     """One line per (kernel, autotune key) with the config the autotuner chose."""
-    from gated_attention.kernels import gated_sdpa_triton as K
+    from gated_attention.kernels.gated_sdpa import triton as K
 
     lines = []
     for name in ("fwd_kernel", "bwd_dq_kernel", "bwd_dkdv_kernel"):

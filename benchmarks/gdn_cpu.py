@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gated_attention.hub.command_line import OneLineErrorParser, bounded
-from gated_attention.kernels.gated_delta_rule import torch_gated_delta_rule
+from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.kernels.gated_delta_rule.chunk import torch_gated_delta_rule
 
 
 def peers():

@@ -75,13 +75,13 @@ from accelerate.utils import set_seed
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
+from gated_attention.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.training.data import packed_rows, spread_rows, text_file_paths, tokenizer_for
-from gated_attention.hub.datasets import DataError
+from gated_attention.files.datasets import DataError
 from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream
 from gated_attention.training.folders import RUN_ENTRIES, DiskFullError, output_folder, remove_run
 from gated_attention.configuration.validation import ConfigError, check_architecture, check_config_file
-from gated_attention.hub.output_folders import OutputFolderError, check_output_folder, holds_any
+from gated_attention.files.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.hub.repo_ids import missing_folder
@@ -183,7 +183,7 @@ def check_model(args):
 
 def check_output_dir(args) -> None:
     """`--output-dir` may hold nothing but an earlier run of these examples (`RUN_ENTRIES`), and may not be the
-    working folder, above it, or `--model`'s folder (see `gated_attention.hub.output_folders`). One that
+    working folder, above it, or `--model`'s folder (see `gated_attention.files.output_folders`). One that
     holds a run is continued (`--resume`) or replaced (`--overwrite`, in `run_training`), never trained
     into again from step 1 by accident."""
     model = Path(args.model).expanduser()

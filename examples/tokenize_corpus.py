@@ -18,10 +18,10 @@ import sys
 import time
 from typing import NoReturn
 
-from gated_attention.hub.command_line import OneLineErrorParser, bounded, first_line
+from gated_attention.command_line import OneLineErrorParser, bounded, first_line
 from gated_attention.recipes.settings import MIN_VOCAB
 from gated_attention.training.data import tokenizer_for
-from gated_attention.hub.datasets import DataError
+from gated_attention.files.datasets import DataError
 from gated_attention.training.streaming import write_token_shards
 
 

@@ -5,12 +5,20 @@ The files at this level:
 - `__init__` (this file): the public names, `CLIError`, `GatedAttentionWarning`
   and `register_auto_classes`.
 - `compat`: every difference between the supported transformers releases.
+- `command_line`: what every command line shares (the `gated-attention`
+  commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
+  with a usage error as one line), `bounded` (an argparse type for a number in
+  a range), `memory_size` / `parse_size` / `format_size` (`--max-memory 4GB`),
+  `first_line` (an exception as one line) and `sigterm_as_interrupt` (`kill PID`
+  unwinds like Ctrl-C). Standard library only, and it imports nothing of ours,
+  so every layer may use it.
 - `cli`: the `gated-attention` command, built from each part's `register`.
 - `__main__`: `python -m gated_attention`, the same command.
 
 The parts, lowest layer first (each imports only its own files and lower
 layers; docs/architecture.md has the rule, `tests/test_layout.py` checks it):
-`configuration`, `kernels` and `hub`; `modeling`; then this file; `training`,
+`compat` and `command_line`; `configuration`, `kernels` and `hub`; `files` and
+`memory`; `modeling`; then this file; `training`,
 `analysis` and `convert`; `recipes`; `cli`. Each part's `__init__` maps its
 files.
 

@@ -26,7 +26,7 @@ import sys
 import warnings
 
 from . import CLIError, GatedAttentionWarning, __version__
-from .hub.command_line import OneLineErrorParser
+from .command_line import OneLineErrorParser
 
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",

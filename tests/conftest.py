@@ -71,7 +71,7 @@ def weights_only_budget(monkeypatch):
     process hundreds of megabytes: the tests that place a tiny model partly on disk give budgets of kilobytes.
     (tests/test_memory_budget.py checks what is taken off.)"""
     from gated_attention.analysis import loading
-    from gated_attention.hub import memory_budget
+    from gated_attention.memory import budget as memory_budget
 
     monkeypatch.setattr(memory_budget, "process_memory", lambda: 0)
     monkeypatch.setattr(loading, "running_memory", lambda *args, **kwargs: 0)

@@ -18,7 +18,7 @@ import pytest
 
 import gated_attention as ga
 from gated_attention.cli import main
-from gated_attention.hub.command_line import parse_size
+from gated_attention.command_line import parse_size
 from test_analysis_capture import TINY, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -350,7 +350,7 @@ def test_a_model_larger_than_its_budget_gives_the_same_numbers(tmp_path, capsys,
     checkpoint's files as they run. Same inputs, same arithmetic on the same device: the same arrays, exactly."""
     import numpy as np
 
-    from gated_attention.hub.memory_budget import largest_layer
+    from gated_attention.memory.budget import largest_layer
 
     folder = tmp_path / "model"
     config = ga.GatedDeltaNetHybridConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4},
@@ -384,8 +384,8 @@ def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(
     import numpy as np
     import torch
 
-    from gated_attention.hub.command_line import parse_size
-    from gated_attention.hub.memory_budget import largest_layer
+    from gated_attention.command_line import parse_size
+    from gated_attention.memory.budget import largest_layer
 
     folder = tmp_path / "model"
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4})
@@ -417,7 +417,7 @@ def test_an_fp32_checkpoint_analysed_in_bf16_within_a_budget_casts_as_transforme
     import torch
 
     from gated_attention.hub import loading
-    from gated_attention.hub.memory_budget import largest_layer
+    from gated_attention.memory.budget import largest_layer
 
     folder = tmp_path / "model"
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 4})
@@ -449,8 +449,8 @@ def test_an_fp32_checkpoint_analysed_in_bf16_within_a_budget_casts_as_transforme
 def test_a_checkpoint_is_loaded_in_its_own_dtype_only_where_layers_stay_on_disk(weights_only_budget):
     import torch
 
-    from gated_attention.hub.memory_budget import loading_dtype
-    from gated_attention.hub.memory_budget import MemoryBudget
+    from gated_attention.memory.budget import loading_dtype
+    from gated_attention.memory.budget import MemoryBudget
 
     config = ga.GatedAttentionConfig(**{**TINY, "vocab_size": 300, "num_hidden_layers": 2})
     with torch.device("meta"):

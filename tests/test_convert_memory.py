@@ -17,7 +17,7 @@ from convert_helpers import PROMPT, file_hashes, make_fla_hybrid_source, make_ga
 from gated_attention.cli import main
 from gated_attention.convert.errors import ConversionError
 from gated_attention.convert.verify import run_prompt, verify_against_source
-from gated_attention.hub.memory_budget import MemoryBudget
+from gated_attention.memory.budget import MemoryBudget
 
 pytestmark = pytest.mark.usefixtures("weights_only_budget")  # budgets of kilobytes for models of kilobytes
 

@@ -89,7 +89,7 @@ def test_overwrite_replaces_dst_and_leaves_nothing_beside_it(llama, gated, tmp_p
 
 def test_the_portable_fallback_keeps_an_empty_dst_too(tmp_path, monkeypatch):
     """Where renameat2(RENAME_NOREPLACE) is missing (not Linux, old libc, a file system without it)."""
-    from gated_attention.hub import staging
+    from gated_attention.files import staging
 
     monkeypatch.setattr(staging, "renameat2", lambda src, dst, flags: False)
     stage, dst = tmp_path / "stage", tmp_path / "dst"
@@ -106,7 +106,7 @@ def test_the_portable_fallback_keeps_an_empty_dst_too(tmp_path, monkeypatch):
 
 
 def test_renameat2_is_used_on_linux(tmp_path):
-    from gated_attention.hub import staging
+    from gated_attention.files import staging
 
     if not sys.platform.startswith("linux"):
         pytest.skip("renameat2 is Linux's")
@@ -191,7 +191,7 @@ def test_overwrite_leaves_the_folder_of_a_running_conversion_alone(llama, tmp_pa
 
 
 def test_leftovers_are_found_beside_a_dst_whose_name_has_glob_characters(tmp_path):
-    from gated_attention.hub import staging
+    from gated_attention.files import staging
 
     dst = tmp_path / "run[1]"
     left = _leftover(dst, "incomplete", _dead_pid())

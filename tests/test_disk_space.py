@@ -15,7 +15,7 @@ import pytest
 from convert_helpers import make_source, staging_leftovers
 from gated_attention.cli import main
 from gated_attention.convert import writer
-from gated_attention.hub import staging
+from gated_attention.files import staging
 
 
 @pytest.fixture(scope="module")

@@ -313,7 +313,7 @@ def test_a_forward_with_labels_gives_the_cross_entropy_of_its_logits(fields):
 def test_the_cross_entropy_options_mean_what_fla_says():
     """Label smoothing, logit scale, softcap and z-loss (fla's `cross_entropy_loss`), against torch's
     cross-entropy on logits transformed by hand; fp64 inputs, fp32 inside: 1e-5."""
-    from gated_attention.kernels.cross_entropy import torch_cross_entropy_loss
+    from gated_attention.kernels.fla_modules.cross_entropy import torch_cross_entropy_loss
 
     logits = torch.randn(6, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
     target = torch.tensor([3, 0, -100, 10, 5, 5])

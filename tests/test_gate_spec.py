@@ -7,8 +7,8 @@ import torch
 
 from gated_attention import DEFAULT_GATE_SPEC, GatedAttentionConfig, normalize_gate_spec
 from gated_attention.configuration.gate_spec import GATE_ACTIVATION_NAMES, gate_score_shape
-from gated_attention.kernels.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
-from gated_attention.kernels.gated_sdpa_triton import ACTIVATION_CODES
+from gated_attention.kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
+from gated_attention.kernels.gated_sdpa.triton import ACTIVATION_CODES
 
 
 def test_defaults_are_the_papers_g1_gate():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from gated_attention.kernels import gated_delta_rule
-from gated_attention.kernels.gated_delta_rule import chunked_gated_delta_rule, torch_gated_delta_rule, unit_lower_inverse
+from gated_attention.kernels.gated_delta_rule.chunk import chunked_gated_delta_rule, torch_gated_delta_rule, unit_lower_inverse
 
 ATOL = 1e-5
 

@@ -21,9 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gated_attention.kernels import gated_sdpa
-from gated_attention.kernels.gated_sdpa_reference import causal_mask, gated_sdpa_reference
+from gated_attention.kernels.gated_sdpa.reference import causal_mask, gated_sdpa_reference
 
-KERNEL_MODULE = "gated_attention.kernels.gated_sdpa_triton"
+KERNEL_MODULE = "gated_attention.kernels.gated_sdpa.triton"
 KERNEL_TESTS = Path(__file__).with_name("test_gated_sdpa_triton.py")
 
 

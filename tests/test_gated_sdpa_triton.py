@@ -29,11 +29,11 @@ if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
         allow_module_level=True,
     )
 
-kernels = pytest.importorskip("gated_attention.kernels.gated_sdpa_triton")
+kernels = pytest.importorskip("gated_attention.kernels.gated_sdpa.triton")
 
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM  # noqa: E402
 from gated_attention.kernels import gated_sdpa  # noqa: E402
-from gated_attention.kernels.gated_sdpa_reference import gated_sdpa_reference  # noqa: E402
+from gated_attention.kernels.gated_sdpa.reference import gated_sdpa_reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOOR = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}
@@ -165,7 +165,7 @@ def test_unsupported_head_dim_falls_back():
 
 def test_batch_entries_past_int32_offsets_fall_back(monkeypatch):
     """Offsets inside one batch entry are int32 in the kernels; a longer entry must take the reference path."""
-    import gated_attention.kernels.gated_sdpa_triton as kernels
+    from gated_attention.kernels.gated_sdpa import triton as kernels
 
     monkeypatch.setattr(kernels, "INTERPRET", True)  # meta tensors pass the device check on any machine
     q = torch.empty(1, 2**19, 32, 128, device="meta", dtype=torch.bfloat16)  # 2**31 elements in one entry

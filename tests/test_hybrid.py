@@ -350,7 +350,7 @@ def test_remote_code_bundle_loads_without_the_package(tmp_path, run_without_pack
     model = tiny_model()
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    assert {"kernels_gated_delta_rule.py", "modeling_gated_deltanet.py", "modeling_gated_deltanet_hybrid.py"} <= {
+    assert {"kernels_gated_delta_rule_chunk.py", "modeling_gated_deltanet.py", "modeling_gated_deltanet_hybrid.py"} <= {
         p.name for p in folder.glob("*.py")
     }
     ids = torch.randint(0, TINY["vocab_size"], (1, 10))

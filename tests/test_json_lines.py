@@ -1,4 +1,4 @@
-"""`hub.json_lines`: JSON-lines files read a line at a time, a long line's text decoded a part at a time.
+"""`files.json_lines`: JSON-lines files read a line at a time, a long line's text decoded a part at a time.
 
 The reference is `json.loads` of each whole line (and, for the stream's rows, `datasets`' json builder). The
 module's sizes (`LONG_LINE`, `BLOCK`, `PART`) are made a few bytes here, so that short texts take every path
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gated_attention.hub import json_lines
-from gated_attention.hub.datasets import DataError, open_text_dataset
-from gated_attention.hub.json_lines import JsonLinesCorpus
+from gated_attention.files import json_lines
+from gated_attention.files.datasets import DataError, open_text_dataset
+from gated_attention.files.json_lines import JsonLinesCorpus
 from gated_attention.training import data
 from gated_attention.training.streaming import PackedStream, check_corpus, open_corpus, text_stream
 
@@ -251,7 +251,7 @@ def test_a_folder_of_json_lines_is_read_by_split_as_datasets_picks_the_files(tmp
 
 def test_rows_differing_in_fields_are_read(tmp_path):
     """A first row without the text field does not make the file's columns: the union over rows does."""
-    from gated_attention.hub.json_lines import check_corpus, open_corpus
+    from gated_attention.files.json_lines import check_corpus, open_corpus
 
     path = tmp_path / "s.jsonl"
     path.write_text('{"other": 1}\n{"text": "a"}\n{"text": "b", "other": 2}\n')
@@ -261,8 +261,8 @@ def test_rows_differing_in_fields_are_read(tmp_path):
 
 
 def test_no_row_with_the_field_names_the_union(tmp_path):
-    from gated_attention.hub.datasets import DataError
-    from gated_attention.hub.json_lines import check_corpus, open_corpus
+    from gated_attention.files.datasets import DataError
+    from gated_attention.files.json_lines import check_corpus, open_corpus
 
     path = tmp_path / "s.jsonl"
     path.write_text('{"a": 1}\n{"b": "x"}\n')

@@ -19,8 +19,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gated_attention"
 # Layers, lowest first. A module imports modules of its own part (its sub-package, or itself at the
 # root) or of a lower layer, never of a higher one or of a peer part on the same layer.
 LAYERS = [
-    {"compat"},
+    {"compat", "command_line"},  # the floor: transformers' differences, and what every command line shares
     {"configuration", "kernels", "hub"},
+    {"files", "memory"},  # local files and data, the memory budget: above `hub` (a Hub dataset id), below models
     {"modeling"},
     {"__init__"},  # the package itself: public names, CLIError and the Auto registration
     {"training", "analysis", "convert"},
@@ -29,7 +30,7 @@ LAYERS = [
     {"__main__"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
-ROOT_MODULES = {"__init__", "__main__", "cli", "compat"}  # everything else lives in a sub-package
+ROOT_MODULES = {"__init__", "__main__", "cli", "compat", "command_line"}  # everything else lives in a sub-package
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

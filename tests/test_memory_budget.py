@@ -1,4 +1,4 @@
-"""`hub.memory_budget`: the budget every command runs a large model within, on hand-counted sizes."""
+"""`memory.budget`: the budget every command runs a large model within, on hand-counted sizes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from gated_attention.hub.command_line import physical_memory
-from gated_attention.hub.memory_budget import MemoryBudget, MemoryBudgetError, largest_layer
+from gated_attention.command_line import physical_memory
+from gated_attention.memory.budget import MemoryBudget, MemoryBudgetError, largest_layer
 
 # A Llama whose largest block is a decoder layer, and one whose largest is the embedding.
 WIDE_LAYERS = dict(vocab_size=10, hidden_size=16, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -43,7 +43,7 @@ def test_a_budget_smaller_than_the_largest_layer_is_refused_in_one_line(weights_
 def test_what_the_process_holds_and_what_running_takes_come_off_the_budget(monkeypatch):
     """`--max-memory` bounds the process: the weights get what is left after the memory the process holds
     before the model loads and the reserve for running it; accelerate then keeps one layer of that free."""
-    from gated_attention.hub import memory_budget
+    from gated_attention.memory import budget as memory_budget
 
     monkeypatch.setattr(memory_budget, "process_memory", lambda: 500_000)
     model = meta_llama(**WIDE_LAYERS)  # largest layer 7,744 bytes
@@ -70,7 +70,7 @@ def test_what_the_process_holds_and_what_running_takes_come_off_the_budget(monke
 
 
 def test_reading_a_weight_stored_in_another_dtype_reserves_its_stored_bytes():
-    from gated_attention.hub.memory_budget import reading_reserve
+    from gated_attention.memory.budget import reading_reserve
 
     model = meta_llama(torch.float32, **BIG_VOCAB)  # the embedding, 1000 x 16, is the largest tensor
     assert reading_reserve(model, "bfloat16") == 2 * 1000 * 16  # mapped from the file beside its fp32 cast

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from gated_attention.training import data
-from gated_attention.hub.datasets import DataError, open_text_dataset
+from gated_attention.files.datasets import DataError, open_text_dataset
 from gated_attention.training.streaming import (
     TokenShards,
     text_stream,
@@ -343,7 +343,7 @@ def test_a_json_file_with_a_long_first_line_opens_without_the_python_prescan(tmp
     JSON text), and where pyarrow cannot read the first batch (a type that changes in it) the file is opened
     again as datasets opens it. The documents are the same either way. `JSON_CHUNK` is made small here, so
     that a line of 100 characters counts as long."""
-    import gated_attention.hub.datasets as hub_datasets
+    import gated_attention.files.datasets as hub_datasets
 
     def lines(path: Path, metas: list[dict]) -> Path:
         path.write_text("".join(json.dumps({"text": f"document {i} " * 10, "meta": m}) + "\n" for i, m in enumerate(metas)))

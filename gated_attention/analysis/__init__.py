@@ -24,9 +24,10 @@
 - `cli`: the `gated-attention analyze MODEL --out DIR` parser (no torch) and
   its run.
 
-Imports: the package root and the layers below it (it uses the root and
-`hub`); never `training`, `convert` or `recipes`, its peers and the layer
-above (see docs/architecture.md). The names are imported on
+Imports: the package root and the layers below it (it uses the root,
+`hub`, `files`, `memory`, `kernels` and `command_line`); never `training`,
+`convert` or `recipes`, its peers and the layer above (see
+docs/architecture.md). The names are imported on
 first use, so that `gated_attention.analysis.cli` imports no torch.
 """
 

@@ -6,7 +6,7 @@ cannot be reached, so an id that is not cached fails at once instead, and a cach
 cache (`_resolve`).
 
 DIR appears whole or not at all: everything is written into a staging folder beside it
-(`hub.staging`) and renamed into place at the end, replacing an earlier analysis at DIR whole, never
+(`files.staging`) and renamed into place at the end, replacing an earlier analysis at DIR whole, never
 merging into it. A failure, Ctrl-C or a model whose attention cannot be captured leaves DIR as it was.
 Several MODELs are analysed one after the other into DIR/<name>/, with a comparison drawn from their
 files (`compare.py`).
@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..hub.command_line import bounded, first_line, memory_size
+from ..command_line import bounded, first_line, memory_size
 from ..hub.repo_ids import missing_folder
 from .loading import DEVICE_MAPS
 
@@ -153,8 +153,8 @@ ANALYSIS_FILES = ("arrays.npz", "summary.md", "comparison.csv")
 def _check_out(args) -> None:
     """--out: not the working folder or above it, not a MODEL's folder, not being written by another run,
     and, if it holds anything, an earlier analysis (which this run replaces whole when it is done)."""
-    from ..hub.output_folders import OutputFolderError, check_output_folder, holds_any
-    from ..hub.staging import refuse_nested, refuse_running
+    from ..files.output_folders import OutputFolderError, check_output_folder, holds_any
+    from ..files.staging import refuse_nested, refuse_running
 
     inputs = {}
     for name in args.model:
@@ -242,7 +242,7 @@ def _resolve(name: str) -> str:
 
 
 def _samples(args):
-    from ..hub.datasets import DataError
+    from ..files.datasets import DataError
     from .samples import DatasetSpec, builtin_samples, dataset_samples, read_text_file
 
     if args.text_file:
@@ -281,8 +281,8 @@ def _print_rows(label: str, rows: list[dict]) -> None:
 def run(args) -> int:
     import weakref
 
-    from ..hub.output_folders import OutputFolderError
-    from ..hub.staging import refuse_nested, refuse_running, staged_folder
+    from ..files.output_folders import OutputFolderError
+    from ..files.staging import refuse_nested, refuse_running, staged_folder
 
     _check_names(args)
     _check_inputs(args)
@@ -292,7 +292,7 @@ def run(args) -> int:
         _check_config(model, where[model])
     samples = _samples(args)
 
-    from ..hub.memory_budget import MemoryBudget, collect_if_alive
+    from ..memory.budget import MemoryBudget, collect_if_alive
     from .analyze import run_analysis
     from .loading import check_device, loaded
     from .compare import write_comparison

@@ -10,9 +10,9 @@
   (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
   type nothing else knows.
 - `placement` and `loaded`: accelerate's big-model inference within the memory budget
-  (`hub.memory_budget`): the layers that fit stay in memory, the others are read from the checkpoint's
+  (`memory.budget`): the layers that fit stay in memory, the others are read from the checkpoint's
   files as they run, whole (`read_layers_whole`) and cast to the dtype asked for as they are read
-  (`hub.memory_budget.loading_dtype`); what running the model adds beside its weights is kept free
+  (`memory.budget.loading_dtype`); what running the model adds beside its weights is kept free
   (`running_memory`); a budget below one layer is refused before anything loads.
 
 torch and transformers are imported inside the functions: the command line imports `DEVICE_MAPS` from
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import CLIError
-from ..hub.command_line import first_line, format_size
+from ..command_line import first_line, format_size
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements
 
@@ -144,7 +144,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
     into a folder in `offload_dir` (`hub.gguf`), in `--dtype`, and loaded from there like any checkpoint. That
     loader holds the whole model: a `--max-memory` below it is refused before it runs."""
     from ..hub.gguf import GGUFError, dequantized, dequantized_size, gguf_file, read_info
-    from ..hub.memory_budget import process_memory
+    from ..memory.budget import process_memory
 
     files = contextlib.ExitStack()  # a GGUF MODEL's dequantized folder, removed when the block ends
     try:
@@ -174,7 +174,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
     from ..kernels import fla_torch_paths
-    from ..hub.memory_budget import (MemoryBudgetError, cast_placement, cast_weights, loading_dtype, read_layers_whole,
+    from ..memory.budget import (MemoryBudgetError, cast_placement, cast_weights, loading_dtype, read_layers_whole,
                                      running_dtypes)
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
@@ -241,7 +241,7 @@ def running_memory(skeleton, config: dict, max_length: int, intervene: bool) -> 
       capture's float64 sum of each key's attention; the MLP's activations; the logits (the last position's,
       or every position's three times and in float32 for the loss with `--intervene`).
     """
-    from ..hub.memory_budget import reading_reserve
+    from ..memory.budget import reading_reserve
 
     text = skeleton.config.get_text_config()
     hidden = _first_int(getattr(text, "hidden_size", None), 0)

@@ -6,12 +6,12 @@ first `def`/`class` on, past licence headers); math = docstrings of
 `statistics`, `fractions` and `math` (formulas, numbers, doctest arithmetic).
 The choice and order are fixed, so two runs on one Python analyse the same text.
 
-Datasets (`dataset_samples`): what `--dataset` reads in the training examples (`hub.json_lines.open_corpus`:
+Datasets (`dataset_samples`): what `--dataset` reads in the training examples (`files.json_lines.open_corpus`:
 JSON lines through the package's reader, the rest through `datasets`), streamed, the first documents with
 text of each domain. A domain is one `--dataset`, or each value of a domain column, as the hybrid paper
 takes 100 inputs from each of its five corpora. A text is read only as far as `max_chars`: a document of
 one 200 MB line costs what its first characters cost. JSON-lines rows without the text field are skipped,
-and a warning says how many of the rows read (`hub.json_lines.missing_field_notice`), once per dataset.
+and a warning says how many of the rows read (`files.json_lines.missing_field_notice`), once per dataset.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import GatedAttentionWarning
-from ..hub.datasets import DataError, reading
-from ..hub.json_lines import JsonLinesCorpus, check_corpus, missing_field_notice, open_corpus
+from ..files.datasets import DataError, reading
+from ..files.json_lines import JsonLinesCorpus, check_corpus, missing_field_notice, open_corpus
 
 _CODE_MODULES = ("bisect", "heapq", "textwrap", "fnmatch", "colorsys", "shlex", "calendar", "graphlib", "queue", "glob")
 _MATH_MODULES = ("statistics", "fractions", "math", "cmath")

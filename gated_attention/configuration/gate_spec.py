@@ -22,7 +22,7 @@ GATE_POSITIONS = ("sdpa", "value", "key", "query", "dense")
 GATE_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense"}
 GATE_GRANULARITIES = ("elementwise", "headwise")
 GATE_MODES = ("multiplicative", "additive")
-GATE_ACTIVATION_NAMES = ("sigmoid", "silu", "ns_sigmoid")  # kernels.gate_activations holds their functions
+GATE_ACTIVATION_NAMES = ("sigmoid", "silu", "ns_sigmoid")  # kernels.gated_sdpa.gate_activations holds their functions
 ATTN_OUTPUT_NORMS = (None, "rmsnorm")
 ATTN_OUTPUT_ACTIVATIONS = (None, "silu")
 

@@ -16,7 +16,7 @@ import torch
 
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.gguf import read_record
-from ..hub.memory_budget import MemoryBudget
+from ..memory.budget import MemoryBudget
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
 from .families import GATED_MODEL_TYPES, GATED_RULES, detect_family

@@ -27,7 +27,7 @@ import torch
 
 from .. import GatedAttentionWarning, register_auto_classes
 from ..configuration.gate_spec import gate_score_shape
-from ..hub.memory_budget import MemoryBudget
+from ..memory.budget import MemoryBudget
 from .card import write_export_card
 from .export_layouts import (
     ARCHITECTURE,

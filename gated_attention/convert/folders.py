@@ -1,5 +1,5 @@
 """SRC and DST of `convert`, `extend` and `export` on disk: the checks that need no file content, and the
-staging folder that DST appears from, whole or not at all (`hub.staging`). DST is never lost.
+staging folder that DST appears from, whole or not at all (`files.staging`). DST is never lost.
 
 Standard library only: the command line checks SRC and DST before it imports torch.
 """
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import GatedAttentionWarning
-from ..hub import staging
-from ..hub.output_folders import OutputFolderError, check_output_folder, is_checkpoint
+from ..files import staging
+from ..files.output_folders import OutputFolderError, check_output_folder, is_checkpoint
 from ..hub.repo_ids import missing_folder
 from .errors import ConversionError
 
@@ -53,7 +53,7 @@ def check_destination(src: Path | None, dst: Path, overwrite: bool) -> None:
 
 @contextlib.contextmanager
 def staged_folder(dst: Path, overwrite: bool, log=print, *, size: int = 0) -> Iterator[Path]:
-    """`hub.staging.staged_folder` for DST: its refusals are `ConversionError`s, its notes `GatedAttentionWarning`s."""
+    """`files.staging.staged_folder` for DST: its refusals are `ConversionError`s, its notes `GatedAttentionWarning`s."""
     try:
         with staging.staged_folder(
             dst, overwrite, log, size=size, warn=lambda message: warnings.warn(message, GatedAttentionWarning)

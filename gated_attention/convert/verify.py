@@ -3,7 +3,7 @@
 Both sides run transformers' SDPA on the CPU in the output dtype, so that a
 bit-identical conversion compares equal on any machine. They are loaded one
 after the other, each placed by accelerate within the budget
-(`hub.memory_budget`): the layers that fit stay in memory, the others are read
+(`memory.budget`): the layers that fit stay in memory, the others are read
 from the checkpoint's own safetensors files one module at a time while the
 prompt runs. Only the reference's outputs (the hidden state after every layer
 and the logits, a few MB) are kept while the result runs, so memory holds one
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from .. import register_auto_classes
-from ..hub.command_line import format_size
-from ..hub.memory_budget import (MemoryBudget, MemoryBudgetError, cast_placement, cast_weights, collect_if_alive,
+from ..command_line import format_size
+from ..memory.budget import (MemoryBudget, MemoryBudgetError, cast_placement, cast_weights, collect_if_alive,
                                  loading_dtype, read_layers_whole, reading_reserve, running_dtypes)
 from .sources import ConversionError, SourceCheckpoint
 
@@ -141,7 +141,7 @@ def _loading(folder: Path, budget: MemoryBudget, dtype: torch.dtype | None, load
 
     A checkpoint stored in another dtype than `dtype` (`convert --dtype float32` on a bf16 SRC, `--dtype
     bfloat16` on an fp32 one) is loaded in its own where layers stay on disk and cast after
-    (`hub.memory_budget.loading_dtype`): transformers' cast while loading would read the whole checkpoint (a
+    (`memory.budget.loading_dtype`): transformers' cast while loading would read the whole checkpoint (a
     bf16 0.85B Llama verified in fp32 within 1.5 GB peaked at 2.80 GB, the same model stored in fp32 and
     verified in bf16 4.32 GB). The placement then keeps room for a weight read in its stored dtype beside its
     cast. The cast gives each tensor the dtype transformers' own load in `dtype` gives it, by the same

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .command_line import first_line
+from ..command_line import first_line
 
 
 def _valid_repo_id(name: str) -> bool:

@@ -19,12 +19,12 @@ every name is put back, also when the body raised.
 | `chunk_delta_rule`, `fused_recurrent_delta_rule` (DeltaNet) | `delta_rule.torch_delta_rule` |
 | `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule` (Gated DeltaNet) | `gated_delta_rule.torch_gated_delta_rule` |
 | `chunk_kda`, `fused_recurrent_kda` (KDA) | `kda.torch_kda` |
-| `causal_conv1d`, `causal_conv1d_update` (`ShortConvolution`) | `short_convolution` |
-| `layer_norm`, `rms_norm`, `*_norm_linear`, `*_norm_gated`, `*_norm_swish_gate_linear` | `norms` |
-| `rotary_embedding` (`RotaryEmbedding`) | `rotary.torch_rotary_embedding` |
+| `causal_conv1d`, `causal_conv1d_update` (`ShortConvolution`) | `fla_modules.short_convolution` |
+| `layer_norm`, `rms_norm`, `*_norm_linear`, `*_norm_gated`, `*_norm_swish_gate_linear` | `fla_modules.norms` |
+| `rotary_embedding` (`RotaryEmbedding`) | `fla_modules.rotary.torch_rotary_embedding` |
 | `swish`, `sigmoid`, `logsigmoid`, `elu_p1`, `swiglu`, `swiglu_linear` | torch's functions |
 | `swish_fwd`, `swish_bwd`, ... (the kernels behind a stored `ACT2FN[...]`) | torch's functions |
-| `fused_linear_cross_entropy_loss` (`fuse_linear_cross_entropy=True`) | `cross_entropy.torch_linear_cross_entropy_loss` |
+| `fused_linear_cross_entropy_loss` (`fuse_linear_cross_entropy=True`) | `fla_modules.cross_entropy.torch_linear_cross_entropy_loss` |
 
 fla's softmax `Attention` layer (the full-attention layers of fla's hybrids,
 `config.attn`) is different: it needs flash-attn, on any device. Without it,
@@ -39,7 +39,7 @@ forward hook to read.
 fla's `FusedCrossEntropyLoss` (a forward with labels, `fuse_cross_entropy=True`,
 fla's default) asserts a CUDA tensor before its kernel runs: while the context
 is open, its forward on any other tensor is `cross_entropy_forward`, the same
-loss in torch (`cross_entropy.torch_cross_entropy_loss`).
+loss in torch (`fla_modules.cross_entropy.torch_cross_entropy_loss`).
 
 Open the context before building or loading an fla model (for the attention
 layers) and around its forwards. It patches fla as it is imported when the
@@ -65,13 +65,9 @@ import torch.nn.functional as F
 from transformers.utils import logging
 
 from .chunking import state_in, state_out
-from .cross_entropy import reduced, torch_cross_entropy_loss, torch_linear_cross_entropy_loss
-from .delta_rule import torch_delta_rule
-from .gated_delta_rule import torch_gated_delta_rule
-from .gla import torch_gla
-from .hgrn import torch_hgrn
-from .kda import kda_gate, torch_kda
-from .norms import (
+from .delta_rule.chunk import torch_delta_rule
+from .fla_modules.cross_entropy import reduced, torch_cross_entropy_loss, torch_linear_cross_entropy_loss
+from .fla_modules.norms import (
     torch_layer_norm,
     torch_layer_norm_gated,
     torch_layer_norm_linear,
@@ -81,10 +77,14 @@ from .norms import (
     torch_rms_norm_linear,
     torch_rms_norm_swish_gate_linear,
 )
-from .rotary import torch_rotary_embedding
-from .short_convolution import torch_causal_conv1d, torch_causal_conv1d_update
-from .simple_gla import torch_retention, torch_simple_gla
-from .softmax_attention import softmax_attention
+from .fla_modules.rotary import torch_rotary_embedding
+from .fla_modules.short_convolution import torch_causal_conv1d, torch_causal_conv1d_update
+from .fla_modules.softmax_attention import softmax_attention
+from .gated_delta_rule.chunk import torch_gated_delta_rule
+from .gla.chunk import torch_gla
+from .hgrn.chunk import torch_hgrn
+from .kda.chunk import kda_gate, torch_kda
+from .simple_gla.chunk import torch_retention, torch_simple_gla
 
 logger = logging.get_logger(__name__)
 

@@ -24,8 +24,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 
 from ..configuration.gate_spec import gate_enabled, gate_score_shape
-from ..kernels.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
-from ..kernels.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
+from ..kernels.gated_sdpa.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
+from ..kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
 
 
 def fusable_gate(config) -> bool:

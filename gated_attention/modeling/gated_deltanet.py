@@ -28,7 +28,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from ..compat import get_recurrent_state
-from ..kernels.gated_delta_rule import gated_delta_rule
+from ..kernels.gated_delta_rule.chunk import gated_delta_rule
 
 
 class GatedRMSNorm(nn.Module):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..hub.command_line import bounded
+from ..command_line import bounded
 from .settings import (
     ARCHITECTURES,
     CORPORA,

@@ -12,8 +12,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..hub.command_line import first_line, format_size
-from ..hub.staging import RENAME_EXCHANGE, dead_staging_folders, renameat2, staging_path
+from ..command_line import first_line, format_size
+from ..files.staging import RENAME_EXCHANGE, dead_staging_folders, renameat2, staging_path
 
 # What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing
 # else in it is the run's to replace). `.final.incomplete-PID` and the like are `staging_path`'s.
@@ -104,7 +104,7 @@ def publish(stage: Path, path) -> None:
 
 @contextlib.contextmanager
 def staged_output(path) -> Iterator[Path]:
-    """Yield an empty staging folder beside `path` (`.NAME.incomplete-PID`, `hub.staging.staging_path`); when
+    """Yield an empty staging folder beside `path` (`.NAME.incomplete-PID`, `files.staging.staging_path`); when
     the block ends without an error it is renamed to `path` (`publish`, replacing an earlier one), on any
     error it is removed. A process killed meanwhile leaves only the staging folder, incomplete by its name,
     never a `path` that looks whole."""

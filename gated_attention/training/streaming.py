@@ -2,7 +2,7 @@
 
 Two ways to feed `gated_attention.training.train` a corpus that does not fit in memory:
 
-- **A text stream** (`PackedStream`): `open_corpus` (`hub.json_lines`) opens
+- **A text stream** (`PackedStream`): `open_corpus` (`files.json_lines`) opens
   local JSON-lines files, given or in a folder, with the package's own reader
   (a line at a time, a very long line never whole), and txt, parquet and csv
   files, folders of them, a dataset saved with `save_to_disk` or a Hub dataset
@@ -16,7 +16,7 @@ Two ways to feed `gated_attention.training.train` a corpus that does not fit in 
   size or a document's length: a document longer than 4 x PIECE_CHARS bytes
   is decoded from pyarrow's column or the JSON line a part at a time, never
   made one Python string. A file that cannot be read, when it is opened or
-  when the rows reach it, is a `DataError` naming it (`hub.datasets.reading`).
+  when the rows reach it, is a `DataError` naming it (`files.datasets.reading`).
 - **Token shards** (`write_token_shards`, `TokenShards`): the token stream
   written once as flat uint16/uint32 files with an `index.json`; training
   memory-maps them and reads any row at random, so the in-memory path's
@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from .. import GatedAttentionWarning
-from ..hub.datasets import DataError, reading
-from ..hub.json_lines import JsonLinesCorpus, check_corpus, missing_field_notice, open_corpus
+from ..files.datasets import DataError, reading
+from ..files.json_lines import JsonLinesCorpus, check_corpus, missing_field_notice, open_corpus
 from .data import PIECE_CHARS, cuts_are_exact, document_tokens, encode_documents
 from .folders import output_folder
 

@@ -34,7 +34,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from .gated_sdpa import gated_sdpa
+from .dispatch import gated_sdpa
 from .gate_activations import GATE_ACTIVATION_FUNCTIONS
 
 logger = logging.get_logger(__name__)

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .command_line import format_size
+from ..command_line import format_size
 
 
 class MemoryBudgetError(ValueError):

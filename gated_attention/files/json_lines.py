@@ -13,7 +13,7 @@ line's length, memory holds a block and a part.
 `open_corpus` is what the training streams (`training.streaming.PackedStream`) and `analyze --dataset`
 read: local JSON-lines files, given or in a folder (the files of the split `datasets` would read there),
 through `JsonLinesCorpus`; saved datasets, other file kinds and Hub datasets stay `datasets`'
-(`hub.datasets.open_text_dataset`). The reading position is small JSON (file, byte offset, line), so a
+(`files.datasets.open_text_dataset`). The reading position is small JSON (file, byte offset, line), so a
 resume seeks straight to it.
 
 Processes share the files as `datasets.distributed.split_dataset_by_node`
@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .command_line import first_line
+from ..command_line import first_line
 from .datasets import BUILDERS, DataError, check_columns, check_has_text, check_text_field, open_text_dataset
 
 LONG_LINE = 1 << 20  # a line longer than this many bytes is scanned in blocks, never read whole
@@ -491,7 +491,7 @@ def _split_files(folder: Path, split: str | None) -> list[Path] | None:
 
 def open_corpus(spec: str | list[str], split: str | None = None):
     """A corpus to read: local JSON-lines files, or a folder of them, as a `JsonLinesCorpus` (a line of any
-    length in bounded memory), anything else as `hub.datasets.open_text_dataset` opens it."""
+    length in bounded memory), anything else as `files.datasets.open_text_dataset` opens it."""
     specs = [spec] if isinstance(spec, str) else list(spec)
     paths = [Path(s).expanduser() for s in specs]
     if len(paths) == 1 and paths[0].is_dir():

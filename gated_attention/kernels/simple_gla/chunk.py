@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from .chunking import chunk_groups, chunk_length, each_sequence, pad_time, state_in, state_out, to_chunks
+from ..chunking import chunk_groups, chunk_length, each_sequence, pad_time, state_in, state_out, to_chunks
 
 CHUNK_SIZE = 64
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging
 
-from .chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
+from ..chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
 
 logger = logging.get_logger(__name__)
 

@@ -61,7 +61,7 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError as error:  # gated_sdpa.py catches this and uses the torch reference
+except ImportError as error:  # dispatch.py catches this and uses the torch reference
     raise ImportError(f"triton is not available: {error}") from error
 
 

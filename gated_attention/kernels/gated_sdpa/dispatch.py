@@ -1,8 +1,8 @@
 """`gated_sdpa`: gated softmax attention, `softmax(q k^T * scale) v * act(gate)`.
 
-The Triton kernels (`gated_sdpa_triton.py`) run on CUDA tensors, and on CPU
+The Triton kernels (`triton.py`) run on CUDA tensors, and on CPU
 tensors when TRITON_INTERPRET=1 (triton's interpreter, slow, for tests); the
-plain-torch reference (`gated_sdpa_reference.py`: SDPA, then the gate) runs
+plain-torch reference (`reference.py`: SDPA, then the gate) runs
 everywhere else and for inputs the kernels do not cover. The path is chosen
 per call from the tensors and logged once.
 """
@@ -13,7 +13,7 @@ import torch
 from transformers.utils import logging
 
 from .gate_activations import FUSED_GATE_ACTIVATIONS
-from .gated_sdpa_reference import gated_sdpa_reference
+from .reference import gated_sdpa_reference
 
 logger = logging.get_logger(__name__)
 
@@ -25,7 +25,7 @@ def _triton_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_activ
     try:
         # Imported on first use, not with this module: triton reads TRITON_INTERPRET when the
         # kernels are defined, and triton may be missing altogether.
-        from .gated_sdpa_triton import gated_sdpa_triton, unsupported_reason
+        from .triton import gated_sdpa_triton, unsupported_reason
     except ImportError as error:
         return None, str(error)
     reason = unsupported_reason(q, k, v, gate_activation)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .chunking import (
+from ..chunking import (
     chunk_groups,
     chunk_size_for_decay,
     cumsum_rows,
@@ -38,8 +38,8 @@ from .chunking import (
     state_out,
     to_chunks,
 )
-from .gated_delta_rule import l2norm, unit_lower_inverse
-from .gla import SMALLEST_CHUNK, SPAN_LIMIT, decayed_scores
+from ..gated_delta_rule.chunk import l2norm, unit_lower_inverse
+from ..gla.chunk import SMALLEST_CHUNK, SPAN_LIMIT, decayed_scores
 
 CHUNK_SIZE = 64
 

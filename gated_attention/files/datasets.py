@@ -13,8 +13,8 @@ import logging
 import re
 from pathlib import Path
 
-from .command_line import first_line
-from .repo_ids import HubUnavailable, cached_or_downloaded
+from ..command_line import first_line
+from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
 
 # file suffix -> `datasets` packaged builder
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

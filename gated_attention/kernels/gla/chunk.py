@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .chunking import (
+from ..chunking import (
     chunk_groups,
     chunk_size_for_decay,
     cumsum_rows,
