@@ -101,7 +101,7 @@ def test_the_offload_folder_is_removed_also_after_an_error(tmp_path, weights_onl
 
 
 def test_the_split_is_said_once_a_budget_and_only_for_max_memory(monkeypatch):
-    from gated_attention.hub import memory_budget
+    from gated_attention.memory import budget as memory_budget
 
     monkeypatch.setattr(memory_budget, "process_memory", lambda: 500_000)
     said = []
