@@ -76,7 +76,7 @@ def test_source_config_reads_like_transformers_own_class(case, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     family = detect_family(raw)
     theirs = AutoConfig.from_pretrained(tmp_path)
-    ours = SourceConfig(raw)
+    ours = SourceConfig(raw, family)
     assert mapped(ours, family) == mapped(theirs, family)
     assert ours.dtype == theirs.dtype
     assert raw == CASES[case]  # read, not edited

@@ -8,19 +8,23 @@
 - `sources`: reading a source checkpoint (folder or Hub id) one tensor at a
   time, header checks, the inf/NaN scan.
 - `families`: the source families (`FAMILIES`), one declarative record each
-  (defaults, aliases, derived fields, target fields, weight rules), and which
-  one a config.json is. A new family is a new record and its test.
-- `source_config`: a source config.json read as its record says its
-  transformers class (or fla) reads it, without importing that class.
+  (defaults, aliases, derived fields, reader, target fields, what it cannot
+  express, weight rules), and which one a config.json is. A new family is a
+  new record and its test.
+- `source_config`: the records' readers: a source config.json read as its
+  transformers class (`SourceConfig`) or fla (`FlaHybridSource`) reads it,
+  without importing that class.
 - `targets`: a source config mapped onto our dense, MoE or hybrid config.
 - `shapes`: the tensor names and shapes a target model expects.
-- `plan`: the weight rules (`Rename`, `Split`, `FuseExperts`, ...) and the
-  weight plan, every output tensor named, shaped and checked.
+- `plan`: the weight rules (`Rename`, `Split`, `FuseExperts`, `AddGate`, ...),
+  each applied the same way, and the weight plan, every output tensor named,
+  shaped and checked.
 - `rope`: the RoPE base change and YaRN, as `rope_parameters`.
 - `writer`: `OutputTensor` and the streamed, sharded safetensors writer;
   copying tokenizer and other side files.
 - `pipeline`: the write sequence all three commands share (resolve, check,
-  plan, check finite, staged write, config, side files, card, verify).
+  plan, the memory budget, check finite, staged write, config, side files,
+  card, verify).
 - `convert`: `convert_checkpoint` and `extend_checkpoint`: how they read SRC
   and plan their outputs.
 - `export`: `export_checkpoint`, a gated model as transformers' native Qwen3.5

@@ -16,18 +16,17 @@ import torch
 
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC
 from ..hub.gguf import read_record
-from ..memory.budget import MemoryBudget
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
-from .families import GATED_MODEL_TYPES, GATED_RULES, detect_family
-from .pipeline import Result, Work, run
+from .families import GATED_RULES, detect_family
+from .pipeline import ConversionPlan, Result, Verification, run
 from .plan import key_mapping, plan_weights
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .shapes import target_shapes
-from .source_config import load_gated_config, load_source_config
+from .source_config import GATED_MODEL_TYPES, load_gated_config, load_source_config
 from .sources import ConversionError, SourceCheckpoint, read_config_dict
 from .targets import target_config
-from .verify import VERIFY_ATTENTION, check_budget, verify_against_source, verify_against_ungated
+from .verify import VERIFY_ATTENTION, verify_against_source, verify_against_ungated
 from .writer import OutputTensor
 
 __all__ = ["VERIFY_ATTENTION", "Result", "conversion_gate_spec", "convert_checkpoint", "extend_checkpoint"]
@@ -98,7 +97,7 @@ def convert_checkpoint(
     gate_spec = conversion_gate_spec(gate, init)
     requested = _requested_dtype(dtype)
 
-    def prepare(folder: Path, dst: Path) -> Work:
+    def prepare(folder: Path, dst: Path) -> ConversionPlan:
         family = detect_family(read_config_dict(folder))
         ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
         src_config = load_source_config(folder, family)
@@ -109,21 +108,15 @@ def convert_checkpoint(
                                source=src_config)  # fmt: skip
         dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
         exact = init == "exact"
-        if not verify:
-            check = None
+        if family.kind == "hybrid":
+            mapping = key_mapping(family.rules, src_config, config.num_hidden_layers)
+            check = partial(verify_against_ungated, ckpt, config=config, key_mapping=mapping, dtype=requested,
+                            exact=exact, log=log)  # fmt: skip
         else:
-            budget = MemoryBudget.resolve(max_memory)
-            # DST's layers hold SRC's and the gates: if the budget holds DST's largest layer, it holds SRC's.
-            check_budget(budget, config, requested or getattr(torch, dtype_name))
-            if family.kind == "hybrid":
-                mapping = key_mapping(family.rules, src_config, config.num_hidden_layers)
-                check = partial(verify_against_ungated, ckpt, config=config, key_mapping=mapping, dtype=requested,
-                                exact=exact, log=log, budget=budget)  # fmt: skip
-            else:
-                overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
-                check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
-                                exact=exact, log=log, budget=budget)  # fmt: skip
-        return Work(
+            overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+            check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
+                            exact=exact, log=log)  # fmt: skip
+        return ConversionPlan(
             ckpt,
             outputs,
             announce=f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})",
@@ -132,11 +125,13 @@ def convert_checkpoint(
             write_card=partial(write_conversion_card, src=src, family_name=family.name, init=init,
                                dtype_name=dtype_name, rope=rope, config=config, command="convert",
                                gguf=read_record(folder)),
-            verify=check,
+            # DST's layers hold SRC's and the gates: if the budget holds DST's largest layer, it holds SRC's.
+            verification=Verification(config, requested or getattr(torch, dtype_name), check),
         )  # fmt: skip
 
-    return run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log,
-               allow_pickle=allow_pickle, count_shards=True, takes_gguf=True, dequantize_to=requested)  # fmt: skip
+    return run(src, dst, prepare, verify=verify, max_memory=max_memory, overwrite=overwrite,
+               max_shard_size=max_shard_size, revision=revision, log=log, allow_pickle=allow_pickle, count_shards=True,
+               takes_gguf=True, dequantize_to=requested)  # fmt: skip
 
 
 # --- extend ------------------------------------------------------------------------------------------
@@ -161,7 +156,7 @@ def extend_checkpoint(
     rope.check_not_empty()
     requested = _requested_dtype(dtype)
 
-    def prepare(folder: Path, dst: Path) -> Work:
+    def prepare(folder: Path, dst: Path) -> ConversionPlan:
         config_dict = read_config_dict(folder)
         if config_dict.get("model_type") not in GATED_MODEL_TYPES:
             detect_family(config_dict)  # names the architecture and the supported list
@@ -176,15 +171,11 @@ def extend_checkpoint(
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
         outputs = plan_weights(ckpt, target_shapes(config), config, init="copy", dtype=requested, rules=GATED_RULES)
         dtype_name = _config_dtype(outputs, requested, getattr(config, "dtype", None))
-        check = None
-        if verify:
-            budget = MemoryBudget.resolve(max_memory)
-            check_budget(budget, config, requested or getattr(torch, dtype_name))
-            overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
-            check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
-                            exact=True, log=log, budget=budget)  # fmt: skip
+        overrides = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+        check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
+                        exact=True, log=log)  # fmt: skip
         inv_freq, attention_factor = rope_frequencies(config)
-        return Work(
+        return ConversionPlan(
             ckpt,
             outputs,
             announce=f"extending {src} -> {dst}: {rope.describe()}",
@@ -192,8 +183,9 @@ def extend_checkpoint(
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
             write_card=partial(write_conversion_card, src=src, family_name=config.model_type, init=None,
                                dtype_name=dtype_name, rope=rope, config=config, command="extend"),
-            verify=check,
+            verification=Verification(config, requested or getattr(torch, dtype_name), check),
             done=[f"rope: {rope_parameters['rope_type']}, attention factor {attention_factor:g}, max positions {max_positions}"],
         )  # fmt: skip
 
-    return run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log)
+    return run(src, dst, prepare, verify=verify, max_memory=max_memory, overwrite=overwrite,
+               max_shard_size=max_shard_size, revision=revision, log=log)

@@ -40,11 +40,11 @@ from .export_layouts import (
     mlx_lm_limit,
     qwen3_5_tokenizer_difference,
 )
-from .pipeline import Result, Work, run
+from .pipeline import ConversionPlan, Result, Verification, run
 from .shapes import expected_shapes
 from .source_config import check_config_types
 from .sources import ConversionError, SourceCheckpoint, read_config_dict
-from .verify import check_budget, compare_runs, run_prompt
+from .verify import compare_runs, run_prompt
 from .writer import OutputTensor
 
 FORMATS = ("qwen3_5",)
@@ -301,7 +301,7 @@ def export_checkpoint(
         raise ConversionError(f"--layout {layout!r} is not supported; supported: {', '.join(LAYOUTS)}")
     config_layout = CONFIG_LAYOUTS[layout]
 
-    def prepare(folder: Path, dst: Path) -> Work:
+    def prepare(folder: Path, dst: Path) -> ConversionPlan:
         check_config_types(folder)
         model_type = read_config_dict(folder).get("model_type")
         if model_type not in EXPORTABLE:
@@ -317,24 +317,21 @@ def export_checkpoint(
             notes.append(f"mlx-lm will not run this export: {why}")
         if config_layout.qwen3_5_tokenizer and (why := qwen3_5_tokenizer_difference(folder)):
             notes.append(why)
-        check = None
-        if verify:
-            budget = MemoryBudget.resolve(max_memory)
-            check_budget(budget, target, torch.float32)  # verified in float32 (see `_verify`)
-            check = partial(_verify, folder, config=config, log=log, budget=budget)
-        return Work(
+        return ConversionPlan(
             ckpt,
             outputs,
             announce=f"exporting {src} -> {dst} as {ARCHITECTURE} ({config_layout.describe()})",
             desc="exporting",
             write_config=partial(_write_config, target=target, layout=config_layout),
             write_card=partial(write_export_card, src=src, config=config, layout=layout),
-            verify=check,
+            # verified in float32 (see `_verify`)
+            verification=Verification(target, torch.float32, partial(_verify, folder, config=config, log=log)),
             finite=ckpt.tensors,  # the gates too: they travel inside q_proj
         )
 
     notes: list[str] = []  # what an engine will make of the export, found while planning it
-    result = run(src, dst, prepare, overwrite=overwrite, max_shard_size=max_shard_size, revision=revision, log=log)
+    result = run(src, dst, prepare, verify=verify, max_memory=max_memory, overwrite=overwrite,
+                 max_shard_size=max_shard_size, revision=revision, log=log)
     # Warnings, not refusals (the export is exact, and other engines may serve it), and only once DST is
     # written: input refused later in the run stays one line.
     for note in notes:

@@ -10,12 +10,15 @@ transformers' `conversion_mapping.py` declares renames and fusions:
 - `default_theta`, `rope`: how the class standardises its RoPE fields;
 - `target`: our config's fields that are fixed for the family, or read from
   another source field (`From`);
+- `reader`: what reads its config.json (`source_config.SourceConfig`, the
+  transformers classes' way; `source_config.FlaHybridSource`, fla's);
 - `unsupported`: what our model cannot express exactly, refused in one line;
-- `rules`: the weight renames, fusions and splits (`plan.Rename`, ...).
+- `rules`: the weight rules, applied in order (`plan.Rename`, `plan.Split`,
+  `plan.FuseExperts`, ..., and `plan.AddGate`, the gate the conversion adds).
 
 Adding a family is adding a record here and its test. The code that reads a
-record is in `source_config` (config.json), `targets` (our config) and `plan`
-(the weights).
+record is the record's `reader` (config.json), `targets` (our config) and
+`plan` (the weights).
 """
 
 from __future__ import annotations
@@ -23,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .plan import FuseExperts, Rename, RenameByLayerType, Split
+from .plan import AddGate, FuseExperts, Rename, RenameByLayerType, Split
+from .source_config import GATED_MODEL_TYPES, FlaHybridSource, SourceConfig
 from .sources import ConversionError
-
-GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,9 @@ class Family:
     default_theta: float = 1e4
     rope: Callable | None = None  # the class's own `convert_rope_params_to_dict`, where it overrides the mixin's
     target: dict = field(default_factory=dict)
+    reader: Callable = SourceConfig  # (config.json as a dict, this record) -> the source config the rest reads
     unsupported: tuple[Callable, ...] = ()  # each: source config -> the reason it cannot convert exactly, or None
-    rules: tuple = ()
+    rules: tuple = ()  # `plan.Rule`s, applied in this order
 
     def __str__(self) -> str:
         return self.name
@@ -89,6 +92,24 @@ def _whole_head_rope(c) -> str | None:
     return None
 
 
+def _fla_features(src: FlaHybridSource) -> str | None:
+    """What an fla Gated DeltaNet config may ask for that our hybrid has not."""
+    r = src.raw
+    if not r["use_short_conv"]:
+        return "use_short_conv=false (the Gated DeltaNet layer here always has its short convolutions)"
+    if r["allow_neg_eigval"]:
+        return "allow_neg_eigval=true (beta in [0, 2]) is not implemented by the hybrid model"
+    if r["use_gate"] and r["output_gate_activation"] not in ("swish", "silu"):
+        return f"output_gate_activation={r['output_gate_activation']!r} (only swish/silu)"
+    if r["attnres_block_size"] is not None:
+        return "attention residuals (attnres_block_size) are not implemented by the hybrid model"
+    if r["hidden_act"] not in ("swish", "silu"):
+        return f"hidden_act={r['hidden_act']!r} (only swish/silu)"
+    if src.attn.get("qk_norm"):
+        return "attn.qk_norm=true"  # fla's get_attention never passes it on; refuse rather than guess
+    return None
+
+
 def _phi3_rope(fields, rope_kwargs: dict) -> None:
     """Phi3Config.convert_rope_params_to_dict, the class's own: legacy `rope_scaling` replaces `rope_parameters`,
     the partial rotary factor moves into it, and the legacy "su" / "yarn" types are Phi-3's "longrope".
@@ -112,6 +133,8 @@ _QWEN = dict(
     _LLAMA_LIKE, vocab_size=151936, max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096,
     bos_token_id=None, eos_token_id=None,
 )  # fmt: skip
+# The gate every conversion adds: after the attention, before `self_attn.o_proj` (doubled for --init exact).
+GATE = AddGate("self_attn.o_proj.weight", "self_attn.attn_gate")
 # Per-expert tensors (the layout transformers 5 still saves for Qwen3-MoE and Mixtral) fused into our MoE's.
 _MOE = dict(
     num_experts_per_tok=From("num_experts_per_tok"), output_router_logits=From("output_router_logits"),
@@ -126,6 +149,7 @@ FAMILIES = (
             num_attention_heads=32, num_key_value_heads=None, max_position_embeddings=2048, bos_token_id=1,
             eos_token_id=2, attention_bias=False, mlp_bias=False,
         ),
+        rules=(GATE,),
     ),
     Family(
         "Mistral", ("mistral",), "dense",
@@ -134,6 +158,7 @@ FAMILIES = (
             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32, bos_token_id=1,
             eos_token_id=2, sliding_window=4096,
         ),
+        rules=(GATE,),
     ),
     Family(
         "Qwen2/Qwen2.5", ("qwen2",), "dense",
@@ -143,6 +168,7 @@ FAMILIES = (
         ),
         derived=(_window_only_if_used, _window_from_max_window_layers),
         target=dict(qkv_bias=True),  # bias on q/k/v, none on o_proj
+        rules=(GATE,),
     ),
     Family(
         "Qwen3", ("qwen3",), "dense",
@@ -152,6 +178,7 @@ FAMILIES = (
         ),
         derived=(_window_only_if_used, _window_from_max_window_layers),
         target=dict(qk_norm=True),
+        rules=(GATE,),
     ),
     Family(
         "Qwen3-MoE", ("qwen3_moe",), "moe",
@@ -168,7 +195,7 @@ FAMILIES = (
             norm_topk_prob=From("norm_topk_prob"), decoder_sparse_step=From("decoder_sparse_step"),
             mlp_only_layers=From("mlp_only_layers"),
         ),
-        rules=(FuseExperts(),),
+        rules=(FuseExperts(), GATE),
     ),
     Family(
         "Mixtral", ("mixtral",), "moe",
@@ -191,6 +218,7 @@ FAMILIES = (
             Rename(r"\.block_sparse_moe\.experts\.(\d+)\.w2\.weight$", r".mlp.experts.\1.down_proj.weight"),
             Rename(r"\.block_sparse_moe\.gate\.", ".mlp.gate."),
             FuseExperts(),
+            GATE,
         ),
     ),
     Family(
@@ -211,10 +239,11 @@ FAMILIES = (
             Split("self_attn.qkv_proj.weight",
                   ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
             Split("mlp.gate_up_proj.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+            GATE,
         ),
     ),
     Family(
-        # fla's `gated_deltanet` with an `attn` layer list (M-A-P's hybrids); read by `source_config.FlaHybridSource`.
+        # fla's `gated_deltanet` with an `attn` layer list (M-A-P's hybrids).
         "fla Gated DeltaNet hybrid", ("gated_deltanet",), "hybrid",
         defaults=dict(  # fla's GatedDeltaNetConfig
             hidden_size=2048, expand_v=2.0, use_gate=True, use_short_conv=True, allow_neg_eigval=False, conv_size=4,
@@ -223,19 +252,22 @@ FAMILIES = (
             pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.02,
             vocab_size=32000, attnres_block_size=None, output_gate_activation="swish",
         ),
+        reader=FlaHybridSource,
+        unsupported=(_fla_features,),
         rules=(
             Rename(r"^model\.embeddings\.weight$", "model.embed_tokens.weight"),
             Rename(r"^(model\.layers\.\d+)\.attn_norm\.", r"\1.input_layernorm."),
             Rename(r"^(model\.layers\.\d+)\.mlp_norm\.", r"\1.post_attention_layernorm."),
             RenameByLayerType("attn", attention="self_attn", linear="linear_attn"),
+            GATE,
         ),
     ),
 )  # fmt: skip
 
 # The defaults by model type (tests/test_convert_source_config.py checks them against transformers' classes).
-SOURCE_DEFAULTS = {t: f.defaults for f in FAMILIES if f.kind != "hybrid" for t in f.model_types}
-FLA_GDN_DEFAULTS = next(f.defaults for f in FAMILIES if f.kind == "hybrid")
-# Our own MoE checkpoints: transformers saves their experts per expert too.
+SOURCE_DEFAULTS = {t: f.defaults for f in FAMILIES if f.reader is SourceConfig for t in f.model_types}
+FLA_GDN_DEFAULTS = next(f.defaults for f in FAMILIES if f.reader is FlaHybridSource)
+# Our own checkpoints (`extend`): gated already, and transformers saves an MoE's experts per expert too.
 GATED_RULES = (FuseExperts(),)
 
 

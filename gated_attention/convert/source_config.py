@@ -1,8 +1,9 @@
 """Source configs read as their transformers classes read them, without importing those classes.
 
-`SourceConfig` is a Llama-family or MoE config.json with the class's defaults,
-aliases, derived fields and standardised RoPE; `FlaHybridSource` an fla
-`gated_deltanet` config.json with fla's defaults and its layer plan.
+The two readers a family record names (`families.Family.reader`), each called with config.json as a dict
+and the record: `SourceConfig`, a Llama-family or MoE config.json with the class's defaults, aliases,
+derived fields and standardised RoPE; `FlaHybridSource`, an fla `gated_deltanet` config.json with fla's
+defaults and its layer plan.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 import torch
 
 from .. import register_auto_classes
-from .families import FLA_GDN_DEFAULTS, GATED_MODEL_TYPES, Family, detect_family
 from .sources import ConversionError, read_config_dict
+
+GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
 
 
 # --- source configs, read without transformers' per-family classes ----------------------------------
@@ -79,9 +81,8 @@ class SourceConfig:
     (head_dim, key/value heads, and the record's `derived`) and `rope_parameters` standardised from
     legacy `rope_scaling` / `rope_theta` by transformers' RotaryEmbeddingConfigMixin."""
 
-    def __init__(self, raw: dict, family: Family | None = None):
+    def __init__(self, raw: dict, family):  # family: its `families.Family` record
         check_field_types(raw, SOURCE_TYPES)
-        family = family or detect_family(raw)
         raw = copy.deepcopy(raw)  # the RoPE mixin edits rope_parameters in place
         self.model_type = raw["model_type"]
         for alias, name in family.aliases.items():
@@ -100,7 +101,7 @@ class SourceConfig:
         self.rope_parameters = _standardised_rope(self, family, rope_kwargs)
 
 
-def _standardised_rope(config: SourceConfig, family: Family, rope_kwargs: dict) -> dict:
+def _standardised_rope(config: SourceConfig, family, rope_kwargs: dict) -> dict:
     """`rope_parameters` as the family's class makes it: transformers' RoPE mixin run on the config's fields."""
     from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 
@@ -118,14 +119,12 @@ def _standardised_rope(config: SourceConfig, family: Family, rope_kwargs: dict) 
 
 
 def load_source_config(folder, family):
-    """SRC's config: a `SourceConfig` (Llama family, MoE) or an fla hybrid's dict with fla's defaults.
-
-    Neither imports the family's transformers class (see above), nor fla and its CUDA-only kernels.
+    """SRC's config, read by the family's `reader`: a `SourceConfig` (Llama family, MoE) or an
+    `FlaHybridSource`. Neither imports the family's transformers class (see above), nor fla and its
+    CUDA-only kernels.
     """
-    if family.kind == "hybrid":
-        return FlaHybridSource.from_folder(folder)
     try:
-        return SourceConfig(read_config_dict(folder), family)
+        return family.reader(read_config_dict(folder), family)
     except ConversionError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
@@ -153,11 +152,12 @@ FLA_ATTN_TYPES = dict(
 
 
 class FlaHybridSource:
-    """An fla `gated_deltanet` config.json with fla's defaults filled in, and its layer plan."""
+    """An fla `gated_deltanet` config.json with fla's defaults (the record's `defaults`) filled in, and its
+    layer plan."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, family):  # family: its `families.Family` record
         check_field_types(config, FLA_GDN_TYPES)
-        self.raw = {**FLA_GDN_DEFAULTS, **config}
+        self.raw = {**family.defaults, **config}
         self.model_type = "gated_deltanet"
         self.dtype = self.raw.get("dtype") or self.raw.get("torch_dtype")
         attn = self.raw["attn"] or {"layers": []}
@@ -166,26 +166,6 @@ class FlaHybridSource:
         check_field_types(attn, FLA_ATTN_TYPES, "SRC config.json, attn")
         self.attn = attn
         self.attention_layers = set(attn["layers"])
-
-    @classmethod
-    def from_folder(cls, folder) -> FlaHybridSource:
-        return cls(read_config_dict(folder))
-
-    def unsupported(self) -> str | None:
-        r = self.raw
-        if not r["use_short_conv"]:
-            return "use_short_conv=false (the Gated DeltaNet layer here always has its short convolutions)"
-        if r["allow_neg_eigval"]:
-            return "allow_neg_eigval=true (beta in [0, 2]) is not implemented by the hybrid model"
-        if r["use_gate"] and r["output_gate_activation"] not in ("swish", "silu"):
-            return f"output_gate_activation={r['output_gate_activation']!r} (only swish/silu)"
-        if r["attnres_block_size"] is not None:
-            return "attention residuals (attnres_block_size) are not implemented by the hybrid model"
-        if r["hidden_act"] not in ("swish", "silu"):
-            return f"hidden_act={r['hidden_act']!r} (only swish/silu)"
-        if self.attn.get("qk_norm"):
-            return "attn.qk_norm=true"  # fla's get_attention never passes it on; refuse rather than guess
-        return None
 
     def intermediate_size(self) -> int:
         """fla's GatedMLP width: given, or the multiple of 256 nearest above 2/3 * ratio * hidden."""

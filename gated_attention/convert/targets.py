@@ -6,6 +6,8 @@ record's `target` (`families.Family`)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..configuration.gated_attention import GatedAttentionConfig
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
@@ -69,23 +71,16 @@ def _record_fields(src, family: Family) -> dict:
     return fields
 
 
-def dense_config(src, family: Family, gate_spec: dict) -> GatedAttentionConfig:
-    """The GatedAttentionConfig with a dense source's fields and the given gate."""
-    config = GatedAttentionConfig(**{**_attention_kwargs(src, gate_spec), **_record_fields(src, family)})
+def llama_like_config(config_class, src, family: Family, gate_spec: dict):
+    """Our dense or MoE config (`config_class`) of a Llama-like source, with the given gate: the shared
+    fields by their Llama names, then the record's `target` (an MoE's expert fields, a family's biases)."""
+    config = config_class(**{**_attention_kwargs(src, gate_spec), **_record_fields(src, family)})
     config.dtype = _dtype_name(getattr(src, "dtype", None))
     return config
 
 
-def moe_config(src, family: Family, gate_spec: dict):
-    """The GatedAttentionMoeConfig of an MoE source (Qwen3-MoE, Mixtral): the expert fields are the record's."""
-    config = GatedAttentionMoeConfig(**{**_attention_kwargs(src, gate_spec), **_record_fields(src, family)})
-    config.dtype = _dtype_name(getattr(src, "dtype", None))
-    return config
-
-
-def hybrid_config(src: FlaHybridSource, family: Family, gate_spec: dict):
-    if (reason := src.unsupported()) is not None:
-        raise ConversionError(f"SRC's fla Gated DeltaNet config is not supported: {reason}")
+def hybrid_config(src: FlaHybridSource, family: Family, gate_spec: dict) -> GatedDeltaNetHybridConfig:
+    """Our hybrid config of an fla Gated DeltaNet hybrid, read by fla's names."""
     r, attn = src.raw, src.attn
     L = r["num_hidden_layers"]
     window = attn.get("window_size")
@@ -127,12 +122,20 @@ def hybrid_config(src: FlaHybridSource, family: Family, gate_spec: dict):
     return config
 
 
+# A record's `kind` -> what builds our config from its source config.
+BUILDERS = {
+    "dense": partial(llama_like_config, GatedAttentionConfig),
+    "moe": partial(llama_like_config, GatedAttentionMoeConfig),
+    "hybrid": hybrid_config,
+}
+
+
 def target_config(src, family: Family, gate_spec: dict):
     """Our config for `src` (a `SourceConfig`, a transformers config, or an `FlaHybridSource`)."""
     for check in family.unsupported:
         if (reason := check(src)) is not None:
             raise ConversionError(f"SRC's {family} config is not supported: {reason}")
-    build = {"dense": dense_config, "moe": moe_config, "hybrid": hybrid_config}[family.kind]
+    build = BUILDERS[family.kind]
     try:
         return build(src, family, gate_spec)
     except ConversionError:
