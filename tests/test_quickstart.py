@@ -286,9 +286,9 @@ def test_quickstart_without_threads_uses_the_free_cores_on_the_cpu(monkeypatch, 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
-    args = argparse.Namespace(out=str(tmp_path / "out"), cache=str(tmp_path), device="cpu", threads=None)
-    Job.start(args, {})
-    assert torch.get_num_threads() == 1
+    args = argparse.Namespace(out=str(tmp_path / "out"), cache=str(tmp_path / "cache"), device="cpu", threads=None)
+    with Job.start(args, {}):
+        assert torch.get_num_threads() == 1
     assert "1 torch thread(s) (free cores: 2 usable, load average 4.0)" in capsys.readouterr().out
 
 
@@ -319,7 +319,9 @@ def test_quickstart_refuses_a_value_out_of_range_when_parsing(argv, flag, capsys
     (["--source", "x.gguf"], "--source applies to --preset trained only"),
     (["--preset", "sinks", "--long-tokens", "64"], "--long-tokens applies to --preset trained only"),
     (["--remove-sink"], "--remove-sink applies to --preset trained only"),
-    (["--preset", "trained", "--hidden-size", "64"], "--hidden-size applies to quickstart's main job and --preset sinks"),
+    (["--preset", "trained", "--hidden-size", "64"],
+     "--hidden-size applies to quickstart's main job, --preset sinks and --preset backcopy only"),
+    (["--preset", "backcopy", "--vocab-size", "300"], "--vocab-size applies to quickstart's main job and --preset sinks only"),
     (["--preset", "trained", "--gates-first", "4", "--steps", "4"], "--gates-first 4 leaves no step of full training"),
     (["--corpus", "packages", "--architecture", "hybrid"], "--architecture, --corpus apply to --preset sinks only"),
     (["--preset", "sinks", "--long-factor", "3"], "--long-factor applies to quickstart's main job"),
@@ -340,18 +342,42 @@ def test_quickstart_refuses_flags_that_do_not_go_together_before_importing_torch
     assert not out.exists()
 
 
-def test_quickstart_help_shows_the_defaults_of_both_presets(capsys):
+def test_quickstart_help_shows_each_jobs_defaults_and_where_each_flag_applies(capsys):
     from gated_attention.cli import build_parser
-    from gated_attention.recipes.settings import BackcopySettings, Settings, SinkSettings, TrainedSettings
+    from gated_attention.recipes.settings import BackcopySettings, Settings, SinkSettings
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["quickstart", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    main, sinks = Settings(), SinkSettings()
+    main, sinks, backcopy = Settings(), SinkSettings(), BackcopySettings()
     for flag, field in (("--steps", "steps"), ("--batch-size", "batch_size"), ("--layers", "num_hidden_layers"),
                         ("--lr", "lr")):
         want = f"default {getattr(main, field):g}; --preset sinks: {getattr(sinks, field):g}"
         assert want in text, (flag, want)
-    trained, backcopy = TrainedSettings(), BackcopySettings()
-    assert f"default {sinks.weight_decay:g}" in text and "--preset sinks and backcopy: the --lr value" in text
-    assert f"--preset trained: {trained.weight_decay:g}; --preset backcopy: {backcopy.weight_decay:g}" in text
+    assert "--preset sinks: the --lr value; --preset backcopy: the --lr value" in text  # --gate-lr
+    # --weight-decay: the first job's default, then where another differs, then the jobs that read it
+    assert (f"(default {sinks.weight_decay:g}; --preset backcopy: {backcopy.weight_decay:g}); --preset sinks, "
+            "--preset trained and --preset backcopy only") in text
+    assert "(default 4); quickstart's main job only" in text  # --long-factor
+
+
+def test_the_flag_table_covers_every_setting_flag_and_names_real_fields():
+    """`settings.FLAGS` is the one place that says which job reads which flag: every quickstart flag that sets a
+    job's settings is in it, and every job it names has that field; a job refuses every flag it does not read."""
+    import argparse
+    import dataclasses
+
+    from gated_attention.cli import build_parser
+    from gated_attention.recipes import settings
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    where = {"out", "smoke", "preset", "device", "threads", "cache", "no_progress", "help"}  # how and where a job runs
+    dests = {a.dest for a in sub.choices["quickstart"]._actions} - where
+    assert dests <= set(settings.FLAGS), dests - set(settings.FLAGS)
+    for dest, jobs in settings.FLAGS.items():
+        for job in jobs:
+            assert dest in {f.name for f in dataclasses.fields(settings.JOBS[job][0])}, (dest, job)
+    for job in settings.JOBS:
+        for dest in {d for d, jobs in settings.FLAGS.items() if job not in jobs}:
+            with pytest.raises(gated_attention.CLIError, match=f"^--{dest.replace('_', '-')} applies to "):
+                settings._from_flags(job, argparse.Namespace(**{dest: 2}))

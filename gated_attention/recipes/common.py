@@ -1,18 +1,23 @@
-"""What both recipes share: where they run (`Placement`), the run itself (`Job`), and the model pairs."""
+"""What the recipes share: where they run (`Placement`), the run itself (`Job`), the model pairs, and training
+with probes between chunks (`train_with_probes`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from .. import CLIError
-from ..training import data
+from ..training import TrainConfig, data, is_gate_parameter, make_optimizer, make_scheduler, train
 from ..training.threads import set_cpu_threads
+from .folders import SETTINGS, staged_out
 
 # ---------------------------------------------------------------------------------------------
 # Device
@@ -58,32 +63,37 @@ def choose_device(requested: str) -> Placement:
 
 @dataclass
 class Job:
-    """One recipe run: its output folder, cache, placement, progress bars, log and clock."""
+    """One recipe run: its output folder, the folder it writes into until it is done, cache, placement, progress
+    bars, log and clock."""
 
-    out: Path
+    out: Path  # --out: where the finished run appears (and what the log names)
+    folder: Path  # where the run writes: a staging folder beside `out`, renamed to it when the run is done
     cache: Path
     placement: Placement
     progress: bool
     started: float = field(default_factory=time.perf_counter)
 
     @classmethod
-    def start(cls, args: argparse.Namespace, settings: dict) -> Job:
-        """Read the run's flags (`--out`, `--cache`, `--device`, `--threads`, `--no-progress`), create the
-        output folder and write `settings.json` (the recipe's settings and where it ran)."""
+    @contextlib.contextmanager
+    def start(cls, args: argparse.Namespace, settings: dict) -> Iterator[Job]:
+        """Read the run's flags (`--out`, `--cache`, `--device`, `--threads`, `--no-progress`) and yield the job,
+        its `settings.json` (the recipe's settings and where it ran) written. What the run writes appears at
+        `--out` when the block ends, whole, replacing an earlier run's output; a run that fails or is stopped
+        leaves `--out` as it was (`folders.staged_out`)."""
         placement = choose_device(getattr(args, "device", None) or "auto")
-        # On a GPU torch's CPU threads do little; there only an explicit --threads changes them.
-        threads = ""
-        if placement.device.type == "cpu" or getattr(args, "threads", None):
-            count, why = set_cpu_threads(getattr(args, "threads", None))
-            threads = f"; {count} torch thread(s) ({why})"
         cache = Path(args.cache).expanduser() if getattr(args, "cache", None) else data.cache_dir()
-        job = cls(Path(args.out), cache, placement, progress=not getattr(args, "no_progress", False))
-        job.out.mkdir(parents=True, exist_ok=True)
-        where = {"device": placement.device.type, "autocast": dtype_name(placement.autocast_dtype),
-                 "threads": torch.get_num_threads()}
-        (job.out / "settings.json").write_text(json.dumps({**settings, **where}, indent=1), encoding="utf-8")
-        job.log(f"device: {placement.describe()}{threads}")
-        return job
+        with staged_out(args) as folder:
+            job = cls(Path(args.out).expanduser(), folder, cache, placement, progress=not getattr(args, "no_progress", False))
+            # On a GPU torch's CPU threads do little; there only an explicit --threads changes them.
+            threads = ""
+            if placement.device.type == "cpu" or getattr(args, "threads", None):
+                count, why = set_cpu_threads(getattr(args, "threads", None))
+                threads = f"; {count} torch thread(s) ({why})"
+            where = {"device": placement.device.type, "autocast": dtype_name(placement.autocast_dtype),
+                     "threads": torch.get_num_threads()}
+            (folder / SETTINGS).write_text(json.dumps({**settings, **where}, indent=1), encoding="utf-8")
+            job.log(f"device: {placement.describe()}{threads}")
+            yield job
 
     def log(self, message: str) -> None:
         print(message, flush=True)  # flushed: a background run's log is read while it runs
@@ -135,3 +145,64 @@ def model_pair(s, tokenizer, architecture: str = "dense", hybrid_ratio: int = 3)
     missing, unexpected = gated.load_state_dict(ungated.state_dict(), strict=False)
     assert not unexpected and all("attn_gate" in k for k in missing), (missing, unexpected)
     return ungated, gated
+
+
+# ---------------------------------------------------------------------------------------------
+# Training with probes
+
+
+@dataclass
+class Trained:
+    history: list[dict]  # one record per step (`training.train`)
+    probes: list[dict]  # the probe's rows, each with model, step, minutes and the last training loss
+    minutes: float
+
+
+# (step, the last training loss (NaN before the first step), minutes since training began) -> the probe's rows
+Probe = Callable[[int, float, float], list[dict]]
+
+
+def train_config(s, job: Job) -> TrainConfig:
+    """The `TrainConfig` of a recipe's settings `s` (steps, batch_size, lr, gate_lr, seed, warmup_fraction,
+    weight_decay), on the job's placement."""
+    return TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
+                       warmup_steps=max(1, int(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
+                       autocast_dtype=job.placement.autocast_dtype)
+
+
+def train_with_probes(model, name: str, rows, config: TrainConfig, job: Job, probe: Probe, *, every: int,
+                      at_start: bool = False, gates_first: int = 0, lr_min_ratio: float = 0.1) -> Trained:
+    """Train `model` on `rows` for `config.steps`, calling `probe` every `every` steps (0: only at the end), at
+    the last step, and with `at_start` before the first.
+
+    Training runs in chunks between probes with one optimizer and one scheduler (warmup, then cosine decay to
+    `lr_min_ratio` of the peak); the batch of step k depends only on (seed, k), so chunking changes nothing.
+    For the first `gates_first` steps only the gate parameters train (the others frozen, their learning rate
+    unused): that step is a chunk boundary too, without a probe unless one falls there.
+    """
+    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
+    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps, lr_min_ratio)
+    every = every or config.steps
+    stops = sorted({*range(every, config.steps, every), config.steps, *([gates_first] if gates_first else [])})
+    history, probes, t0, start = [], [], time.perf_counter(), 0
+
+    def take(step: int) -> None:
+        loss = history[-1]["loss"] if history else math.nan
+        minutes = (time.perf_counter() - t0) / 60
+        probes.extend({"model": name, "step": step, "minutes": minutes, "loss": loss, **r}
+                      for r in probe(step, loss, minutes))
+
+    if at_start:
+        take(0)
+    for stop in stops:
+        alone = start < gates_first
+        for n, p in model.named_parameters():
+            p.requires_grad_(not alone or is_gate_parameter(n))  # a frozen parameter gets no gradient: AdamW skips it
+        history += train(model, rows, replace(config, steps=stop), optimizer, scheduler, start_step=start,
+                         desc=f"{name}{' (gates alone)' if alone else ''}", progress=job.progress)
+        start = stop
+        if stop % every == 0 or stop == config.steps:
+            take(stop)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return Trained(history, probes, (time.perf_counter() - t0) / 60)

@@ -53,13 +53,13 @@ _PRETRAIN_FORMAT = 1  # bump when the source-model recipe changes, so cached sou
 
 def run(args: argparse.Namespace, s: Settings) -> int:
     """The recipe with settings `s` (`settings.settings_from_args(args)`); `args` give where and how it runs."""
-    job = Job.start(args, asdict(s))
-    d = prepare_data(s, job)
-    runs = train_from_scratch(s, d, job)  # (a)
-    conversion = convert_and_continue(s, d, job)  # (b)
-    runs.update(conversion.runs)
-    results, layer_rows, training_rows = measure(runs, s, d, job)
-    report(results, layer_rows, training_rows, conversion, s, job)
+    with Job.start(args, asdict(s)) as job:
+        d = prepare_data(s, job)
+        runs = train_from_scratch(s, d, job)  # (a)
+        conversion = convert_and_continue(s, d, job)  # (b)
+        runs.update(conversion.runs)
+        results, layer_rows, training_rows = measure(runs, s, d, job)
+        report(results, layer_rows, training_rows, conversion, s, job)
     return 0
 
 
@@ -174,7 +174,7 @@ def convert_and_continue(s: Settings, d: Data, job: Job) -> Conversion:
     from ..modeling.gated_attention import GatedAttentionForCausalLM
 
     source_dir = pretrained_source(s, d, job)
-    converted_dir = job.out / "converted"
+    converted_dir = job.folder / "converted"
     result = convert_checkpoint(str(source_dir), converted_dir, gate="elementwise", init="exact", overwrite=True,
                                 log=lambda msg: job.log(f"convert: {msg}"))
     # The exactness check compares like with like: both models on the CPU, in fp32, through transformers'
@@ -289,7 +289,7 @@ def format_table(rows: list[dict], long_len: int) -> str:
 def report(results: list[dict], layer_rows: list[dict], training_rows: list[dict], conversion: Conversion,
            s: Settings, job: Job) -> None:
     """Write the CSVs, draw the plots from them, print the table and the converted gates' movement."""
-    out = job.out
+    out = job.folder
     write_csv(out / "results.csv", results, [k for k, _, _ in RESULT_COLUMNS])
     write_csv(out / "training.csv", training_rows, TRAINING_COLUMNS)
     write_csv(out / "layers.csv", layer_rows, ["model", "layer", "first_token_attention", "max_activation"])
@@ -302,5 +302,5 @@ def report(results: list[dict], layer_rows: list[dict], training_rows: list[dict
     job.log(f"converted gates: mean score 0.500 at conversion (exact init) -> {results[-1]['gate_mean']:.3f} after "
             f"{s.steps} steps at gate lr {s.gate_lr:g} (other parameters {s.continue_lr:g}); largest change of a gate "
             f"parameter {conversion.gate_moved:.3g}; training-batch gate score at the last step {last_gate_score:.3f}")
-    job.log(f"wrote {out / 'results.csv'}, training.csv, layers.csv, {', '.join(p.name for p in plots)} "
+    job.log(f"wrote {job.out / 'results.csv'}, training.csv, layers.csv, {', '.join(p.name for p in plots)} "
             f"({job.minutes():.1f} min)")

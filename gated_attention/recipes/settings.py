@@ -1,7 +1,9 @@
 """What decides the numbers of each recipe, and how the `quickstart` flags set it.
 
-Plain dataclasses and the standard library only: the parser (`recipes.cli`)
-reads the defaults from here for its help without importing torch.
+One table (`FLAGS`) says which of quickstart's jobs reads which flag: the settings are filled from it, a
+flag given to a job that does not read it is refused from it, and `--help` says from it where each flag
+applies and what it defaults to there. Plain dataclasses and the standard library only: the parser
+(`recipes.cli`) reads all of this for its help without importing torch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ CORPORA = ("embedded", "packages")
 DEVICES = ("auto", "cpu", "cuda")
 MIN_VOCAB = 259  # byte-level BPE: 256 byte symbols and the 3 special tokens (training.data.train_tokenizer)
 ARCHITECTURES = ("dense", "hybrid")
+# quickstart's jobs: its main job (no --preset) and the presets
+MAIN, SINKS, TRAINED, BACKCOPY = "main", "sinks", "trained", "backcopy"
+PRESETS = (SINKS, TRAINED, BACKCOPY)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,19 +57,10 @@ SMOKE = dict(
     eval_sequences=4, analysis_sequences=2,
 )
 
-_QUICKSTART_FLAGS = ("steps", "pretrain_steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers",
-                     "num_attention_heads", "vocab_size", "lr", "continue_lr", "gate_lr", "long_factor",
-                     "eval_sequences", "seed")
-
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """quickstart's settings from its parsed flags (each flag's range is checked by the parser)."""
-    _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
-    _refuse_flags(args, ("weight_decay",), "--preset sinks, --preset trained and --preset backcopy")
-    _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
-    s = Settings(**(SMOKE if getattr(args, "smoke", False) else {}))
-    _apply_flags(s, args, _QUICKSTART_FLAGS)
-    return s
+    return _from_flags(MAIN, args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,24 +103,13 @@ SINKS_SMOKE = dict(
     analysis_sequences=2, probe_every=2, probe_sequences=2,
 )
 
-# quickstart flags that also set the sinks preset (dest names match SinkSettings fields)
-_SINKS_FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "vocab_size", "lr", "gate_lr", "eval_sequences", "seed", "corpus", "corpus_chars", "probe_every",
-                "weight_decay", "ungated_only", "analysis_sequences", "architecture", "analyze")
-
 
 def sink_settings_from_args(args: argparse.Namespace) -> SinkSettings:
     """The sinks preset's settings from quickstart's parsed flags (each flag's range is checked by the parser)."""
-    _refuse_flags(args, _MAIN_JOB_ONLY, "quickstart's main job (without --preset sinks)")
-    _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
-    smoke = getattr(args, "smoke", False)
-    s = SinkSettings(**(SINKS_SMOKE if smoke else {}))
-    _apply_flags(s, args, _SINKS_FLAGS)
-    if getattr(args, "gate_lr", None) is None:
-        s.gate_lr = s.lr  # from scratch the gates train with everything else
+    s = _from_flags(SINKS, args)
     if s.architecture not in ARCHITECTURES:
         raise CLIError(f"--architecture must be one of {ARCHITECTURES}, got {s.architecture!r}")
-    if s.architecture == "hybrid" and smoke and getattr(args, "num_hidden_layers", None) is None:
+    if s.architecture == "hybrid" and getattr(args, "smoke", False) and getattr(args, "num_hidden_layers", None) is None:
         s.num_hidden_layers = s.hybrid_ratio  # one block: GDN, GDN, full attention
     if s.architecture == "hybrid" and s.num_hidden_layers < s.hybrid_ratio:
         raise CLIError(f"a {s.hybrid_ratio}:1 hybrid needs --layers >= {s.hybrid_ratio} (one full-attention layer "
@@ -162,17 +147,11 @@ class TrainedSettings:
 
 TRAINED_SMOKE = dict(corpus_chars=100_000, seq_len=32, batch_size=2, steps=2, eval_sequences=2,
                      analysis_sequences=2, probe_every=1, probe_sequences=2, long_tokens=128)
-_TRAINED_FLAGS = ("source", "steps", "batch_size", "seq_len", "lr", "gate_lr", "weight_decay", "gates_first",
-                  "eval_sequences", "long_tokens", "seed", "remove_sink")
 
 
 def trained_settings_from_args(args: argparse.Namespace) -> TrainedSettings:
-    """The trained preset's settings from quickstart's parsed flags."""
-    _refuse_flags(args, _NOT_TRAINED, "quickstart's main job and --preset sinks (--preset trained keeps its source's shape)")
-    s = TrainedSettings(**(TRAINED_SMOKE if getattr(args, "smoke", False) else {}))
-    for name in _TRAINED_FLAGS:
-        if getattr(args, name, None) is not None:
-            setattr(s, name, getattr(args, name))
+    """The trained preset's settings from quickstart's parsed flags (it keeps its source's shape: no size flags)."""
+    s = _from_flags(TRAINED, args)
     if s.gates_first >= s.steps:
         raise CLIError(f"--gates-first {s.gates_first} leaves no step of full training in --steps {s.steps}")
     return s
@@ -213,50 +192,114 @@ class BackcopySettings:
 
 BACKCOPY_SMOKE = dict(hidden_size=32, intermediate_size=64, seq_len=32, batch_size=8, steps=6, train_sequences=64,
                       eval_sequences=8, analysis_sequences=4, probe_every=3, probe_sequences=2)
-_BACKCOPY_FLAGS = ("steps", "batch_size", "seq_len", "hidden_size", "num_hidden_layers", "num_attention_heads", "lr",
-                   "gate_lr", "weight_decay", "eval_sequences", "seed", "probe_every", "ungated_only",
-                   "analysis_sequences")
 
 
 def backcopy_settings_from_args(args: argparse.Namespace) -> BackcopySettings:
     """The backcopy preset's settings from quickstart's parsed flags (each flag's range is checked by the parser)."""
-    _refuse_flags(args, _MAIN_JOB_ONLY + ("vocab_size",), "quickstart's main job and --preset sinks")
-    _refuse_flags(args, _SINKS_ONLY, "--preset sinks")
-    _refuse_flags(args, _TRAINED_ONLY, "--preset trained")
-    s = BackcopySettings(**(BACKCOPY_SMOKE if getattr(args, "smoke", False) else {}))
-    _apply_flags(s, args, _BACKCOPY_FLAGS)
-    if getattr(args, "gate_lr", None) is None:
-        s.gate_lr = s.lr  # from scratch the gates train with everything else
-    return s
+    return _from_flags(BACKCOPY, args)
 
 
 # ---------------------------------------------------------------------------------------------
+# Which job reads which flag
 
 
-# flags that only some of the jobs read (dest names); given to another, they would do nothing
-_MAIN_JOB_ONLY = ("pretrain_steps", "continue_lr", "long_factor")
-_SINKS_ONLY = ("architecture", "corpus")
-_TRAINED_ONLY = ("source", "gates_first", "long_tokens", "remove_sink")
-_NOT_TRAINED = ("pretrain_steps", "continue_lr", "long_factor", "architecture", "corpus", "hidden_size",
-                "num_hidden_layers", "num_attention_heads", "vocab_size")
+JOBS = {MAIN: (Settings, SMOKE), SINKS: (SinkSettings, SINKS_SMOKE), TRAINED: (TrainedSettings, TRAINED_SMOKE),
+        BACKCOPY: (BackcopySettings, BACKCOPY_SMOKE)}
+ALL = tuple(JOBS)
+SIZED = (MAIN, SINKS, BACKCOPY)  # the jobs that build their models from sizes (`trained` keeps its source's)
+
+# {flag's dest, a field of each named job's settings: the jobs that read it}. Given to any other job, a flag
+# would do nothing, so it is refused there; `--help` says where each one applies.
+FLAGS: dict[str, tuple[str, ...]] = {
+    "steps": ALL,
+    "batch_size": ALL,
+    "seq_len": ALL,
+    "eval_sequences": ALL,
+    "seed": ALL,
+    "hidden_size": SIZED,
+    "num_hidden_layers": SIZED,
+    "num_attention_heads": SIZED,
+    "vocab_size": (MAIN, SINKS),
+    "lr": ALL,
+    "gate_lr": ALL,
+    "weight_decay": (SINKS, TRAINED, BACKCOPY),
+    "pretrain_steps": (MAIN,),
+    "continue_lr": (MAIN,),
+    "long_factor": (MAIN,),
+    "architecture": (SINKS,),
+    "corpus": (SINKS,),
+    "source": (TRAINED,),
+    "gates_first": (TRAINED,),
+    "long_tokens": (TRAINED,),
+    "remove_sink": (TRAINED,),
+    # no quickstart flag: the searches' scripts set them (benchmarks/sink_search.py, backcopy_search.py)
+    "corpus_chars": (SINKS,),
+    "probe_every": (SINKS, BACKCOPY),
+    "ungated_only": (SINKS, BACKCOPY),
+    "analysis_sequences": (SINKS, BACKCOPY),
+    "analyze": (SINKS,),
+}
 
 
-def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], owner: str) -> None:
-    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is not None]
+# {(job, dest): other dest}: in that job, a flag not given takes the other flag's value (from scratch the gates
+# train with everything else)
+FOLLOWS = {(SINKS, "gate_lr"): "lr", (BACKCOPY, "gate_lr"): "lr"}
+
+
+def job_name(job: str) -> str:
+    return "quickstart's main job" if job == MAIN else f"--preset {job}"
+
+
+def applies_to(dest: str) -> str:
+    """Where flag `dest` applies, in words: "" for every job, else "quickstart's main job and --preset sinks"."""
+    jobs = FLAGS[dest]
+    if jobs == ALL:
+        return ""
+    names = [job_name(job) for job in jobs]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def defaults(dest: str, fmt: str = "{}") -> str:
+    """The defaults of flag `dest` in the jobs that read it: "default 200; --preset sinks: 1000" (the first
+    job's, then each other job's where it differs)."""
+    jobs = FLAGS[dest]
+    values = {job: f"the {flag(FOLLOWS[job, dest])} value" if (job, dest) in FOLLOWS else fmt.format(getattr(JOBS[job][0](), dest))
+              for job in jobs}
+    first = values[jobs[0]]
+    return f"default {first}" + "".join(f"; {job_name(job)}: {value}" for job, value in values.items() if value != first)
+
+
+def flag(dest: str) -> str:
+    return f"--{dest.replace('_', '-')}"
+
+
+def _refuse_others(args: argparse.Namespace, job: str) -> None:
+    """CLIError naming the flags given that `job` does not read (those of the first other set of jobs)."""
+    given = [dest for dest, jobs in FLAGS.items() if job not in jobs and getattr(args, dest, None) is not None]
     if given:
-        raise CLIError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to {owner} only")
+        names = [flag(d) for d in given if FLAGS[d] == FLAGS[given[0]]]
+        raise CLIError(f"{', '.join(names)} {'applies' if len(names) == 1 else 'apply'} to {applies_to(given[0])} only")
 
 
-def _apply_flags(s, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Copy the flags that were given onto `s`; `--hidden-size` also sets the MLP width (3x); heads must divide
-    it into an even head size (RoPE rotates pairs of channels)."""
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None:
-            setattr(s, name, value)
+def _from_flags(job: str, args: argparse.Namespace):
+    """`job`'s settings (its `--smoke` values with `smoke`) with the flags given that it reads; any other flag
+    given is refused. `--hidden-size` also sets the MLP width (3x); heads must divide it into an even head size
+    (RoPE rotates pairs of channels)."""
+    _refuse_others(args, job)
+    cls, smoke = JOBS[job]
+    s = cls(**(smoke if getattr(args, "smoke", False) else {}))
+    for dest, jobs in FLAGS.items():
+        if job in jobs and getattr(args, dest, None) is not None:
+            setattr(s, dest, getattr(args, dest))
+    for (follower, dest), source in FOLLOWS.items():
+        if follower == job and getattr(args, dest, None) is None:
+            setattr(s, dest, getattr(s, source))
+    if job not in SIZED:
+        return s
     if getattr(args, "hidden_size", None) is not None:
         s.intermediate_size = 3 * s.hidden_size
     if s.hidden_size % s.num_attention_heads or (s.hidden_size // s.num_attention_heads) % 2:
         raise CLIError(f"--hidden-size {s.hidden_size} / --heads {s.num_attention_heads} = "
                        f"{s.hidden_size / s.num_attention_heads:g}: the head size must be a whole, even number "
                        "(RoPE rotates pairs of channels)")
+    return s

@@ -35,14 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train
-from .common import Job, model_pair
+from ..training import data, evaluate_loss
+from .common import Job, Trained, model_pair, train_config, train_with_probes
 from .report import draw_sinks, format_columns, uniform_first_token_attention, write_csv
 from .settings import SinkSettings
 
@@ -52,14 +51,14 @@ MODELS = ("no gate", "G1 gate")
 
 def run(args: argparse.Namespace, s: SinkSettings) -> int:
     """The recipe with settings `s` (`settings.sink_settings_from_args(args)`); `args` give where and how it runs."""
-    job = Job.start(args, asdict(s))
-    d = prepare_data(s, job)
-    models = build_models(s, d, job)
-    trained = {name: train_with_probes(model, name, s, d.train, d.valid[: s.probe_sequences], job)
-               for name, model in models.items()}
-    layer_rows, summary = measure(models, trained, s, d)
-    analyzed = analyze_models(models, d.tokenizer, s, job) if _analyzes(s) else []
-    report(layer_rows, summary, trained, analyzed, s, job)
+    with Job.start(args, asdict(s)) as job:
+        d = prepare_data(s, job)
+        models = build_models(s, d, job)
+        trained = {name: train_model(model, name, s, d.train, d.valid[: s.probe_sequences], job)
+                   for name, model in models.items()}
+        layer_rows, summary = measure(models, trained, s, d)
+        analyzed = analyze_models(models, d.tokenizer, s, job) if _analyzes(s) else []
+        report(layer_rows, summary, trained, analyzed, s, job)
     return 0
 
 
@@ -85,7 +84,7 @@ def prepare_data(s: SinkSettings, job: Job) -> Data:
                        "characters": sum(len(d.text) for d in docs), "tokens": int(len(streams[split]))}
     if s.corpus == "packages":
         info.update(data.package_corpus_manifest())
-    (job.out / "corpus.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+    (job.folder / "corpus.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
     bos = tokenizer.bos_token_id
     d = Data(tokenizer, data.pack(streams["train"], s.seq_len, bos),
              data.pack(streams["validation"], s.seq_len, bos, max_rows=max(s.eval_sequences, s.analysis_sequences)))
@@ -112,37 +111,16 @@ def build_models(s: SinkSettings, d: Data, job: Job) -> dict:
 # Training with probes
 
 
-@dataclass
-class Trained:
-    history: list[dict]  # one record per step (`training.train`)
-    probes: list[dict]  # per-layer metrics every `probe_every` steps
-    minutes: float
+def train_model(model, name: str, s: SinkSettings, train_rows, probe_rows, job: Job) -> Trained:
+    """Train for `s.steps`, probing per-layer F-Attn and M-Act every `s.probe_every` steps."""
 
-
-def train_with_probes(model, name: str, s: SinkSettings, train_rows, probe_rows, job: Job) -> Trained:
-    """Train for `s.steps`, probing per-layer F-Attn and M-Act every `s.probe_every` steps.
-
-    Training runs in chunks between probes with one optimizer and scheduler;
-    the batch of step k depends only on (seed, k), so chunking changes nothing.
-    """
-    config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
-                         warmup_steps=max(1, int(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
-                         autocast_dtype=job.placement.autocast_dtype)
-    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
-    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
-    every = s.probe_every if s.probe_every > 0 else s.steps
-    history, probes, t0 = [], [], time.perf_counter()
-    for start in range(0, s.steps, every):
-        stop = min(s.steps, start + every)
-        chunk = TrainConfig(**{**asdict(config), "steps": stop})
-        history += train(model, train_rows, chunk, optimizer, scheduler, start_step=start, desc=name,
-                         progress=job.progress)
+    def probe(step: int, loss: float, minutes: float) -> list[dict]:
         layers = layer_metrics(model, probe_rows)
-        minutes = (time.perf_counter() - t0) / 60
-        probes += [{"model": name, "step": stop, "minutes": minutes, "loss": history[-1]["loss"], **r} for r in layers]
-        job.log(f"{name}: step {stop}  {minutes:5.1f} min  loss {history[-1]['loss']:.3f}  F-Attn "
+        job.log(f"{name}: step {step}  {minutes:5.1f} min  loss {loss:.3f}  F-Attn "
                 + " ".join(f"{r['f_attn']:.3f}" for r in layers) + "  M-Act " + " ".join(f"{r['m_act']:.1f}" for r in layers))
-    return Trained(history, probes, (time.perf_counter() - t0) / 60)
+        return layers
+
+    return train_with_probes(model, name, train_rows, train_config(s, job), job, probe, every=s.probe_every)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,10 +206,10 @@ def analyze_models(models: dict, tokenizer, s: SinkSettings, job: Job) -> list[d
     rows = []
     for name, model in models.items():
         slug = name.replace(" ", "_")
-        folder = job.out / "models" / slug
+        folder = job.folder / "models" / slug
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        metrics = run_analysis(model.eval(), tokenizer, builtin_samples(4), job.out / "analyze" / slug,
+        metrics = run_analysis(model.eval(), tokenizer, builtin_samples(4), job.folder / "analyze" / slug,
                                model_name=str(folder), max_length=s.seq_len, n_bootstrap=1000, seed=0)
         rows += [{"model": slug, **r} for r in metrics]
     return rows
@@ -264,7 +242,7 @@ def format_table(rows: list[dict]) -> str:
 def report(layer_rows: list[dict], summary: list[dict], trained: dict[str, Trained], analyzed: list[dict],
            s: SinkSettings, job: Job) -> None:
     """Write the CSVs, draw the plots from them, print the table and whether a sink formed."""
-    out = job.out
+    out = job.folder
     write_csv(out / "layers.csv", layer_rows, [k for k, _, _ in TABLE_COLUMNS])
     write_csv(out / "summary.csv", summary, list(summary[0]))
     write_csv(out / "probes.csv", [p for t in trained.values() for p in t.probes], PROBE_COLUMNS)
@@ -287,5 +265,5 @@ def report(layer_rows: list[dict], summary: list[dict], trained: dict[str, Train
         if r["metric"] in ANALYZE_METRICS:
             job.log(f"analyze {r['model']:<8} {r['metric']:<22} {r['anchor']:<15} {float(r['mean']):8.4g} "
                     f"[{float(r['ci_low']):.4g}, {float(r['ci_high']):.4g}]  n={r['n']}")
-    job.log(f"wrote {out / 'layers.csv'}, summary.csv, probes.csv, training.csv, corpus.json, "
+    job.log(f"wrote {job.out / 'layers.csv'}, summary.csv, probes.csv, training.csv, corpus.json, "
             f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")

@@ -75,8 +75,8 @@ import torch
 from torch import nn
 
 from .. import CLIError
-from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
-from .common import Job
+from ..training import data, evaluate_loss, with_rope
+from .common import Job, Trained, train_config, train_with_probes
 from .report import draw_recovery, draw_trained, format_columns, write_csv
 from .settings import TrainedSettings
 from .sinks import SINK_THRESHOLD, layer_metrics
@@ -86,17 +86,17 @@ MODELS = ("control", "gated")
 
 def run(args: argparse.Namespace, s: TrainedSettings) -> int:
     """The recipe with settings `s` (`settings.trained_settings_from_args(args)`)."""
-    job = Job.start(args, asdict(s))
-    source = source_checkpoint(s, job)
-    tokenizer, models = build_models(source, s, job)
-    d = prepare_data(s, tokenizer, job)
-    before = measure_source(models["control"], source, s, d, job)
-    with contextlib.ExitStack() as removal:  # the sink stays removed until both models are measured
-        removed = remove_sink(models, sink_layers_of(before), removal, job) if s.remove_sink else []
-        trained = {name: train_with_probes(model, name, s, d, job) for name, model in models.items()}
-        after = {name: measure(model, name, s, d, job, heldout=trained[name].probes[-1]["heldout_loss"])
-                 for name, model in models.items()}
-    report(before, after, trained, removed, s, job)
+    with Job.start(args, asdict(s)) as job:
+        source = source_checkpoint(s, job)
+        tokenizer, models = build_models(source, s, job)
+        d = prepare_data(s, tokenizer, job)
+        before = measure_source(models["control"], source, s, d, job)
+        with contextlib.ExitStack() as removal:  # the sink stays removed until both models are measured
+            removed = remove_sink(models, sink_layers_of(before), removal, job) if s.remove_sink else []
+            trained = {name: train_model(model, name, s, d, job) for name, model in models.items()}
+            after = {name: measure(model, name, s, d, job, heldout=trained[name].probes[-1]["heldout_loss"])
+                     for name, model in models.items()}
+        report(before, after, trained, removed, s, job)
     return 0
 
 
@@ -229,56 +229,22 @@ def prepare_data(s: TrainedSettings, tokenizer, job: Job) -> Data:
 # Training
 
 
-@dataclass
-class Trained:
-    history: list[dict]
-    probes: list[dict]
-    minutes: float
-
-
-def train_with_probes(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job) -> Trained:
+def train_model(model: nn.Module, name: str, s: TrainedSettings, d: Data, job: Job) -> Trained:
     """`s.steps` steps, probing the held-out loss (on `eval_sequences` rows, so the last probe's is the result's)
-    and per-layer F-Attn and M-Act every `s.probe_every` steps, and with `remove_sink` at step 0 too. The batch of step k is a
-    function of (seed, k) only, so both models see the same batches. With `gates_first`, the gated model
-    trains its gates alone for that many steps (the other parameters frozen, their learning rate unused)."""
-    config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
-                         warmup_steps=max(1, round(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
-                         autocast_dtype=job.placement.autocast_dtype)
-    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
-    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
-    every = s.probe_every or s.steps
-    stops = {*range(every, s.steps, every), s.steps}
-    if name == "gated" and s.gates_first:
-        stops.add(s.gates_first)  # where the other parameters join in
-    history, probes, t0, start = [], [], time.perf_counter(), 0
+    and per-layer F-Attn and M-Act every `s.probe_every` steps, and with `remove_sink` at step 0 too. The batch of
+    step k is a function of (seed, k) only, so both models see the same batches. With `gates_first`, the gated
+    model trains its gates alone for that many steps (the other parameters frozen, their learning rate unused)."""
 
-    def probe(step: int) -> None:
+    def probe(step: int, loss: float, minutes: float) -> list[dict]:
         heldout = evaluate_loss(model, d.valid[: s.eval_sequences], s.batch_size)
         layers = layer_metrics(model, d.valid[: s.probe_sequences])
-        minutes = (time.perf_counter() - t0) / 60
-        loss = history[-1]["loss"] if history else math.nan
-        probes.extend({"model": name, "step": step, "minutes": minutes, "loss": loss, "heldout_loss": heldout, **r}
-                      for r in layers)
         job.log(f"{name}: step {step}/{s.steps}  {minutes:5.1f} min  loss {loss:.3f}  held-out {heldout:.4f}  F-Attn "
                 f"{np.nanmean([r['f_attn'] for r in layers]):.3f}  M-Act {np.mean([r['m_act'] for r in layers]):.4g}"
                 + ("" if name == "control" else f"  gate {np.nanmean([r['gate_mean'] for r in layers]):.3f}"))
+        return [{"heldout_loss": heldout, **r} for r in layers]
 
-    if s.remove_sink:
-        probe(0)  # right after the removal: where the recovery starts
-    for stop in sorted(stops):
-        alone = name == "gated" and start < s.gates_first
-        for n, p in model.named_parameters():
-            p.requires_grad_(not alone or "attn_gate" in n)  # a frozen parameter gets no gradient: AdamW skips it
-        chunk = TrainConfig(**{**asdict(config), "steps": stop})
-        history += train(model, d.train, chunk, optimizer, scheduler, start_step=start,
-                         desc=f"{name}{' (gates alone)' if alone else ''}", progress=job.progress)
-        start = stop
-        if stop % every and stop != s.steps:
-            continue
-        probe(stop)
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return Trained(history, probes, (time.perf_counter() - t0) / 60)
+    return train_with_probes(model, name, d.train, train_config(s, job), job, probe, every=s.probe_every,
+                             at_start=s.remove_sink, gates_first=s.gates_first if name == "gated" else 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +369,7 @@ def report(before: dict, after: dict[str, dict], trained: dict[str, Trained], re
            job: Job) -> None:
     """Write the CSVs, draw the plots from them, print the table and what the gate did to the sink (with
     `remove_sink`: how far each model recovered without it)."""
-    out = job.out
+    out = job.folder
     sink_layers = sink_layers_of(before)
     source = summary(before, sink_layers)
     results = []
@@ -440,7 +406,7 @@ def report(before: dict, after: dict[str, dict], trained: dict[str, Trained], re
                 f"F-Attn at least 20% lower ({_change(gated['f_attn'], control['f_attn'])}: "
                 f"{_verdict(gated['f_attn'] <= 0.8 * control['f_attn'])}), M-Act at least 2x lower "
                 f"({control['m_act'] / gated['m_act']:.3f}x: {_verdict(gated['m_act'] * 2 <= control['m_act'])})")
-    job.log(f"wrote {out / 'results.csv'}, layers.csv, probes.csv, training.csv, "
+    job.log(f"wrote {job.out / 'results.csv'}, layers.csv, probes.csv, training.csv, "
             f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")
 
 
