@@ -67,8 +67,9 @@ class GatedDeltaNetHybridConfig(GatedAttentionMoeConfig):
 
     model_type = "gated_deltanet_hybrid"
     allowed_layer_types = HYBRID_LAYER_TYPES
-    # Tensor parallelism shards the attention and MLP projections (the inherited plan); Gated DeltaNet layers
-    # stay replicated, as in Qwen3-Next: their convolutions and decay parameters would need sharding too.
+    # Tensor parallelism (`tensor_parallel.py`): attention and MLPs as in the dense and MoE configs; each Gated
+    # DeltaNet projection holds a shard of its weights and gathers its output, as in Qwen3-Next, so every rank runs
+    # the whole recurrence with its convolutions and decay parameters whole.
 
     hybrid_ratio: int | str | None = None
     linear_num_key_heads: int = 6

@@ -87,7 +87,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 
 # "Massive Activations in Hybrid Linear Attention Large Language Models: Pre-Attention Spikes and Inter-Spike Plateaus".
-# Its table of model shapes is missing from the text this project worked from; what the text states: 24
+# The paper's table of model shapes is not available here; what its text states: 24
 # sequence-mixing layers at both sizes (340M and 1.3B); rho:1 means one full-attention layer per rho layers
 # (rho = L / L_FA = 3, 6, 12, 24; see `gated_deltanet_hybrid.py` for the placement); models built with fla,
 # trained at sequence length 4096; full attention ungated in the base models; "GDN-GatedFA" adds an elementwise

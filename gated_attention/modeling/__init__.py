@@ -3,16 +3,18 @@
 - `attention`: `GatedAttention`, Llama's attention (Qwen3's with `qk_norm`) with
   the gate at any position G1..G5 as its own module `attn_gate`
   (`AttentionGate`), and the paper's two non-gate ablations.
-- `base`: `GatedPreTrainedModel`, the base every family shares: the gate's
-  init, the remote-code bundle written by `save_pretrained`, and the
-  tensor-parallel shape check at load.
+- `base`: what every family shares: `GatedPreTrainedModel` (the gate's init,
+  the remote-code bundle written by `save_pretrained`, the tensor-parallel
+  shape check at load) and `GatedForCausalLM`, the causal-LM head over a
+  family's `model_class`.
 - `tensor_parallel`: the two tensor-parallel styles the config's plan names
   for head-shared gates (registered with transformers on import) and the
   check that the heads split over the ranks.
 - `packing`: finding the sequences of packed rows (restarting `position_ids`,
   flash-attention's `cu_seq_lens_q`), and refusing rows that cannot be split.
 - `gated_attention`: the dense family (`GatedAttentionModel`,
-  `GatedAttentionForCausalLM`), Llama's layout and parameter names.
+  `GatedAttentionForCausalLM`), Llama's layout and parameter names, and the
+  pre-norm decoder block the other families fill with their own mixer or MLP.
 - `moe`: the sparse MoE block, transformers' Qwen3-MoE block with an optional
   gated shared expert and Mixtral's fp32 routing weights.
 - `load_balancing`: the router losses (load balancing, z-loss) and

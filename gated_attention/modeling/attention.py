@@ -25,7 +25,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from ..configuration.gate_spec import gate_enabled, gate_score_shape
 from ..kernels.gated_sdpa.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
-from ..kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS
+from ..kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS, apply_gate
 
 
 def fusable_gate(config) -> bool:
@@ -81,17 +81,17 @@ class GateScores:
         heads = 1 if self.head_shared else -1  # -1: the heads this rank holds
         return scores.view(*scores.shape[:-1], heads, self.score_shape[-1])
 
-    def combine(self, y: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Gate `y` (`[B, T, H, D]`, or `[B, T, hidden]` for G5) with flat scores."""
-        scores = self.to_heads(scores)
-        if self.position != "dense" and not self.head_shared and scores.shape[-2] != y.shape[-2]:
+    def combine(self, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Gate `y` (`[B, T, H, D]`, or `[B, T, hidden]` for G5) with flat logits."""
+        logits = self.to_heads(logits)
+        if self.position != "dense" and not self.head_shared and logits.shape[-2] != y.shape[-2]:
             # A broadcast would hide it when this rank holds one head: say it instead.
             raise ValueError(
-                f"attn_gate scores {scores.shape[-2]} heads but the attention holds {y.shape[-2]}: the gate was not "
+                f"attn_gate scores {logits.shape[-2]} heads but the attention holds {y.shape[-2]}: the gate was not "
                 f"sharded with the heads (vLLM shards only nn.Linear layers, so an input-independent gate runs "
                 f"there only at tensor_parallel_size=1)"
             )
-        return y * scores if self.mode == "multiplicative" else y + scores
+        return apply_gate(y, logits, self.activation, self.mode)
 
     def __repr__(self) -> str:
         return f"GateScores(position={self.position}, scores={self.score_shape}, {self.mode}, {self.activation})"
@@ -178,7 +178,7 @@ class GatedAttention(nn.Module):
     def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.gate_position != position:
             return y
-        return self.gate_scores.combine(y, self.gate_scores(self.attn_gate(x)))
+        return self.gate_scores.combine(y, self.attn_gate(x))
 
     def forward(
         self,

@@ -1,12 +1,21 @@
-"""Pieces every model family shares: the pre-trained base with remote-code saving."""
+"""Pieces every model family shares: the pre-trained base with remote-code saving, and the causal-LM head."""
 
 from __future__ import annotations
 
 import os
 
+import torch
+from torch import nn
 from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
 from transformers.initialization import normal_, zeros_
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
+from transformers.utils.generic import can_return_tuple
 
+from ..compat import accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
 from .attention import AttentionGate, ConstantAttentionGate
 from .tensor_parallel import check_distributed_config  # importing registers the plan's own style
 
@@ -21,11 +30,9 @@ class GatedPreTrainedModel(PreTrainedModel):
 
     With no `attn_implementation` asked for, every model gets transformers'
     default ("sdpa"), on CUDA too: the fused kernel ("gated_triton") is opt-in.
-    On an H200 (`benchmarks/RESULTS.md`) torch's default SDPA dispatch plus a separate gate
-    multiply beat the fused kernel at T >= 4096 (fwd+bwd 0.69-0.75x), so the
-    fused path becomes a default only once `benchmarks/gpu_models.py` records
-    a model-level training step at least as fast as "sdpa" on that device
-    (the figure goes in `benchmarks/RESULTS.md`, linked from the README's "Fused gated attention").
+    It becomes a default on a device only where `benchmarks/RESULTS.md` records
+    a model-level training step (`benchmarks/gpu_models.py`) at least as fast
+    as "sdpa" there; none does.
 
     Saved from the installed package, a checkpoint gets flat copies of the
     modeling files and an `auto_map`, so `from_pretrained(...,
@@ -64,3 +71,70 @@ class GatedPreTrainedModel(PreTrainedModel):
             from huggingface_hub import upload_folder
 
             upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
+
+
+class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):
+    """The causal-LM head of every family: the family's model (`model_class`) as `model`, then `lm_head`.
+
+    A family sets `model_class` and, when its outputs carry more than logits and
+    a loss (the MoE family's router losses), its own `forward` around `lm_logits_and_loss`.
+    """
+
+    model_class: type[PreTrainedModel]
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.model_class(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def lm_logits_and_loss(
+        self,
+        outputs: BaseModelOutputWithPast,
+        labels: torch.LongTensor | None,
+        logits_to_keep: int | torch.Tensor,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the kept positions `[B, T_kept, vocab]`, and the loss when labels are given."""
+        logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return logits, loss
+
+    @accepts_cache_kwarg
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> CausalLMOutputWithPast:
+        outputs: BaseModelOutputWithPast = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits, loss = self.lm_logits_and_loss(outputs, labels, logits_to_keep, **kwargs)
+        return with_cache(
+            CausalLMOutputWithPast,
+            cache_of(outputs),
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )

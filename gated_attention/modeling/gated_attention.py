@@ -11,29 +11,55 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
-from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from ..compat import accepts_cache_kwarg, cache_of, mask_kwargs, slice_logits_to_keep, with_cache
+from ..compat import accepts_cache_kwarg, mask_kwargs, with_cache
 from ..configuration.gated_attention import GatedAttentionConfig
 from .attention import GatedAttention
-from .base import GatedPreTrainedModel
+from .base import GatedForCausalLM, GatedPreTrainedModel
 from .packing import packed_sequences
 
 logger = logging.get_logger(__name__)
 
 
 class GatedAttentionDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: `h = x + mix(norm(x)); out = h + mlp(norm(h))`, the gated attention as its mixer.
+
+    Families change the parts, never the block: `add_mixer` / `mix` (the hybrid's
+    Gated DeltaNet) and `make_mlp` (the MoE family's sparse block).
+    """
+
     def __init__(self, config: GatedAttentionConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = GatedAttention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
+        self.add_mixer(config, layer_idx)
+        self.mlp = self.make_mlp(config, layer_idx)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def add_mixer(self, config: GatedAttentionConfig, layer_idx: int) -> None:
+        self.self_attn = GatedAttention(config, layer_idx)
+
+    def make_mlp(self, config: GatedAttentionConfig, layer_idx: int) -> nn.Module:
+        return LlamaMLP(config)
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: Cache | None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """The mixer on the normed input: `[B, T, hidden]` -> `[B, T, hidden]`."""
+        out, _ = self.self_attn(
+            x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache, **kwargs
+        )
+        return out
 
     @accepts_cache_kwarg
     def forward(
@@ -42,19 +68,10 @@ class GatedAttentionDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: Cache | None = None,
-        sequence_bounds: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        # sequence_bounds (packed rows) are for recurrent mixers; attention separates packed sequences through
-        # its mask, which transformers builds from position_ids.
-        attn_out, _ = self.self_attn(
-            self.input_layernorm(hidden_states),
-            position_embeddings=position_embeddings,
-            attention_mask=attention_mask,
-            cache=cache,
-            **kwargs,
-        )
-        h = hidden_states + attn_out
+        mixed = self.mix(self.input_layernorm(hidden_states), attention_mask, position_embeddings, cache, **kwargs)
+        h = hidden_states + mixed
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -75,6 +92,9 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
     output_class: type[BaseModelOutputWithPast] = BaseModelOutputWithPast
     # Layer type -> the mask its layers get; families with other layer types (the GDN hybrid) extend it.
     mask_functions = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    # Layer types whose mixer is a recurrence: no mask separates the sequences of a packed row there, so their
+    # layers get the sequences' bounds as `sequence_bounds` (see packing.py). Attention has none.
+    recurrent_layer_types: frozenset[str] = frozenset()
 
     def __init__(self, config: GatedAttentionConfig):
         super().__init__(config)
@@ -86,6 +106,10 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
         self.post_init()
+
+    @property
+    def has_recurrent_layers(self) -> bool:
+        return not self.recurrent_layer_types.isdisjoint(self.config.layer_types)
 
     @accepts_cache_kwarg
     @merge_with_config_defaults
@@ -109,7 +133,7 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
             attention_mask,
             kwargs.get("cu_seq_lens_q"),
             *inputs_embeds.shape[:2],
-            masks_separate=not (use_cache or cache is not None or "linear_attention" in self.config.layer_types),
+            masks_separate=not (use_cache or cache is not None or self.has_recurrent_layers),
         )
         if sequence_bounds is not None:  # several sequences in one row: none of them can continue from a cache
             if cache is not None:
@@ -140,6 +164,7 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer, layer_type in zip(self.layers, self.config.layer_types):
+            bounds = {"sequence_bounds": sequence_bounds} if layer_type in self.recurrent_layer_types else {}
             hidden_states = layer(
                 hidden_states,
                 attention_mask=mask_by_type[layer_type],
@@ -147,58 +172,12 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=use_cache,
-                sequence_bounds=sequence_bounds,
+                **bounds,
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
         return with_cache(self.output_class, cache if use_cache else None, last_hidden_state=hidden_states)
 
 
-class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _tp_plan = {"lm_head": "colwise_gather_output"}
-    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
-
-    def __init__(self, config: GatedAttentionConfig):
-        super().__init__(config)
-        self.model = GatedAttentionModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
-
-    @accepts_cache_kwarg
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> CausalLMOutputWithPast:
-        outputs: BaseModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return with_cache(
-            CausalLMOutputWithPast,
-            cache_of(outputs),
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GatedForCausalLM, GenerationMixin):
+    model_class = GatedAttentionModel

@@ -21,22 +21,20 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder
 
-from ..compat import accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
+from ..compat import accepts_cache_kwarg, cache_of, with_cache
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .attention import GatedAttention
+from .base import GatedForCausalLM
 from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
 from .load_balancing import GlobalLoadBalancer, load_balancing_loss, router_z_loss
 from .moe import SparseMoeBlock
 
 
 class GatedAttentionMoeDecoderLayer(GatedAttentionDecoderLayer):
-    """The dense layer (same forward) with a sparse MoE block as `mlp` on sparse layers."""
+    """The dense block with a sparse MoE block as `mlp` on the config's sparse layers."""
 
-    def __init__(self, config: GatedAttentionMoeConfig, layer_idx: int):
-        super().__init__(config, layer_idx)
-        if config.is_sparse_layer(layer_idx):
-            # Replaces the dense MLP the parent built (free under from_pretrained's meta-device init).
-            self.mlp = SparseMoeBlock(config)
+    def make_mlp(self, config: GatedAttentionMoeConfig, layer_idx: int) -> nn.Module:
+        return SparseMoeBlock(config) if config.is_sparse_layer(layer_idx) else super().make_mlp(config, layer_idx)
 
 
 class GatedAttentionMoePreTrainedModel(GatedAttentionPreTrainedModel):
@@ -99,17 +97,10 @@ class GatedAttentionMoeCausalLMOutput(MoeCausalLMOutputWithPast):
     z_loss: torch.Tensor | None = None
 
 
-class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _tp_plan = {"lm_head": "colwise_gather_output"}
-    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GatedForCausalLM, GenerationMixin):
+    """The shared head, plus the router losses (load balancing, z-loss) when the model returns router logits."""
 
-    def __init__(self, config: GatedAttentionMoeConfig):
-        super().__init__(config)
-        self.model = GatedAttentionMoeModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    model_class = GatedAttentionMoeModel
 
     @accepts_cache_kwarg
     @can_return_tuple
@@ -144,11 +135,7 @@ class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GenerationM
             output_router_logits=output_router_logits,
             **kwargs,
         )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        logits, loss = self.lm_logits_and_loss(outputs, labels, logits_to_keep, **kwargs)
 
         aux_loss = z_loss = None
         if output_router_logits and outputs.router_logits:

@@ -1,39 +1,38 @@
 """Hybrid causal LM: Gated DeltaNet layers interleaved with gated softmax attention, as in
 "Massive Activations in Hybrid Linear Attention Large Language Models: Pre-Attention Spikes and Inter-Spike Plateaus".
 
-Each decoder layer is pre-norm, `h = x + mixer(norm(x)); out = h + mlp(norm(h))`,
-with `linear_attn` (a `GatedDeltaNet`) on "linear_attention" layers and
-`self_attn` (the shared `GatedAttention`, gate and all) on attention layers, as
-in transformers' Qwen3.5 / Qwen3-Next. The MLP is Llama's, or the MoE family's
-sparse block when `config.num_experts > 0`; the model, masks and output are the
-MoE family's (hence the dense model's), with one more mask: linear-attention
-layers get the 2-D padding mask. The cache is transformers' hybrid
-`DynamicCache(config=...)`: key/value layers for attention, conv + recurrent
-states for Gated DeltaNet, or its `StaticCache(config=..., max_cache_len=...)`
+Each decoder layer is the MoE family's pre-norm block (hence the dense one's),
+`h = x + mixer(norm(x)); out = h + mlp(norm(h))`, with `linear_attn` (a
+`GatedDeltaNet`) as the mixer on "linear_attention" layers and `self_attn` (the
+shared `GatedAttention`, gate and all) on attention layers, as in transformers'
+Qwen3.5 / Qwen3-Next. The MLP is Llama's, or the sparse block when
+`config.num_experts > 0`. The model, masks and output are the MoE family's,
+with one more mask (linear-attention layers get the 2-D padding mask) and the
+bounds of packed sequences for the GDN layers (`recurrent_layer_types`, see
+`packing.py`); a custom 4-D attention mask, which a recurrence cannot apply,
+is refused. The cache is transformers' hybrid `DynamicCache(config=...)`:
+key/value layers for attention, conv + recurrent states for Gated DeltaNet, or
+its `StaticCache(config=..., max_cache_len=...)`
 (`generate(cache_implementation="static")`), whose attention layers are
 pre-allocated `StaticLayer`s beside the same fixed-size GDN states.
 
 As in transformers' Qwen3-Next the model is stateful (`_is_stateful`): its GDN
 layers hand the cache only their last recurrent state, which cannot be cropped
-back to accepted tokens, so generate() refuses assisted decoding up front. (5.25
-dropped that check from generate(): its linear-attention cache crops a state when
-the layer hands it one state per token; with ours it would restore the wrong one.) Packed rows (see `packing.py`) reach the GDN layers
-as `cu_seqlens`; a custom 4-D attention mask, which a recurrence cannot apply,
-is refused.
+back to accepted tokens, so `generate` refuses assisted decoding itself, up
+front: transformers' generate() leaves that to the cache, which crops a
+linear-attention state correctly only when the layer hands it one state per
+token; ours hands it one per call, and the crop would restore the wrong one.
 """
 
 import copy
 
 import torch
 import transformers
-from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin, GenerationMode
 from transformers.masking_utils import create_recurrent_attention_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeModelOutputWithPast
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
@@ -43,42 +42,37 @@ from ..compat import ATTENTION_FREE_CACHED_GENERATE, accepts_cache_kwarg
 from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
 from .attention import GatedAttention
 from .gated_attention import GatedAttentionModel
-from .gated_attention_moe import GatedAttentionMoeForCausalLM, GatedAttentionMoeModel, GatedAttentionMoePreTrainedModel
+from .gated_attention_moe import (
+    GatedAttentionMoeDecoderLayer,
+    GatedAttentionMoeForCausalLM,
+    GatedAttentionMoeModel,
+    GatedAttentionMoePreTrainedModel,
+)
 from .gated_deltanet import GatedDeltaNet
-from .moe import SparseMoeBlock
 
 
-class GatedDeltaNetHybridDecoderLayer(GradientCheckpointingLayer):
-    def __init__(self, config: GatedDeltaNetHybridConfig, layer_idx: int):
-        super().__init__()
+class GatedDeltaNetHybridDecoderLayer(GatedAttentionMoeDecoderLayer):
+    """The MoE family's block whose mixer is a Gated DeltaNet, `linear_attn`, on "linear_attention" layers."""
+
+    def add_mixer(self, config: GatedDeltaNetHybridConfig, layer_idx: int) -> None:
         self.layer_type = config.layer_types[layer_idx]
         if self.layer_type == "linear_attention":
             self.linear_attn = GatedDeltaNet(config, layer_idx)
         else:
-            self.self_attn = GatedAttention(config, layer_idx)
-        self.mlp = SparseMoeBlock(config) if config.is_sparse_layer(layer_idx) else LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            super().add_mixer(config, layer_idx)
 
-    @accepts_cache_kwarg
-    def forward(
+    def mix(
         self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        cache: Cache | None = None,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: Cache | None,
         sequence_bounds: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        x = self.input_layernorm(hidden_states)
         if self.layer_type == "linear_attention":
-            mixed = self.linear_attn(x, attention_mask=attention_mask, cache=cache, cu_seqlens=sequence_bounds)
-        else:
-            mixed, _ = self.self_attn(
-                x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache, **kwargs
-            )
-        h = hidden_states + mixed
-        return h + self.mlp(self.post_attention_layernorm(h))
+            return self.linear_attn(x, attention_mask=attention_mask, cache=cache, cu_seqlens=sequence_bounds)
+        return super().mix(x, attention_mask, position_embeddings, cache, **kwargs)
 
 
 class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
@@ -108,6 +102,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
     decoder_layer_class = GatedDeltaNetHybridDecoderLayer
     output_class = GatedAttentionMoeModel.output_class
     mask_functions = {**GatedAttentionModel.mask_functions, "linear_attention": create_recurrent_attention_mask}
+    recurrent_layer_types = frozenset({"linear_attention"})
 
     @accepts_cache_kwarg
     def forward(
@@ -120,8 +115,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MoeModelOutputWithPast:
-        recurrent = "linear_attention" in self.config.layer_types
-        if recurrent and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        if self.has_recurrent_layers and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
             raise ValueError(
                 "a custom 4-D attention mask cannot be applied to Gated DeltaNet layers (a recurrence sees every "
                 "earlier token of its row); pass a 2-D padding mask, or pack sequences with position_ids"
@@ -147,13 +141,7 @@ class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentio
 class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM, GenerationMixin):
     """The MoE family's causal LM (its forward: loss, and the router losses when `num_experts > 0`)."""
 
-    def __init__(self, config: GatedDeltaNetHybridConfig):
-        # Not GatedAttentionMoeForCausalLM.__init__, which would build (and then drop) an MoE model.
-        GatedDeltaNetHybridPreTrainedModel.__init__(self, config)
-        self.model = GatedDeltaNetHybridModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    model_class = GatedDeltaNetHybridModel
 
     def generate(self, *args, **kwargs):
         if _generation_mode(self, kwargs) == GenerationMode.ASSISTED_GENERATION:

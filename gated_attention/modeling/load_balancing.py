@@ -130,8 +130,7 @@ def load_balancing_loss(
 def router_z_loss(router_logits: tuple[torch.Tensor, ...], token_mask: torch.Tensor | None = None) -> torch.Tensor:
     """ST-MoE's z-loss: mean over sparse layers and real tokens of `logsumexp(z) ** 2`; 0 without sparse layers.
 
-    (The copy of the Gated Attention paper this project worked from lost the square; ST-MoE, which it
-    cites, squares the log-sum-exp.)
+    Squared as in ST-MoE, which the Gated Attention paper cites for it.
     """
     if not router_logits:
         return torch.zeros(())

@@ -35,7 +35,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .dispatch import gated_sdpa
-from .gate_activations import GATE_ACTIVATION_FUNCTIONS
+from .gate_activations import apply_gate
 
 logger = logging.get_logger(__name__)
 
@@ -118,8 +118,7 @@ def gated_triton_attention_forward(
         **kwargs,
     )  # [B, T, HQ, D]
     if gate is not None:
-        scores = GATE_ACTIVATION_FUNCTIONS[gate_activation](gate).to(out.dtype)
-        out = out * (scores if gate.dim() == 4 else scores.unsqueeze(-1))
+        out = apply_gate(out, gate if gate.dim() == 4 else gate.unsqueeze(-1), gate_activation)
     return out, None
 
 

@@ -7,6 +7,9 @@
 The names are `configuration.gate_spec.GATE_ACTIVATION_NAMES`; tests/test_gate_spec.py
 checks that the two agree. The fused kernels take only the bounded, multiplicative
 ones (`FUSED_GATE_ACTIVATIONS`).
+
+`apply_gate` is the one place a gate meets the tensor it gates, for the model's
+gate and for the torch paths of `gated_sdpa`.
 """
 
 from __future__ import annotations
@@ -29,3 +32,13 @@ GATE_ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 # The activations `gated_sdpa` and attn_implementation="gated_triton" apply in the kernel's epilogue.
 FUSED_GATE_ACTIVATIONS = ("sigmoid", "ns_sigmoid")
+
+
+def apply_gate(y: torch.Tensor, logits: torch.Tensor, activation: str, mode: str = "multiplicative") -> torch.Tensor:
+    """`y * act(logits)` (multiplicative) or `y + act(logits)` (additive), in y's dtype.
+
+    `logits` broadcast against `y`: `[B, T, H, D]` or `[B, T, H, 1]` against `[B, T, H, D]`, `[B, T, hidden]`
+    against the same for G5.
+    """
+    scores = GATE_ACTIVATION_FUNCTIONS[activation](logits).to(y.dtype)
+    return y * scores if mode == "multiplicative" else y + scores

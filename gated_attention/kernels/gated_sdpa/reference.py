@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .gate_activations import GATE_ACTIVATION_FUNCTIONS
+from .gate_activations import apply_gate
 
 
 def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -72,5 +72,4 @@ def gated_sdpa_reference(
         out = torch.cat(pieces, dim=1) if pieces else q.new_zeros(q.shape)
     if gate is None:
         return out
-    scores = GATE_ACTIVATION_FUNCTIONS[gate_activation](gate).to(out.dtype)
-    return out * (scores if gate.dim() == 4 else scores.unsqueeze(-1))
+    return apply_gate(out, gate if gate.dim() == 4 else gate.unsqueeze(-1), gate_activation)
