@@ -1,6 +1,6 @@
 """The linear-attention suite on a CPU: the torch mixers against their peers, and the hybrid's decode, in one run.
 
-Part `mixers`: each torch path that `fla_torch_paths()` runs (gated_attention/kernels) against fla's
+Part `mixers`: each torch path that `fla_torch_paths()` runs (gated_attention/fla_cpu) against fla's
 token-by-token naive reference (`fla/ops/*/naive.py`; target: at least 5x faster at T = 512), against fla's
 naive chunked or parallel form where fla has one (no target: those are already blocked matmuls), and against
 transformers' torch chunk implementation where one exists (Gated DeltaNet: Qwen3.5's
@@ -64,12 +64,12 @@ MIXERS = ("gla", "retnet", "hgrn", "hgrn2", "delta_net", "gated_deltanet", "kda"
 
 def mixer_cases(T: int, smoke: bool, mixers=MIXERS) -> list[tuple[str, str, dict[str, Callable], tuple[str, ...]]]:
     """(mixer, shape, {implementation: fn() -> output}, peers with a target) for each mixer."""
-    from gated_attention.kernels.delta_rule.chunk import torch_delta_rule
+    from gated_attention.fla_cpu.delta_rule.chunk import torch_delta_rule
     from gated_attention.kernels.gated_delta_rule.chunk import torch_gated_delta_rule
-    from gated_attention.kernels.gla.chunk import torch_gla
-    from gated_attention.kernels.hgrn.chunk import torch_hgrn
-    from gated_attention.kernels.kda.chunk import torch_kda
-    from gated_attention.kernels.simple_gla.chunk import retention_decay, torch_retention
+    from gated_attention.fla_cpu.gla.chunk import torch_gla
+    from gated_attention.fla_cpu.hgrn.chunk import torch_hgrn
+    from gated_attention.fla_cpu.kda.chunk import torch_kda
+    from gated_attention.fla_cpu.simple_gla.chunk import retention_decay, torch_retention
 
     hidden = 64 if smoke else 1024
 
@@ -298,7 +298,7 @@ def part_analyze(args) -> list[str]:
 
     from gated_attention.analysis.analyze import capture_inputs
     from gated_attention.analysis.samples import Sample
-    from gated_attention.kernels import fla_torch_paths
+    from gated_attention.fla_cpu import fla_torch_paths
 
     if args.smoke:
         shape = dict(hidden_size=64, num_hidden_layers=4, num_heads=2, head_dim=16, vocab_size=97)

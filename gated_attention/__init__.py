@@ -17,8 +17,8 @@ The files at this level:
 
 The parts, lowest layer first (each imports only its own files and lower
 layers; docs/architecture.md has the rule, `tests/test_layout.py` checks it):
-`compat` and `command_line`; `configuration`, `kernels` and `hub`; `files` and
-`memory`; `modeling`; then this file; `training`,
+`compat` and `command_line`; `configuration`, `kernels` and `hub`; `files`,
+`memory` and `fla_cpu`; `modeling`; then this file; `training`,
 `analysis` and `convert`; `recipes`; `cli`. Each part's `__init__` maps its
 files.
 

@@ -234,7 +234,7 @@ def test_model_layout_of_an_fla_hybrid():
         hidden_size=32, num_hidden_layers=4, num_heads=2, head_dim=16, vocab_size=96,
         attn={"layers": [1, 3], "num_heads": 2, "num_kv_heads": 2},
     )
-    from gated_attention.kernels import fla_torch_paths
+    from gated_attention.fla_cpu import fla_torch_paths
 
     with fla_torch_paths():  # fla's attention layer needs flash-attn, which has no CPU build, outside it
         model = fla_models.GatedDeltaNetForCausalLM(config)

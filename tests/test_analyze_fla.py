@@ -2,7 +2,7 @@
 
 Each family of the suite (GLA, RetNet, HGRN, HGRN2, DeltaNet, Gated DeltaNet, KDA), pure and as a hybrid with
 fla's softmax attention at layers 2 and 4, is saved by fla's own `save_pretrained` and analysed through the
-command line: fla's model types load, every mixer runs on its torch path (`kernels.fla_torch_paths`), and the
+command line: fla's model types load, every mixer runs on its torch path (`fla_cpu.fla_torch_paths`), and the
 attention layers' maps are captured. References: the attention weights fla's layer returns on that path
 (themselves checked against a computation by hand from the layer's weights in tests/test_fla_torch_paths.py),
 read here through a raw `Capture` on the same input; and, for the Gated DeltaNet hybrid, the same model
@@ -24,7 +24,7 @@ from fla import models as fla_models  # noqa: E402
 from gated_attention.analysis.capture import Capture  # noqa: E402
 from gated_attention.analysis.samples import builtin_samples  # noqa: E402
 from gated_attention.cli import main  # noqa: E402
-from gated_attention.kernels import fla_torch_paths  # noqa: E402
+from gated_attention.fla_cpu import fla_torch_paths  # noqa: E402
 from test_analysis_capture import tiny_tokenizer  # noqa: E402
 
 VOCAB = 300

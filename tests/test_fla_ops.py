@@ -1,4 +1,4 @@
-"""The torch paths of fla's ops (gated_attention/kernels) against fla's own plain-torch references.
+"""The torch paths of fla's ops (gated_attention/fla_cpu) against fla's own plain-torch references.
 
 The references are fla's token-by-token recurrences in `fla/ops/<op>/naive.py`,
 read straight from fla's source files (importing the `fla` package costs
@@ -25,13 +25,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gated_attention.kernels.delta_rule.chunk import torch_delta_rule
-from gated_attention.kernels.fla_modules.short_convolution import torch_causal_conv1d, torch_causal_conv1d_update
-from gated_attention.kernels.fla_modules.softmax_attention import softmax_attention
-from gated_attention.kernels.gla.chunk import decayed_scores, torch_gla
-from gated_attention.kernels.hgrn.chunk import torch_hgrn
-from gated_attention.kernels.kda.chunk import kda_gate, torch_kda
-from gated_attention.kernels.simple_gla.chunk import retention_decay, torch_retention, torch_simple_gla
+from gated_attention.fla_cpu.delta_rule.chunk import torch_delta_rule
+from gated_attention.fla_cpu.modules.short_convolution import torch_causal_conv1d, torch_causal_conv1d_update
+from gated_attention.fla_cpu.modules.softmax_attention import softmax_attention
+from gated_attention.fla_cpu.gla.chunk import decayed_scores, torch_gla
+from gated_attention.fla_cpu.hgrn.chunk import torch_hgrn
+from gated_attention.fla_cpu.kda.chunk import kda_gate, torch_kda
+from gated_attention.fla_cpu.simple_gla.chunk import retention_decay, torch_retention, torch_simple_gla
 
 ATOL, RTOL = 2e-5, 1e-5
 LENGTHS = pytest.mark.parametrize("T", [1, 5, 64, 100, 200], ids=["decode-1", "short-5", "one-chunk-64", "padded-100", "four-chunks-200"])
@@ -261,7 +261,7 @@ def test_norms_match_fla_torch_references():
     pytest.importorskip("fla")
     from fla.modules.norm.layernorm import layer_norm_ref, rms_norm_ref
 
-    from gated_attention.kernels.fla_modules.norms import torch_layer_norm, torch_rms_norm, torch_rms_norm_gated
+    from gated_attention.fla_cpu.modules.norms import torch_layer_norm, torch_rms_norm, torch_rms_norm_gated
 
     torch.manual_seed(0)
     x, residual, w, b, g = torch.randn(3, 5, 32), torch.randn(3, 5, 32), torch.randn(32), torch.randn(32), torch.randn(3, 5, 32)
@@ -279,7 +279,7 @@ def test_rotary_matches_fla_rotary_embedding_ref(interleaved):
     pytest.importorskip("fla")
     from fla.modules.rotary.ops import rotary_embedding_ref
 
-    from gated_attention.kernels.fla_modules.rotary import torch_rotary_embedding
+    from gated_attention.fla_cpu.modules.rotary import torch_rotary_embedding
 
     torch.manual_seed(0)
     x = torch.randn(2, 7, 3, 16)
@@ -345,7 +345,7 @@ def _cuda_cases():
     from fla.ops.retention import chunk_retention
     from fla.ops.simple_gla import chunk_simple_gla
 
-    from gated_attention.kernels.fla_modules.norms import torch_rms_norm_gated
+    from gated_attention.fla_cpu.modules.norms import torch_rms_norm_gated
 
     def linear(H=4, K=64, V=64, T=300, B=2):
         q, k, v = qkv(B=B, T=T, H=H, K=K, V=V)

@@ -11,6 +11,8 @@ hybrid with fla's softmax attention layers (`config.attn`), tiny and random.
   convolution states, the attention's key/value cache), equals one forward pass.
 - fla's attention layer returns its weights as its second output, equal to a computation by hand from the
   layer's own weights.
+- fla's own attention forward runs around the torch stand-ins of its flash-attn calls: a padded batch's weights
+  come back at each row's tokens, also in a decode step under a sliding window.
 - The context manager leaves nothing behind, also when its body raises.
 """
 
@@ -33,8 +35,8 @@ from fla import models as fla_models  # noqa: E402
 from fla.layers.attn import Attention  # noqa: E402
 from fla.modules import FusedCrossEntropyLoss  # noqa: E402
 
-from gated_attention.kernels import fla_paths  # noqa: E402
-from gated_attention.kernels.fla_paths import fla_torch_paths  # noqa: E402
+from gated_attention.fla_cpu import torch_paths  # noqa: E402
+from gated_attention.fla_cpu.torch_paths import fla_torch_paths  # noqa: E402
 
 # family: (config class, model class, fla layer class of its mixer, config fields)
 FAMILIES = {
@@ -173,7 +175,7 @@ def test_forward_on_cpu_equals_fla_naive_references(family, attn, monkeypatch):
         logits = model(x).logits
     with monkeypatch.context() as patch:
         for key, reference in NAIVE_MIXERS.items():
-            patch.setitem(fla_paths.TORCH_PATHS, key, reference)
+            patch.setitem(torch_paths.TORCH_PATHS, key, reference)
         with fla_torch_paths(), torch.no_grad():
             reference_logits = model(x).logits
     assert torch.isfinite(logits).all()
@@ -255,6 +257,39 @@ def test_attention_layer_returns_its_weights(family):
     torch.testing.assert_close(seen["weights"].double(), expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("window", [None, 6], ids=["full", "sliding-window"])
+def test_a_padded_batch_gives_each_rows_weights_at_its_tokens(window):
+    """fla's own forward unpads a left-padded batch before its flash-attn calls and pads the output back: the
+    weights it returns are laid out as the batch, row 0's equal to those of its tokens alone at their
+    positions and zero at the padding, in the prefill and in a decode step after it (where fla cuts a sliding
+    window's mask to the window). The cached logits equal the row alone too. fp32 rounding: 1e-6."""
+    model = build("gla", {**HYBRID, "window_size": window})
+    layer = model.model.layers[1].attn
+    x = ids(T=12)
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[0, :4] = 0
+    seen = []
+    handle = layer.register_forward_hook(lambda module, args, out: seen.append(out[1]))
+    try:
+        with fla_torch_paths(), torch.no_grad():
+            out = model(x, attention_mask=mask[:, :12], use_cache=True)
+            step = model(x[:, -1:], attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+            alone = model(x[:1, 4:], use_cache=True)
+            alone_step = model(x[:1, -1:], past_key_values=alone.past_key_values, use_cache=True)
+    finally:
+        handle.remove()
+    padded, padded_step, weights, weights_step = seen
+    assert padded.shape == (2, 4, 12, 12) and weights.shape == (1, 4, 8, 8)
+    torch.testing.assert_close(padded[0, :, 4:, 4:], weights[0], atol=1e-6, rtol=0)
+    assert not padded[0, :, :4].any() and not padded[0, :, :, :4].any()
+    S = padded_step.shape[-1]  # all 13 positions, or the window fla keeps in its cache
+    assert padded_step.shape[:3] == (2, 4, 1) and S == (13 if window is None else window)
+    kept = weights_step.shape[-1]
+    torch.testing.assert_close(padded_step[0, :, :, S - kept :], weights_step[0], atol=1e-6, rtol=0)
+    assert not padded_step[0, :, :, : S - kept].any()
+    torch.testing.assert_close(step.logits[:1], alone_step.logits, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["swish", "sigmoid", "logsigmoid"])
 def test_an_activation_a_layer_stored_runs_on_the_cpu_with_its_gradient(name):
     """`ACT2FN[name]` is fla's Triton Function itself, held by a layer from its construction (GLA's output gate
@@ -313,7 +348,7 @@ def test_a_forward_with_labels_gives_the_cross_entropy_of_its_logits(fields):
 def test_the_cross_entropy_options_mean_what_fla_says():
     """Label smoothing, logit scale, softcap and z-loss (fla's `cross_entropy_loss`), against torch's
     cross-entropy on logits transformed by hand; fp64 inputs, fp32 inside: 1e-5."""
-    from gated_attention.kernels.fla_modules.cross_entropy import torch_cross_entropy_loss
+    from gated_attention.fla_cpu.modules.cross_entropy import torch_cross_entropy_loss
 
     logits = torch.randn(6, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
     target = torch.tensor([3, 0, -100, 10, 5, 5])
@@ -339,7 +374,8 @@ def test_nothing_is_left_patched_also_after_an_error():
     with pytest.raises(RuntimeError, match="inside"):
         with fla_torch_paths():
             assert sys.modules["fla.layers.gla"].chunk_gla is not before["fla.layers.gla"]["chunk_gla"]
-            assert Attention.forward is fla_paths.attention_forward
+            assert Attention.forward.fla_original is forward
+            assert sys.modules["fla.layers.attn"].flash_attn_func is not before["fla.layers.attn"]["flash_attn_func"]
             assert FusedCrossEntropyLoss.forward is not loss_forward
             raise RuntimeError("inside")
     after = fla_namespaces()

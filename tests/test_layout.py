@@ -21,7 +21,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gated_attention"
 LAYERS = [
     {"compat", "command_line"},  # the floor: transformers' differences, and what every command line shares
     {"configuration", "kernels", "hub"},
-    {"files", "memory"},  # local files and data, the memory budget: above `hub` (a Hub dataset id), below models
+    # local files and data (above `hub`: a Hub dataset id), the memory budget, fla's models on a CPU (above the
+    # kernels they reuse): below the models, which need none of them
+    {"files", "memory", "fla_cpu"},
     {"modeling"},
     {"__init__"},  # the package itself: public names, CLIError and the Auto registration
     {"training", "analysis", "convert"},

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..kernels import fla_torch_paths
+from ..fla_cpu import fla_torch_paths
 from . import metrics as M
 from .layout import GateSite, ModelLayout, model_layout
 
@@ -149,7 +149,7 @@ def torch_linear_attention(model: nn.Module) -> Iterator[None]:
     (and their recurrent twins) so that they dispatch to fla whenever fla
     imports, and fla's Triton kernels fail on CPU tensors ("0 active drivers").
     The unwrapped function is transformers' own torch reference; this happens only where a module
-    runs on the CPU. fla's own layers (its models and fla hybrids) go through `kernels.fla_torch_paths`,
+    runs on the CPU. fla's own layers (its models and fla hybrids) go through `fla_cpu.fla_torch_paths`,
     which chooses by each call's tensors and makes fla's attention return its weights.
     """
     with fla_torch_paths():  # fla's own models and layers: by each tensor's device (a no-op where fla is not imported)

@@ -173,7 +173,7 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
 
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
-    from ..kernels import fla_torch_paths
+    from ..fla_cpu import fla_torch_paths
     from ..memory.budget import (MemoryBudgetError, cast_placement, cast_weights, loading_dtype, read_layers_whole,
                                      running_dtypes)
 

@@ -1,4 +1,5 @@
-"""What every chunked linear-attention path here shares: chunk sizes, the chunk layout, packed sequences.
+"""What every chunked linear-attention path shares: chunk sizes, the chunk layout, packed sequences; the
+gated delta rule here and the torch paths of fla's other ops (`fla_cpu`) are cut by it.
 
 fla's layout throughout: `[B, T, H, D]` in, `[B, T, H, D]` out. Inside, a
 sequence is cut into `n` chunks of `C` positions and laid out chunk-major,
@@ -22,7 +23,7 @@ def chunk_length(T: int, chunk_size: int) -> tuple[int, int]:
 
     A short input (a decode step, a short prompt) is one short chunk, not a
     chunk padded to `chunk_size`. C is a power of two, so that the paths that shorten
-    their chunks for fast decays (`chunk_size_for_decay`) can halve it.
+    their chunks for fast decays (`fla_cpu.chunking.chunk_size_for_decay`) can halve it.
     """
     C = min(chunk_size, 1 << max(T - 1, 0).bit_length())
     return C, math.ceil(T / C)
@@ -56,54 +57,6 @@ def to_chunks(x: torch.Tensor, n: int, chunk: int) -> torch.Tensor:
     out = x.new_empty(n, B, H, chunk, D, dtype=torch.float32)
     out.copy_(x.reshape(B, n, chunk, H, D).permute(1, 0, 3, 2, 4))  # one copy, converting the dtype on the way
     return out.view(n, B * H, chunk, D)
-
-
-def chunk_size_for_decay(g: torch.Tensor, chunk_size: int, limit: float, smallest: int) -> tuple[int, bool]:
-    """`(C, within)`: the longest chunk length C (a power of two, at most `chunk_size` and the padded T, at
-    least `smallest`) over which no channel of the log decay g `[B, T, ...]` (g <= 0) falls by more than
-    `limit` after a chunk's first position; `within` is False where even `smallest` positions fall further.
-
-    Paths with a decay per channel write the decay between positions j <= i of a chunk as
-    `exp(c_i - c_0) * exp(c_0 - c_j)`, which stays in fp32's range only while that fall is bounded.
-    Measuring costs one pass over g per halving, and a host sync.
-    """
-    T = g.shape[1]
-    C, _ = chunk_length(T, chunk_size)
-    while True:
-        n = -(-T // C)
-        blocks = pad_time(g.to(torch.float32), n * C).unflatten(1, (n, C))
-        fall = -blocks[:, :, 1:].sum(2).min().item() if C > 1 else 0.0
-        if fall <= limit:
-            return C, True
-        if C <= smallest:
-            return C, False
-        C //= 2
-
-
-def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
-    """`x.cumsum(-2)` for `[..., C, D]`, as one matmul with a lower-triangular matrix of ones.
-
-    torch's CPU cumsum along a dimension that is not the last one walks the
-    strides element by element, several times slower than this small matmul
-    (which sums the same fp32 terms, so its rounding is of the same size).
-    """
-    C = x.shape[-2]
-    return torch.ones(C, C, dtype=x.dtype, device=x.device).tril_() @ x
-
-
-def state_in(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
-    """An initial state in fla's layout (`[N, H, V, K]` when `state_v_first`) -> fp32 `[N, H, K, V]`."""
-    if state is None:
-        return None
-    state = state.to(torch.float32)
-    return state.transpose(-1, -2) if state_v_first else state
-
-
-def state_out(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
-    """A final state `[N, H, K, V]` -> fla's layout, contiguous."""
-    if state is None:
-        return None
-    return state.transpose(-1, -2).contiguous() if state_v_first else state
 
 
 def each_sequence(

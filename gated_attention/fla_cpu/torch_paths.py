@@ -17,29 +17,24 @@ every name is put back, also when the body raised.
 | `chunk_retention`, `fused_chunk_retention`, `fused_recurrent_retention`, `parallel_retention` (RetNet) | `simple_gla.torch_retention` |
 | `chunk_hgrn`, `fused_recurrent_hgrn` (HGRN) | `hgrn.torch_hgrn` |
 | `chunk_delta_rule`, `fused_recurrent_delta_rule` (DeltaNet) | `delta_rule.torch_delta_rule` |
-| `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule` (Gated DeltaNet) | `gated_delta_rule.torch_gated_delta_rule` |
+| `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule` (Gated DeltaNet) | `kernels.gated_delta_rule.torch_gated_delta_rule` (the package's own) |
 | `chunk_kda`, `fused_recurrent_kda` (KDA) | `kda.torch_kda` |
-| `causal_conv1d`, `causal_conv1d_update` (`ShortConvolution`) | `fla_modules.short_convolution` |
-| `layer_norm`, `rms_norm`, `*_norm_linear`, `*_norm_gated`, `*_norm_swish_gate_linear` | `fla_modules.norms` |
-| `rotary_embedding` (`RotaryEmbedding`) | `fla_modules.rotary.torch_rotary_embedding` |
+| `causal_conv1d`, `causal_conv1d_update` (`ShortConvolution`) | `modules.short_convolution` |
+| `layer_norm`, `rms_norm`, `*_norm_linear`, `*_norm_gated`, `*_norm_swish_gate_linear` | `modules.norms` |
+| `rotary_embedding` (`RotaryEmbedding`) | `modules.rotary.torch_rotary_embedding` |
 | `swish`, `sigmoid`, `logsigmoid`, `elu_p1`, `swiglu`, `swiglu_linear` | torch's functions |
 | `swish_fwd`, `swish_bwd`, ... (the kernels behind a stored `ACT2FN[...]`) | torch's functions |
-| `fused_linear_cross_entropy_loss` (`fuse_linear_cross_entropy=True`) | `fla_modules.cross_entropy.torch_linear_cross_entropy_loss` |
+| `fused_linear_cross_entropy_loss` (`fuse_linear_cross_entropy=True`) | `modules.cross_entropy.torch_linear_cross_entropy_loss` |
 
-fla's softmax `Attention` layer (the full-attention layers of fla's hybrids,
-`config.attn`) is different: it needs flash-attn, on any device. Without it,
-its constructor raises ImportError, so a checkpoint cannot even be built.
-While the context is open, on every device, the layer can be built (its
-`flash_attn_func` is no longer None) and its forward is `attention_forward`:
-fla's own steps (projections, q/k norms, its rotary, its cache) and then
-`softmax_attention`, scores and softmax in fp32, which returns the weights
-`[B, H, T, S]` as the layer's second output (fla returns None there) for a
-forward hook to read.
+fla's softmax `Attention` layer (the full-attention layers of fla's hybrids)
+calls flash-attn, on every device: while the context is open, those calls are
+answered in torch and its own forward returns the attention weights
+(`attention_layer`).
 
 fla's `FusedCrossEntropyLoss` (a forward with labels, `fuse_cross_entropy=True`,
 fla's default) asserts a CUDA tensor before its kernel runs: while the context
 is open, its forward on any other tensor is `cross_entropy_forward`, the same
-loss in torch (`fla_modules.cross_entropy.torch_cross_entropy_loss`).
+loss in torch (`modules.cross_entropy.torch_cross_entropy_loss`).
 
 Open the context before building or loading an fla model (for the attention
 layers) and around its forwards. It patches fla as it is imported when the
@@ -64,10 +59,12 @@ import torch
 import torch.nn.functional as F
 from transformers.utils import logging
 
+from ..kernels.gated_delta_rule.chunk import torch_gated_delta_rule
+from .attention_layer import patch_attention
 from .chunking import state_in, state_out
 from .delta_rule.chunk import torch_delta_rule
-from .fla_modules.cross_entropy import reduced, torch_cross_entropy_loss, torch_linear_cross_entropy_loss
-from .fla_modules.norms import (
+from .modules.cross_entropy import reduced, torch_cross_entropy_loss, torch_linear_cross_entropy_loss
+from .modules.norms import (
     torch_layer_norm,
     torch_layer_norm_gated,
     torch_layer_norm_linear,
@@ -77,10 +74,8 @@ from .fla_modules.norms import (
     torch_rms_norm_linear,
     torch_rms_norm_swish_gate_linear,
 )
-from .fla_modules.rotary import torch_rotary_embedding
-from .fla_modules.short_convolution import torch_causal_conv1d, torch_causal_conv1d_update
-from .fla_modules.softmax_attention import softmax_attention
-from .gated_delta_rule.chunk import torch_gated_delta_rule
+from .modules.rotary import torch_rotary_embedding
+from .modules.short_convolution import torch_causal_conv1d, torch_causal_conv1d_update
 from .gla.chunk import torch_gla
 from .hgrn.chunk import torch_hgrn
 from .kda.chunk import kda_gate, torch_kda
@@ -348,67 +343,6 @@ def _by_name(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[t
     return (), arguments
 
 
-# ------------------------------------------------------------------ fla's softmax attention layer
-
-
-def attention_forward(
-    self,
-    hidden_states: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values=None,
-    output_attentions: bool = False,
-    use_cache: bool = False,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """fla's `Attention.forward` with flash-attn replaced by `softmax_attention`.
-
-    The same projections, q/k norms, rotary (fla's `RotaryEmbedding`, with its
-    position offsets under a cache and left padding) and cache updates as fla's
-    forward, step for step; returns `(o, weights [B, H, T, S] in fp32, cache)`.
-    """
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError("fla's attention takes a 2-D padding mask [batch_size, seq_len] (0 for padding)")
-    batch_size, q_len, _ = hidden_states.shape
-    q = self.q_proj(hidden_states).unflatten(-1, (-1, self.head_dim))  # [B, T, HQ, D]
-    k = self.k_proj(hidden_states).unflatten(-1, (-1, self.head_dim))  # [B, T, H, D]
-    v = self.v_proj(hidden_states).unflatten(-1, (-1, self.head_dim))
-    if self.qk_norm:
-        q, k = self.q_norm(q), self.k_norm(k)
-
-    cu_seqlens = kwargs.get("cu_seqlens")
-    seqlen_offset, max_seqlen = 0, q_len
-    if past_key_values is not None:
-        seqlen_offset = past_key_values.get_seq_length(self.layer_idx)
-        max_seqlen = q_len + seqlen_offset
-        if cu_seqlens is None and attention_mask is not None:  # left padding shifts each row's positions
-            seqlen_offset = seqlen_offset + attention_mask.sum(-1, dtype=torch.int32) - attention_mask.shape[-1]
-            max_seqlen = q_len + int(seqlen_offset.max())
-    if self.max_position_embeddings is not None:
-        max_seqlen = max(max_seqlen, self.max_position_embeddings)
-    q, k = self.rotary(q, k, seqlen_offset=seqlen_offset, max_seqlen=max_seqlen, cu_seqlens=cu_seqlens)
-
-    if past_key_values is not None:
-        cache_has_content = past_key_values.get_seq_length(self.layer_idx) > 0
-        cached = past_key_values[self.layer_idx]["attn_state"] if cache_has_content else None
-        k_cached, v_cached = past_key_values.update(
-            attn_state=(k.flatten(-2, -1), v.flatten(-2, -1)),
-            layer_idx=self.layer_idx,
-            offset=q_len,
-            cache_kwargs=dict(window_size=self.window_size),
-        )["attn_state"]
-        if self.window_size is not None and q_len > 1 and attention_mask is None and cached is not None:
-            k = torch.cat([cached[0].unflatten(-1, (-1, self.head_dim)), k], dim=1)[:, -(self.window_size + q_len - 1):]
-            v = torch.cat([cached[1].unflatten(-1, (-1, self.head_dim)), v], dim=1)[:, -(self.window_size + q_len - 1):]
-        elif cache_has_content:
-            k = k_cached.unflatten(-1, (-1, self.head_dim))
-            v = v_cached.unflatten(-1, (-1, self.head_dim))
-
-    o, weights = softmax_attention(
-        q, k, v, window_size=self.window_size, attention_mask=attention_mask, cu_seqlens=cu_seqlens
-    )
-    return self.o_proj(o.reshape(batch_size, q_len, -1)), weights, past_key_values
-
-
 # ------------------------------------------------------------------ fla's fused cross-entropy loss
 
 
@@ -426,10 +360,6 @@ def cross_entropy_forward(self, input: torch.Tensor, target: torch.Tensor):
     return (loss, z_loss) if self.return_z_loss else loss
 
 
-def _flash_attn_stands_in(*args, **kwargs):
-    raise RuntimeError("flash-attn is not installed; inside fla_torch_paths() fla's Attention runs attention_forward")
-
-
 # ------------------------------------------------------------------ the context manager
 
 
@@ -443,7 +373,7 @@ def fla_torch_paths() -> Iterator[None]:
     restore: list[Callable[[], None]] = []
     try:
         _patch_functions(restore)
-        _patch_attention(restore)
+        patch_attention(restore)
         _patch_cross_entropy(restore)
         yield
     finally:
@@ -470,22 +400,6 @@ def _patch_functions(restore: list[Callable[[], None]]) -> None:
             if found is not None and found[0] is value:
                 namespace[attr] = found[1]
                 restore.append(functools.partial(namespace.__setitem__, attr, value))
-
-
-def _patch_attention(restore: list[Callable[[], None]]) -> None:
-    module = sys.modules.get("fla.layers.attn")
-    if module is None:
-        return
-    layer = module.Attention
-    original_forward = layer.forward
-    layer.forward = attention_forward
-    restore.append(lambda: setattr(layer, "forward", original_forward))
-    for name in ("flash_attn_func", "flash_attn_varlen_func"):
-        if getattr(module, name, None) is None:  # the constructor refuses to build without flash-attn
-            undo = functools.partial(setattr, module, name, None) if hasattr(module, name) else functools.partial(
-                delattr, module, name)
-            setattr(module, name, _flash_attn_stands_in)
-            restore.append(undo)
 
 
 def _patch_cross_entropy(restore: list[Callable[[], None]]) -> None:

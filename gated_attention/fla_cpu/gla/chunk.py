@@ -27,16 +27,8 @@ import math
 
 import torch
 
-from ..chunking import (
-    chunk_groups,
-    chunk_size_for_decay,
-    cumsum_rows,
-    each_sequence,
-    pad_time,
-    state_in,
-    state_out,
-    to_chunks,
-)
+from ...kernels.chunking import chunk_groups, each_sequence, pad_time, to_chunks
+from ..chunking import chunk_size_for_decay, cumsum_rows, state_in, state_out
 
 CHUNK_SIZE = 64
 SMALLEST_CHUNK = 16

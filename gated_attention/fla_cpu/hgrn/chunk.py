@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..chunking import chunk_length, each_sequence, pad_time
+from ...kernels.chunking import chunk_length, each_sequence, pad_time
 
 CHUNK_SIZE = 32
 

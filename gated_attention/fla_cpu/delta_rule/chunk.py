@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gated_delta_rule.chunk import torch_gated_delta_rule
+from ...kernels.gated_delta_rule.chunk import torch_gated_delta_rule
 
 
 def torch_delta_rule(

@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from ..chunking import chunk_groups, chunk_length, each_sequence, pad_time, state_in, state_out, to_chunks
+from ...kernels.chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
+from ..chunking import state_in, state_out
 
 CHUNK_SIZE = 64
 

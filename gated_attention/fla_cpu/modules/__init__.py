@@ -7,5 +7,5 @@
 - `softmax_attention`: causal softmax attention returning its weights, what
   fla's `Attention` layer runs instead of flash-attn.
 
-`kernels.fla_paths` points fla's names at these; nothing is re-exported here.
+`torch_paths` points fla's names at these; nothing is re-exported here.
 """

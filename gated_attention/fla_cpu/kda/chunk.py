@@ -28,17 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..chunking import (
-    chunk_groups,
-    chunk_size_for_decay,
-    cumsum_rows,
-    each_sequence,
-    pad_time,
-    state_in,
-    state_out,
-    to_chunks,
-)
-from ..gated_delta_rule.chunk import l2norm, unit_lower_inverse
+from ...kernels.chunking import chunk_groups, each_sequence, pad_time, to_chunks
+from ...kernels.gated_delta_rule.chunk import l2norm, unit_lower_inverse
+from ..chunking import chunk_size_for_decay, cumsum_rows, state_in, state_out
 from ..gla.chunk import SMALLEST_CHUNK, SPAN_LIMIT, decayed_scores
 
 CHUNK_SIZE = 64

@@ -1,9 +1,11 @@
 """Causal softmax attention that also returns its weights: what fla's `Attention` layer runs on the torch path.
 
 fla's layer calls flash-attn (`flash_attn_func` / `flash_attn_varlen_func`),
-which never materialises the attention weights. This computes the same
-attention in torch, scores and softmax in fp32, and returns the weights
-`[B, HQ, T, S]` beside the output, so that an analysis can read them.
+which never materialises the attention weights. `softmax_attention` computes the
+same attention in torch, scores and softmax in fp32, and returns the weights
+`[B, HQ, T, S]` beside the output, so that an analysis can read them;
+`flash_attention` and `flash_attention_varlen` take flash-attn's two calls as
+fla's layer makes them.
 
 Masking follows flash-attn's `causal=True`: the T queries are the last T of
 the S key positions (a decode step or a continued prefill sees the whole
@@ -61,3 +63,42 @@ def _visible(B, T, S, window_size, attention_mask, cu_seqlens, device) -> torch.
         token = attention_mask[:, -S:].to(device=device, dtype=torch.bool)  # [B, S]
         visible = visible & token.unsqueeze(1) & token[:, -T:].unsqueeze(-1)
     return visible
+
+
+def _window(causal: bool, window_size: tuple[int, int]) -> int | None:
+    """flash-attn's `(left, right)` window of a causal call -> how many keys a query sees, itself included."""
+    left, right = window_size
+    if not causal or right not in (-1, 0):
+        raise NotImplementedError(f"flash-attn's attention on the torch path is causal only (causal={causal}, "
+                                  f"window_size={window_size})")
+    return None if left < 0 else left + 1
+
+
+def flash_attention(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn's `flash_attn_func`: q `[B, T, HQ, D]`, k and v `[B, S, H, D]` -> (o `[B, T, HQ, D]`, weights
+    `[B, HQ, T, S]`)."""
+    if dropout_p:
+        raise NotImplementedError("flash-attn's attention on the torch path: dropout is not implemented")
+    return softmax_attention(q, k, v, scale=softmax_scale, window_size=_window(causal, window_size))
+
+
+def flash_attention_varlen(
+    q, k, v, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None, dropout_p: float = 0.0, softmax_scale: float | None = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """flash-attn's `flash_attn_varlen_func`: sequences packed along dim 0, q `[Nq, HQ, D]`, k and v
+    `[Nk, H, D]`, sequence i at rows `cu_seqlens_q[i]:cu_seqlens_q[i + 1]` of q and `cu_seqlens_k[i]:...` of
+    k -> (o `[Nq, HQ, D]`, the weights of each sequence alone `[HQ, Tq_i, Sk_i]`)."""
+    if dropout_p:
+        raise NotImplementedError("flash-attn's attention on the torch path: dropout is not implemented")
+    window = _window(causal, window_size)
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outputs, weights = [], []
+    for q0, q1, k0, k1 in zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:]):
+        o, w = softmax_attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale=softmax_scale,
+                                 window_size=window)
+        outputs.append(o[0])
+        weights.append(w[0])
+    return torch.cat(outputs), weights

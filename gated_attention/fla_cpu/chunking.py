@@ -1,0 +1,60 @@
+"""What the chunked paths of fla's ops here add to `kernels.chunking`: chunk lengths under a decay per
+channel, a cumulative sum as one matmul, and fla's layout of a recurrent state.
+
+The chunk layout itself (`[n, B * H, C, D]`, chunk groups, padding, packed
+sequences) is `kernels.chunking`'s, shared with the package's own gated delta rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.chunking import chunk_length, pad_time
+
+
+def chunk_size_for_decay(g: torch.Tensor, chunk_size: int, limit: float, smallest: int) -> tuple[int, bool]:
+    """`(C, within)`: the longest chunk length C (a power of two, at most `chunk_size` and the padded T, at
+    least `smallest`) over which no channel of the log decay g `[B, T, ...]` (g <= 0) falls by more than
+    `limit` after a chunk's first position; `within` is False where even `smallest` positions fall further.
+
+    Paths with a decay per channel write the decay between positions j <= i of a chunk as
+    `exp(c_i - c_0) * exp(c_0 - c_j)`, which stays in fp32's range only while that fall is bounded.
+    Measuring costs one pass over g per halving, and a host sync.
+    """
+    T = g.shape[1]
+    C, _ = chunk_length(T, chunk_size)
+    while True:
+        n = -(-T // C)
+        blocks = pad_time(g.to(torch.float32), n * C).unflatten(1, (n, C))
+        fall = -blocks[:, :, 1:].sum(2).min().item() if C > 1 else 0.0
+        if fall <= limit:
+            return C, True
+        if C <= smallest:
+            return C, False
+        C //= 2
+
+
+def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x.cumsum(-2)` for `[..., C, D]`, as one matmul with a lower-triangular matrix of ones.
+
+    torch's CPU cumsum along a dimension that is not the last one walks the
+    strides element by element, several times slower than this small matmul
+    (which sums the same fp32 terms, so its rounding is of the same size).
+    """
+    C = x.shape[-2]
+    return torch.ones(C, C, dtype=x.dtype, device=x.device).tril_() @ x
+
+
+def state_in(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
+    """An initial state in fla's layout (`[N, H, V, K]` when `state_v_first`) -> fp32 `[N, H, K, V]`."""
+    if state is None:
+        return None
+    state = state.to(torch.float32)
+    return state.transpose(-1, -2) if state_v_first else state
+
+
+def state_out(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
+    """A final state `[N, H, K, V]` -> fla's layout, contiguous."""
+    if state is None:
+        return None
+    return state.transpose(-1, -2).contiguous() if state_v_first else state
