@@ -251,6 +251,39 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_keeps_the_earlier
     assert _checkpoint_files(out, 2) == before
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails "
+                    "with ENOSPC")
+def test_a_disk_that_fills_in_torch_saves_zip_writer_is_one_line_and_a_resume_finishes(tiny_model, tmp_path, capsys,
+                                                                                       monkeypatch):
+    """On a full file system torch.save's zip writer (what accelerate writes the optimizer with) fails with
+    `RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos ...`, raised while handling its
+    `basic_ios::clear: iostream error`, and no errno: two tracebacks and exit 1. Here the real writer writes
+    step 3's optimizer.bin into /dev/full, which fails every write with ENOSPC as a full file system does
+    (`--save-every 1` on a small tmpfs fails the same way). One line and exit 2; the checkpoints before stay
+    whole, and a resume once there is room finishes."""
+    from accelerate import Accelerator
+
+    out = tmp_path / "run"
+    original = Accelerator.save_state
+
+    def full(self, output_dir=None, **kwargs):
+        if "step-0000003" in str(output_dir):
+            (Path(output_dir) / "optimizer.bin").symlink_to("/dev/full")
+        return original(self, output_dir, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "save_state", full)
+    argv = ["--model", str(tiny_model), "--output-dir", str(out), "--steps", "4", "--save-every", "1", *COMMON]
+    cpt = import_example("continued_pretraining")
+    line = _fails(cpt.main, argv, capsys)
+    assert line.startswith(f"error: saving checkpoint step-0000003: the file system of {out / 'checkpoints'} is full "
+                           "(torch.save could not write the whole file: "), line
+    assert "unexpected pos" in line and "nothing of this save was kept" in line, line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001", "step-0000002"]
+    monkeypatch.setattr(Accelerator, "save_state", original)
+    cpt.main([*argv, "--resume", "latest"])  # from step 2, saved whole before the disk filled
+    assert _steps(out) == [1, 2, 3, 4]
+
+
 def test_a_disk_that_fills_while_the_log_is_rewritten_is_one_line_and_killed_saves_are_cleared(
         finished_run, tiny_model, tmp_path, capsys, monkeypatch):
     """A resume from step 2 rewrites log.jsonl (its records of steps 3 and 4 are replaced): a full disk there was

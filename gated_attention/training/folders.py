@@ -26,6 +26,22 @@ class DiskFullError(ValueError):
 
 # How a full disk reads where it is no OSError: safetensors' SafetensorError, torch.save's RuntimeError.
 _FULL = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
+# torch.save's zip writer (its C++ stream, for a path) says no errno: its stream stops short, "basic_ios::clear:
+# iostream error" where a write fails, then "[enforce fail at inline_container.cc:...] unexpected pos N vs M" as it
+# closes the archive. A local file's write fails so when its file system is full (or over quota).
+_SHORT_WRITE = ("basic_ios::clear: iostream error", "unexpected pos")
+
+
+def _full_disk(error: BaseException) -> str | None:
+    """Why `error` (or an error it was raised while handling) is a full file system, in a few words; None if not."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) or \
+                any(text in str(error) for text in _FULL):
+            return first_line(error)
+        if isinstance(error, RuntimeError) and any(text in str(error) for text in _SHORT_WRITE):
+            return f"torch.save could not write the whole file: {first_line(error)}"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @contextlib.contextmanager
@@ -36,14 +52,14 @@ def full_disk_is_one_line(folder, what: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:  # noqa: BLE001 - tested for a full disk below, re-raised otherwise
-        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-        if not (full or any(text in str(e) for text in _FULL)):
+        why = _full_disk(e)
+        if why is None:
             raise
         folder = Path(folder)
         held = next(p for p in (folder, *folder.parents) if p.exists())
         free = shutil.disk_usage(held).free
         raise DiskFullError(
-            f"{what}: the file system of {folder} is full ({first_line(e)}), {format_size(free)} free; nothing of "
+            f"{what}: the file system of {folder} is full ({why}), {format_size(free)} free; nothing of "
             "this save was kept and what was saved before is as it was (free some space and resume)"
         ) from None
 
