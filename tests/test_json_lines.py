@@ -179,20 +179,69 @@ def test_a_position_of_the_other_reader_is_refused_in_one_line(tmp_path, tokeniz
         theirs.load_state_dict(ours_state)
 
 
-def test_a_file_changed_since_the_position_was_saved_is_named_with_both_sizes(tmp_path, tokenizer):
+def _resumed(spec, tokenizer, state):
+    stream = text_stream(spec, tokenizer, 16, chunk_docs=2)
+    stream.load_state_dict(state)
+    return stream.next_rows(40)
+
+
+def test_an_edit_before_the_saved_position_is_refused_naming_the_file(tmp_path, tokenizer):
     """A line edited before the saved offset moved every later line: the resume read from the middle of one and
-    blamed it ("line 257 cannot be read"). The position keeps each file's size."""
-    path = write(tmp_path / "c.jsonl", [{"text": f"some text {i} " * 20} for i in range(10)])
+    blamed it ("line 257 cannot be read"). The position keeps a digest of the bytes read before it: an edit
+    there is named, of another length or the same, in the file the position is in or in one passed whole."""
+    lines = [json.dumps({"text": f"some text {i} " * 20}) + "\n" for i in range(10)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(lines))
     stream = text_stream(str(path), tokenizer, 16, chunk_docs=2)
     stream.next_rows(40)
-    state, before = stream.state_dict(), path.stat().st_size
-    path.write_text('{"text": "an edited first line"}\n' + path.read_text().split("\n", 1)[1])
+    state = stream.state_dict()
+    (read, _), again = state["chunk"]["seen"][0], "; resume with the data it was saved with, or start afresh"
+    assert 0 < read < path.stat().st_size
+    for edited in ('{"text": "an edited first line"}\n', lines[0].replace("some", "sume")):
+        path.write_text(edited + "".join(lines[1:]))
+        with pytest.raises(DataError) as error:
+            _resumed(str(path), tokenizer, state)
+        assert str(error.value) == (f"--dataset {path}: the file changed before the checkpoint's position in it "
+                                    f"(its first {read:,} bytes differ){again}")
+    path.write_text("".join(lines[:1]))
     with pytest.raises(DataError) as error:
-        resumed = text_stream(str(path), tokenizer, 16, chunk_docs=2)
-        resumed.load_state_dict(state)
-        resumed.next_rows(40)
-    assert str(error.value) == (f"--dataset {path}: the file changed since the checkpoint ({before:,} bytes then, "
-                                f"{path.stat().st_size:,} now); resume with the data it was saved with, or start afresh")
+        _resumed(str(path), tokenizer, state)
+    assert str(error.value) == (f"--dataset {path}: the file is shorter than the checkpoint's position in it "
+                                f"({read:,} bytes read then, {path.stat().st_size:,} now){again}")
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"  # the position in the second file
+    first.write_text("".join(lines[:2]))
+    second.write_text("".join(lines))
+    stream = text_stream([str(first), str(second)], tokenizer, 16, chunk_docs=2)
+    stream.next_rows(80)
+    state = stream.state_dict()
+    assert state["chunk"]["file"] == 1
+    with open(first, "a") as f:
+        f.write(lines[0])
+    with pytest.raises(DataError) as error:
+        _resumed([str(first), str(second)], tokenizer, state)
+    size = first.stat().st_size
+    assert str(error.value) == (f"--dataset {first} {second}: {first} changed since the checkpoint, which had read "
+                                f"all of it ({size - len(lines[0]):,} bytes then, {size:,} now){again}")
+
+
+def test_a_corpus_appended_to_after_the_checkpoint_resumes_with_the_same_rows(tmp_path, tokenizer):
+    """Appending is how a corpus grows while a run trains, and it was refused on resume ("the file changed since
+    the checkpoint (27,040 bytes then, 29,930 now)"). The bytes before the saved position are those the run
+    read, so the resume reads on from it: the same rows as a run that had the appended lines from the start,
+    the appended documents in their turn."""
+    path = write(tmp_path / "c.jsonl", [{"text": f"some text {i} " * 5} for i in range(10)])
+    stream = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+    stream.next_rows(20)
+    state = stream.state_dict()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"text": f"more words {i} " * 5}) + "\n" for i in range(4)))
+    grown = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+    grown.next_rows(20)
+    expected = grown.next_rows(40)  # past the old end of the file, into the appended documents
+    rows = text_stream(str(path), tokenizer, 16, chunk_docs=2)
+    rows.load_state_dict(state)
+    assert torch.equal(rows.next_rows(40), expected)
+    assert "more words 3" in tokenizer.decode(expected.flatten())  # the appended documents were reached
 
 
 def test_only_local_json_lines_files_are_read_without_datasets(tmp_path):

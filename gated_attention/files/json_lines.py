@@ -13,8 +13,10 @@ line's length, memory holds a block and a part.
 `open_corpus` is what the training streams (`training.streaming.PackedStream`) and `analyze --dataset`
 read: local JSON-lines files, given or in a folder (the files of the split `datasets` would read there),
 through `JsonLinesCorpus`; saved datasets, other file kinds and Hub datasets stay `datasets`'
-(`files.datasets.open_text_dataset`). The reading position is small JSON (file, byte offset, line), so a
-resume seeks straight to it.
+(`files.datasets.open_text_dataset`). The reading position is small JSON (file, byte offset, line, and
+a digest of the bytes read before it), so a resume seeks straight to it, and reads on where those bytes are
+unchanged: a corpus that grows by appends while a run trains resumes, an edit before the position is one
+line naming the file.
 
 Processes share the files as `datasets.distributed.split_dataset_by_node`
 does: whole files when their number divides the world size, else every
@@ -34,6 +36,7 @@ without a word would hide it; the line tells how to cut the file there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -45,6 +48,7 @@ from .datasets import BUILDERS, DataError, check_columns, check_has_text, check_
 LONG_LINE = 1 << 20  # a line longer than this many bytes is scanned in blocks, never read whole
 BLOCK = 1 << 20  # bytes read at a time
 PART = 1 << 18  # bytes of a long string decoded at a time (at most that many characters)
+HASHED = 1 << 20  # bytes read at a time to hash what a position has read (`_Digests`)
 READER = "json-lines"  # marks this reader's positions
 
 _CONTAINER = re.compile(rb'["\[\]{}]')  # inside an array or object: a string, or a bracket
@@ -235,22 +239,19 @@ class JsonLinesCorpus:
     """The documents of local JSON-lines files, one object per line, read without `datasets` (see the module
     docstring). `spec` names the corpus in errors, as `--dataset` gave it.
 
-    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "read", "missing", "sizes"}`:
+    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "read", "missing", "seen"}`:
     the next line to read (file index, byte offset, line number), how many documents came before it (for the
     every-world-th split), how many of them this process read and how many of those lacked the field asked
-    (`chunks`), and each file's size in bytes, so that a resume from a file changed since says so rather than
-    reading from an offset that is no longer a line's start.
+    (`chunks`), and what this process read of each file before the position (`_Digests`): a resume reads on
+    where the bytes before the position are those the run read, so a corpus appended to since resumes, and an
+    edit before the position is named rather than read from an offset that is no longer a line's start.
     """
 
     def __init__(self, files: list[str], spec: str):
         self.files, self.spec = [Path(f) for f in files], spec
 
     def start(self) -> dict:
-        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "read": 0, "missing": 0,
-                "sizes": self._sizes()}
-
-    def _sizes(self) -> list[int]:
-        return [path.stat().st_size for path in self.files]
+        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "read": 0, "missing": 0}
 
     def check_ends(self) -> None:
         """`DataError` for the first file whose tail is NUL bytes (see the module docstring), naming the byte
@@ -259,15 +260,40 @@ class JsonLinesCorpus:
             with open(path, "rb") as f:
                 _refuse_nul_tail(f, path, self.spec)
 
-    def _check_unchanged(self, position: dict) -> None:
-        """`DataError` naming the first file whose size is not the one `position` was saved with."""
-        saved = position.get("sizes")  # None: saved before sizes were kept
+    def _check_unchanged(self, position: dict, digests: _Digests) -> None:
+        """`DataError` naming the first file whose bytes before `position` are not those the run had read when
+        it saved the position; `digests` is left at the position, to read on from."""
+        if "seen" not in position:  # saved with each file's size instead, which must be the same now
+            self._check_sizes(position.get("sizes"))
+            return
+        saved = position["seen"]
+        if len(saved) != len(self.files):
+            raise DataError(f"--dataset {self.spec}: the stream position was saved with {len(saved)} file(s), and "
+                            f"{len(self.files)} are given; resume with the same files")
+        for index, (then, now) in enumerate(zip(saved, digests.advance(position))):
+            if then == now:
+                continue
+            path = self.files[index]
+            named = "the file" if str(path) == self.spec else path
+            (read, _), (found, _) = then, now
+            if index < position["file"]:
+                what = (f"{read:,} bytes then, {found:,} now" if read != found else "other bytes of the same length")
+                why = f"{named} changed since the checkpoint, which had read all of it ({what})"
+            elif found < read:
+                why = f"{named} is shorter than the checkpoint's position in it ({read:,} bytes read then, {found:,} now)"
+            else:
+                why = f"{named} changed before the checkpoint's position in it (its first {read:,} bytes differ)"
+            raise DataError(f"--dataset {self.spec}: {why}; resume with the data it was saved with, or start afresh")
+
+    def _check_sizes(self, saved: list[int] | None) -> None:
+        """`DataError` naming the first file whose size is not the one a position that kept sizes was saved with."""
         if saved is None:
             return
         if len(saved) != len(self.files):
             raise DataError(f"--dataset {self.spec}: the stream position was saved with {len(saved)} file(s), and "
                             f"{len(self.files)} are given; resume with the same files")
-        for path, then, now in zip(self.files, saved, self._sizes()):
+        for path, then in zip(self.files, saved):
+            now = path.stat().st_size
             if then != now:
                 named = "the file" if str(path) == self.spec else path
                 raise DataError(f"--dataset {self.spec}: {named} changed since the checkpoint ({then:,} bytes then, "
@@ -396,8 +422,9 @@ class JsonLinesCorpus:
         if position.get("reader") != READER:
             raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
                             "(datasets'); start the run afresh, or resume with the version that saved it")
-        self._check_unchanged(position)
         whole_files = len(self.files) % world == 0  # else every world-th document
+        digests = _Digests(self.files, range(rank, len(self.files), world) if whole_files else range(len(self.files)))
+        self._check_unchanged(position, digests)
         chunk = []
         for line in self._lines(position, range(rank, len(self.files), world) if whole_files else None):
             document = position["document"]
@@ -410,10 +437,46 @@ class JsonLinesCorpus:
                 position["missing"] += field not in keys
             chunk.append(value)
             if len(chunk) == size:
-                yield chunk, dict(position)
+                yield chunk, dict(position, seen=digests.advance(position))
                 chunk = []
         if chunk:
-            yield chunk, dict(position)
+            yield chunk, dict(position, seen=digests.advance(position))
+
+
+class _Digests:
+    """What one process has read of each of its files up to a position: `[bytes, sha1 of those bytes]` of each
+    file it has passed (all of it) and of the one it is in (up to the offset), None for the others.
+
+    Kept with each position, so that a resume checks that the bytes before it are those the run read: lines
+    appended to the file the position is in, or to a later one, lie after it and change none of these. The
+    bytes are read again to hash them, once each, from the page cache where the reader has just read them.
+    """
+
+    def __init__(self, files: list[Path], mine: range):
+        self.files, self.mine = files, mine
+        self.seen: list[list | None] = [None] * len(files)
+        self._open, self._hash = None, None  # the file being hashed (the position's), and its sha1 so far
+
+    def advance(self, position: dict) -> list[list | None]:
+        """The digests up to `position` (at or after the last position asked), as JSON."""
+        for index in self.mine:
+            if index > position["file"]:
+                break
+            if self.seen[index] is not None and index != self._open:
+                continue  # passed whole already
+            if index != self._open:
+                self._open, self._hash, self.seen[index] = index, hashlib.sha1(), [0, ""]
+            whole = index < position["file"]
+            read = self.seen[index][0]
+            with open(self.files[index], "rb") as f:
+                f.seek(read)
+                while block := f.read(HASHED if whole else min(HASHED, position["offset"] - read)):
+                    self._hash.update(block)
+                    read += len(block)
+            self.seen[index] = [read, self._hash.hexdigest()]
+            if whole:
+                self._open = None
+        return [None if entry is None else list(entry) for entry in self.seen]
 
 
 def _refuse_nul_tail(f, path: Path, spec: str) -> None:

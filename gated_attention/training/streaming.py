@@ -26,7 +26,9 @@ Two ways to feed `gated_attention.training.train` a corpus that does not fit in 
 Resuming a stream: `PackedStream.state_dict()` is the position of the next
 unread token, as (epoch, the reader's position before the chunk of documents
 holding it, token offset in that chunk); the reader's position is the
-JSON-lines reader's (file, byte offset, line) or the `datasets` state.
+JSON-lines reader's (file, byte offset, line, and a digest of the bytes
+before it: appended lines resume, an edit before the position is refused) or
+the `datasets` state.
 Restoring it re-reads one chunk and re-tokenizes it up to the offset, and
 continues with the same rows. The position is small JSON; no data is saved.
 Chunks are `chunk_docs` documents, so a resume must use the same `chunk_docs`
