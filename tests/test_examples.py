@@ -309,6 +309,7 @@ def bad_inputs(env, tiny_model, tmp_path_factory) -> Path:
     (folder / "truncated.jsonl").write_text('{"text": "a whole document"}\n{"text": "cut off in the mid')
     (folder / "other_field.jsonl").write_text('{"body": "a document under another name"}\n')
     (folder / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
+    (folder / "nul.jsonl").write_bytes(b"\0" * 1000)  # space preallocated, never written
     (folder / "empty_folder").mkdir()
     tokenizer = data.load_tokenizer(300, max_chars=MAX_CHARS)
     config = DistilBertConfig(vocab_size=len(tokenizer), dim=32, hidden_dim=64, n_layers=1, n_heads=2)
@@ -352,6 +353,10 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
     "truncated JSON": (["--dataset", "{bad}/truncated.jsonl"],
                        "error: --dataset {bad}/truncated.jsonl: line 2 cannot be read (Unterminated string starting "
                        "at character 10)"),
+    "all NUL bytes": (["--dataset", "{bad}/nul.jsonl"],
+                      "error: --dataset {bad}/nul.jsonl: {bad}/nul.jsonl holds nothing but NUL bytes (1,000 of them: "
+                      "space preallocated for a write that never came, or a write cut short); there is nothing to "
+                      "read"),
     "other field": (["--dataset", "{bad}/other_field.jsonl"],
                     "error: --text-field 'text': {bad}/other_field.jsonl has no such column (its columns: body)"),
 }

@@ -371,24 +371,32 @@ def test_rows_without_the_text_field_are_skipped_and_counted_once(tmp_path, caps
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_the_stream_says_the_skipped_rows_once_a_run_from_rank_0(tmp_path, tokenizer, recwarn, world):
-    """Counted in the reader's position as it reads, said at the end of the first part read to its end: not
-    again for the next epochs, nor by the other ranks, and true across a resume."""
-    path = write(tmp_path / "s.jsonl", [{"other": 1}] + [{"text": f"some text {i} " * 5} for i in range(10)]
-                 + [{"x": 2}])
-    said = []
+def test_the_stream_names_the_first_skipped_row_at_once_and_counts_them_at_the_end(tmp_path, tokenizer, recwarn,
+                                                                                 world):
+    """Rows without the text field were reported only once the whole file had been read, and rows with a null text
+    were skipped without a word. The first row without text is named as it is read; how many there were, of
+    each kind, at the end of the first part read to its end. Once a run, by rank 0 alone (of its own part), and
+    the count true across a resume."""
+    path = write(tmp_path / "s.jsonl", [{"other": 1}] + [{"text": f"some text {i} " * 5} for i in range(1, 10)]
+                 + [{"text": None}, {"text": "the last text"}, {"x": 2}])  # lines 1, 3-11, 12, 13, 14
+    later = "; such rows are skipped (how many is said once this process's part of the data has been read)"
+    part = "" if world == 1 else " in rank 0's part (of 2)"
+    counted = "2 of 13 rows" if world == 1 else "2 of 7 rows"  # rank 0 reads rows 0, 2, ..., 12
     for rank in range(world):
         stream = text_stream(str(path), tokenizer, 16, rank=rank, world=world, chunk_docs=2)
-        stream.next_rows(2)  # within the first epoch: not said yet
-        assert not [w for w in recwarn if "field" in str(w.message)]
-        resumed = text_stream(str(path), tokenizer, 16, rank=rank, world=world, chunk_docs=2)
+        stream.next_rows(6)  # rank 0: past the chunk of line 1, not yet at line 12's
+        assert rank or stream.state_dict()["chunk"] is not None
+        said = [str(w.message) for w in recwarn if "rows" in str(w.message)]
+        assert said == ([f"--dataset {path}: line 1 has no 'text' field{later}"] if rank == 0 else [])
+        recwarn.clear()
+        resumed = text_stream(str(path), tokenizer, 16, rank=rank, world=world, chunk_docs=2)  # another run
         resumed.load_state_dict(stream.state_dict())
         resumed.next_rows(400)  # several epochs
-        said += [str(w.message) for w in recwarn if "field" in str(w.message)]
+        said = [str(w.message) for w in recwarn if "rows" in str(w.message)]
+        assert said == ([f"--dataset {path}: line 12 has a null 'text'{later}",
+                         f"--dataset {path}: {counted}{part} have no 'text' field and 1 a null one; skipped"]
+                        if rank == 0 else [])
         recwarn.clear()
-    part = "" if world == 1 else " in rank 0's part (of 2)"
-    expected = "2 of 12 rows" if world == 1 else "1 of 6 rows"  # rank 0 reads lines 1, 3, ..., 11, not 12
-    assert said == [f"--dataset {path}: {expected}{part} have no 'text' field; skipped"]
 
 
 NUL_TAILS = {

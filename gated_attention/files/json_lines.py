@@ -23,15 +23,19 @@ does: whole files when their number divides the world size, else every
 world-th document.
 
 A row is judged alone, as `datasets` infers a file's columns from all its rows:
-a row without the text field is skipped (`check_corpus` reads only up to the
-first row that has it, and names the keys of all rows where none has), and the
-reader counts such rows as it goes, so that the stream and `analyze` say how
-many in one line (`missing_field_notice`) without reading a file twice. A file
-whose tail is NUL bytes (space preallocated for a write that never came, or a
-write cut short by a crash) is refused in one line naming the byte where the
-NULs begin (`check_corpus`, and again whenever the file is opened for reading):
-the bytes meant to stand there are lost, and a run that trained on the rest
-without a word would hide it; the line tells how to cut the file there.
+a row without the text field, or with null there, is skipped (`check_corpus`
+reads only up to the first row that has it, and names the keys of all rows
+where none has), and the reader counts such rows as it goes, so that the
+stream and `analyze` say how many in one line (`missing_field_notice`)
+without reading a file twice; the stream names the first as it reads it.
+
+A file whose tail is NUL bytes (space preallocated for a write that never
+came, or a write cut short by a crash) is refused in one line naming the byte
+where the NULs begin (`check_corpus`, and again whenever the file is opened
+for reading): the bytes meant to stand there are lost, and a run that trained
+on the rest without a word would hide it; the line tells how to cut the file
+there. A file of nothing but NUL bytes, of any kind, is one line when it is
+opened (`open_corpus`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..command_line import first_line
@@ -239,10 +243,10 @@ class JsonLinesCorpus:
     """The documents of local JSON-lines files, one object per line, read without `datasets` (see the module
     docstring). `spec` names the corpus in errors, as `--dataset` gave it.
 
-    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "read", "missing", "seen"}`:
-    the next line to read (file index, byte offset, line number), how many documents came before it (for the
-    every-world-th split), how many of them this process read and how many of those lacked the field asked
-    (`chunks`), and what this process read of each file before the position (`_Digests`): a resume reads on
+    A position is `{"reader": "json-lines", "file", "offset", "line", "document", "read", "missing", "null",
+    "seen"}`: the next line to read (file index, byte offset, line number), how many documents came before it
+    (for the every-world-th split), how many of them this process read and how many of those lacked the field
+    asked or held null there (`chunks`), and what this process read of each file before the position (`_Digests`): a resume reads on
     where the bytes before the position are those the run read, so a corpus appended to since resumes, and an
     edit before the position is named rather than read from an offset that is no longer a line's start.
     """
@@ -251,7 +255,8 @@ class JsonLinesCorpus:
         self.files, self.spec = [Path(f) for f in files], spec
 
     def start(self) -> dict:
-        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "read": 0, "missing": 0}
+        return {"reader": READER, "file": 0, "offset": 0, "line": 1, "document": 0, "read": 0, "missing": 0,
+                "null": 0}
 
     def check_ends(self) -> None:
         """`DataError` for the first file whose tail is NUL bytes (see the module docstring), naming the byte
@@ -348,11 +353,15 @@ class JsonLinesCorpus:
                         buf, base, i = b"", following, 0
             position.update(file=index + 1, offset=0, line=1)
 
+    def _where(self, index: int, number: int) -> str:
+        """`--dataset SPEC: [FILE ]line N`, naming a line in a message."""
+        path = self.files[index]
+        return f"--dataset {self.spec}: {'' if str(path) == self.spec else f'{path} '}line {number}"
+
     def _value(self, index: int, number: int, start: int, end: int, line: bytes | None, field: str):
         """(the line's keys, its `field` value: a str, an iterator of a long string's parts, another JSON
         value, or None where the line has no such field)."""
-        path = self.files[index]
-        where = f"--dataset {self.spec}: {'' if str(path) == self.spec else f'{path} '}line {number}"
+        path, where = self.files[index], self._where(index, number)
         try:
             if line is not None:
                 record = json.loads(line)
@@ -410,14 +419,16 @@ class JsonLinesCorpus:
         """Whether some line has text in `field` (reads up to the first that has; a long one is not decoded)."""
         return any(value for _, value in self.values(field))
 
-    def chunks(self, field: str, rank: int, world: int, position: dict | None,
-               size: int) -> Iterator[tuple[list[object], dict]]:
+    def chunks(self, field: str, rank: int, world: int, position: dict | None, size: int,
+               skipped: Callable[[str], None] | None = None) -> Iterator[tuple[list[object], dict]]:
         """This process's values of `field` (documents; None where a line has none) from `position` on,
         `size` lines at a time, each chunk with the position after it.
 
-        The position also counts this process's lines since the part's start (`"read"`) and those without
-        `field` (`"missing"`), so that the count at the part's end is true across a resume; a position saved
-        before these were kept has neither, and its part's count stays unknown."""
+        The position also counts this process's lines since the part's start (`"read"`), those without
+        `field` (`"missing"`) and those where it is null (`"null"`), so that the count at the part's end is true
+        across a resume; a position saved before one was kept has none of it, and that count stays unknown.
+        `skipped` is called with a line that has no text to train on, as it is read: `--dataset SPEC: line N
+        has no 'text' field` (or `has a null 'text'`)."""
         position = dict(position) if position is not None else self.start()
         if position.get("reader") != READER:
             raise DataError(f"--dataset {self.spec}: the saved stream position was written by another reader "
@@ -432,9 +443,14 @@ class JsonLinesCorpus:
             if not whole_files and document % world != rank:
                 continue
             keys, value = self._value(*line, field)
+            empty = "has no {!r} field" if field not in keys else "has a null {!r}" if value is None else None
             if "missing" in position:
                 position["read"] += 1
                 position["missing"] += field not in keys
+            if "null" in position:
+                position["null"] += field in keys and value is None
+            if empty and skipped is not None:
+                skipped(f"{self._where(line[0], line[1])} {empty.format(field)}")
             chunk.append(value)
             if len(chunk) == size:
                 yield chunk, dict(position, seen=digests.advance(position))
@@ -502,12 +518,31 @@ def _refuse_nul_tail(f, path: Path, spec: str) -> None:
                     f"rest (truncate -s {start} {path})")
 
 
+def _refuse_all_nul(path: Path, spec: str) -> None:
+    """`DataError` for a file of nothing but NUL bytes (space preallocated for a write that never came), which no
+    reader would name for what it is; a file that does not begin with NUL costs one byte read."""
+    with open(path, "rb") as f:
+        if f.read(1) != b"\0":
+            return
+        f.seek(0)
+        while block := f.read(BLOCK):
+            if block.strip(b"\0"):
+                return
+    raise DataError(f"--dataset {spec}: {path} holds nothing but NUL bytes ({path.stat().st_size:,} of them: space "
+                    "preallocated for a write that never came, or a write cut short); there is nothing to read")
+
+
 def missing_field_notice(spec: str, field: str, missing: int, read: int, whole: bool = True,
-                         part: str = "") -> str:
-    """The one line that says how many rows had no `field` and were skipped: of the `read` rows of `spec`
-    (`whole`: all its rows; else only those read, which `part` may name)."""
-    return (f"--dataset {spec}: {missing:,} of {read:,} rows{'' if whole else ' read'}{part} have no {field!r} "
-            "field; skipped")
+                         part: str = "", null: int = 0) -> str:
+    """The one line that says how many rows had no `field`, or a null one, and were skipped: of the `read` rows of
+    `spec` (`whole`: all its rows; else only those read, which `part` may name)."""
+    if not null:
+        count, which = missing, f"have no {field!r} field"
+    elif not missing:
+        count, which = null, f"have a null {field!r}"
+    else:
+        count, which = missing, f"have no {field!r} field and {null:,} a null one"
+    return f"--dataset {spec}: {count:,} of {read:,} rows{'' if whole else ' read'}{part} {which}; skipped"
 
 
 def is_json_lines(path: Path) -> bool:
@@ -530,10 +565,11 @@ def is_json_lines(path: Path) -> bool:
         return False
 
 
-def _split_files(folder: Path, split: str | None) -> list[Path] | None:
+def _split_files(folder: Path, split: str | None, spec: str) -> list[Path] | None:
     """The JSON-lines files of `split` (None: train) in `folder`, as `datasets` picks a split's files from their
     names (train*.jsonl, data/validation-*.jsonl, or every file for train); None where `datasets` should read
-    the folder: a `save_to_disk` folder, no such split, a file of another kind or one that is no JSON lines."""
+    the folder: a `save_to_disk` folder, no such split, a file of another kind or one that is no JSON lines.
+    One of nothing but NUL bytes is refused (`spec` names the folder as given)."""
     from datasets.data_files import DataFilesDict, get_data_patterns
 
     if (folder / "state.json").exists() or (folder / "dataset_dict.json").exists():
@@ -549,16 +585,22 @@ def _split_files(folder: Path, split: str | None) -> list[Path] | None:
     files = [Path(f) for f in splits.get(split or "train", []) if Path(f).suffix.lower() in (".jsonl", ".json")]
     if not files:
         return None
+    for f in files:
+        _refuse_all_nul(f, spec)
     return files if all(f.stat().st_size and is_json_lines(f) for f in files) else None
 
 
 def open_corpus(spec: str | list[str], split: str | None = None):
     """A corpus to read: local JSON-lines files, or a folder of them, as a `JsonLinesCorpus` (a line of any
-    length in bounded memory), anything else as `files.datasets.open_text_dataset` opens it."""
+    length in bounded memory), anything else as `files.datasets.open_text_dataset` opens it. A file given of
+    nothing but NUL bytes is one line saying so, whatever its kind (no reader says what it is)."""
     specs = [spec] if isinstance(spec, str) else list(spec)
     paths = [Path(s).expanduser() for s in specs]
+    for path in paths:
+        if path.is_file():
+            _refuse_all_nul(path, " ".join(specs))
     if len(paths) == 1 and paths[0].is_dir():
-        files = _split_files(paths[0], split)
+        files = _split_files(paths[0], split, specs[0])
         if files is not None:
             return JsonLinesCorpus([str(f) for f in files], specs[0])
     elif all(p.is_file() and p.stat().st_size and is_json_lines(p) for p in paths):

@@ -120,7 +120,7 @@ class PackedStream:
         if self.bos is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each packed sequence with")
         self._cuts_checked = False
-        self._missing_said = rank != 0  # one process says it, once a run: see `_say_missing`
+        self._missing_said = self._skipped_said = rank != 0  # one process says each, once a run: `_say_missing`
         check_corpus(dataset, text_field, name, has_text=False)
         self._start(epoch=0, chunk_state=None, offset=0)
 
@@ -128,7 +128,8 @@ class PackedStream:
 
     def _start(self, epoch: int, chunk_state: dict | None, offset: int) -> None:
         if isinstance(self.dataset, JsonLinesCorpus):
-            self._chunks = self.dataset.chunks(self.text_field, self.rank, self.world, chunk_state, self.chunk_docs)
+            self._chunks = self.dataset.chunks(self.text_field, self.rank, self.world, chunk_state, self.chunk_docs,
+                                               skipped=self._say_skipped)
         else:
             self._chunks = _dataset_chunks(self.dataset, self.text_field, self.rank, self.world, chunk_state,
                                            self.chunk_docs, self.name)
@@ -196,16 +197,28 @@ class PackedStream:
         self._chunk = _Chunk(state, self._pieces(texts))
         return True
 
+    def _say_skipped(self, line: str) -> None:
+        """At the first JSON line without text to train on (no text field, or null there), a warning naming it: a
+        run says at once that rows are skipped, and how many once the part has been read (`_say_missing`)."""
+        if self._skipped_said:
+            return
+        self._skipped_said = True
+        warnings.warn(f"{line}; such rows are skipped (how many is said once this process's part of the data has "
+                      "been read)", GatedAttentionWarning, stacklevel=2)
+
     def _say_missing(self, position: dict | None) -> None:
         """At the end of the first part read to its end, a warning of how many JSON lines of it had no text
-        field (skipped as null, as `datasets` reads them): said by rank 0 alone, of its own part where
+        field or a null one (skipped, as `datasets` reads them): said by rank 0 alone, of its own part where
         there are several (the others' lines are not parsed there), so that a run says it once."""
-        if self._missing_said or not isinstance(position, dict) or not position.get("missing"):
+        if self._missing_said or not isinstance(position, dict) or "missing" not in position:
             return  # a position saved before the reader counted has no "missing": unknown, not said
+        missing, null = position["missing"], position.get("null", 0)
+        if not (missing or null):
+            return
         self._missing_said = True
         part = "" if self.world == 1 else f" in rank 0's part (of {self.world})"
-        warnings.warn(missing_field_notice(self.dataset.spec, self.text_field, position["missing"], position["read"],
-                                           part=part), GatedAttentionWarning, stacklevel=3)
+        warnings.warn(missing_field_notice(self.dataset.spec, self.text_field, missing, position["read"], part=part,
+                                           null=null), GatedAttentionWarning, stacklevel=3)
 
     def _pieces(self, texts: list[str | Iterator[str]]) -> Iterator[np.ndarray]:
         for tokens in encode_documents(self.tokenizer, texts, self.piece_chars):
