@@ -1,29 +1,42 @@
-"""Every difference between the transformers versions this package supports, in one place.
+"""Every difference between the transformers releases this package supports (5.17 to 5.25), in one place.
 
-The models are written against the newest API. What older releases lack or
-name differently is bridged here, by feature detection rather than by version
-numbers, so a release that backports a feature just works:
+The models are written against the newest API. A difference that shows in the
+installed release (a name, a module, a dataclass field) is detected, so that a
+release that backports it just works. One that shows only when the code runs
+(how `generate()` treats a cache, a bug of some releases) is keyed by the
+version, and so is the supported range.
 
-- 5.24 renamed the cache argument and output field `past_key_values` to `cache`
-  (model forwards, model outputs, the mask builders such as `create_causal_mask`).
-  Model code here says `cache`; `CACHE_NAME` is what the installed release calls it.
-- 5.23 added `transformers.modeling_utils.slice_logits_to_keep` (looked up lazily: see `__getattr__`).
-- 5.23 added `Cache.get_recurrent_state` for linear-attention layers.
-- Expert parallelism became its own size (`DistributedConfig(ep_size=...)`, with
-  the "ep_dispatch_experts" style) after 5.17, where `enable_expert_parallel=True`
-  swaps the tensor-parallel plan for an expert plan with a router rule
-  ("ep_router"): `MOE_EXPERT_PARALLEL_PLAN` is the plan the installed release reads.
-- 5.25 moved the tensor-parallel API to `transformers.distributed.tensor_parallel` (`tensor_parallel_api`;
-  `transformers.integrations.tensor_parallel` is a shim there) and passes `config=` (and `mesh_manager=`) to
-  its layer styles' hooks, which 5.17-5.24 call with three arguments: the package's styles pass on whatever
-  keywords they are given (`modeling/tensor_parallel.py`).
-- 5.25 wraps transformers' torch functions behind fla-dispatching wrappers (`torch_chunk_gated_delta_rule`, ...)
-  in the `kernels` package's function modules, which choose the torch path for CPU tensors themselves; before,
-  they were plain `functools.wraps` wrappers that called fla whatever the device (`analysis/capture.py`
-  unwraps those).
-- Before 5.24, `generate()` asks the cache for its length, which a cache of
-  linear-attention layers alone cannot tell: a model without attention layers
-  generates only with `use_cache=False` there (`ATTENTION_FREE_CACHED_GENERATE`).
+Detected:
+
+- `CACHE_NAME`: the cache argument and output field (model forwards, model
+  outputs, the mask builders such as `create_causal_mask`) are `cache` from
+  5.24 on, `past_key_values` before. Model code here says `cache`.
+- `slice_logits_to_keep`: `transformers.modeling_utils`' from 5.23 on, ours
+  before (looked up lazily: see `__getattr__`).
+- `get_recurrent_state`: `Cache.get_recurrent_state` of a linear-attention
+  layer, from 5.23 on; read off the layer before.
+- `EXPERT_PARALLEL_SIZE`, `MOE_EXPERT_PARALLEL_PLAN`: expert parallelism is a
+  size of its own (`DistributedConfig(ep_size=...)`, the "ep_dispatch_experts"
+  style) after 5.17; in 5.17 `enable_expert_parallel=True` swaps the
+  tensor-parallel plan for an expert plan with a router rule ("ep_router").
+- `tensor_parallel_api`: `transformers.distributed.tensor_parallel` from 5.25
+  on (`transformers.integrations.tensor_parallel` is a shim there), whose layer
+  styles' hooks get `config=` (and `mesh_manager=`); 5.17-5.24 call them with
+  three arguments. The package's styles pass on whatever keywords they are
+  given (`modeling/tensor_parallel.py`).
+- transformers' fla-dispatching torch functions (`torch_chunk_gated_delta_rule`,
+  ...) are `kernels` function modules in 5.25, which choose the torch path for
+  CPU tensors themselves, and plain `functools.wraps` wrappers that call fla
+  whatever the device in 5.17-5.24: `analysis/capture.py` unwraps what it finds.
+
+By version:
+
+- `ATTENTION_FREE_CACHED_GENERATE`: before 5.24, `generate()` asks the cache for
+  its length, which a cache of linear-attention layers alone cannot tell, so a
+  model without attention layers generates only with `use_cache=False` there.
+- `EXPERT_GRADIENTS_WRONG_UNDER_FSDP`: 5.20-5.22's expert gradients under FSDP
+  with expert parallelism (see the comment there).
+- The supported range, `TRANSFORMERS_FLOOR` up to `TRANSFORMERS_CEILING`.
 
 Importing this module checks the installed release first, so a checkpoint's
 remote-code copy fails with one line naming the release it needs instead of an

@@ -106,8 +106,8 @@ def _load_streaming(builder: str, spec: str, files: list[str], **kwargs):
     A JSON-lines file whose first batch holds a very long line is opened without `on_mixed_types`. With it
     (datasets' default), datasets parses a file's first batch twice when it opens it: into Python objects,
     to find fields whose keys or type change from line to line (which it then stores as JSON text), kept
-    while pyarrow parses the same bytes. Opening a file of one 50 MB line took 470 MB more memory so, and
-    290 MB without (`benchmarks/long_document.py`). Without it, such fields in that first batch are
+    while pyarrow parses the same bytes: a file of one long line is held that many more times while it opens
+    (`benchmarks/long_document.py` measures it). Without it, such fields in that first batch are
     pyarrow's to read; where pyarrow cannot (a type that changes), the dataset has no columns after opening
     and is opened again with datasets' default. The one difference left: a field whose keys vary within the
     first batch becomes a struct of those keys, not JSON text, so a later line with yet another key fails

@@ -38,8 +38,8 @@ def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
     """`x.cumsum(-2)` for `[..., C, D]`, as one matmul with a lower-triangular matrix of ones.
 
     torch's CPU cumsum along a dimension that is not the last one walks the
-    strides element by element, several times slower than this small matmul
-    (which sums the same fp32 terms, so its rounding is of the same size).
+    strides element by element; the matmul is one batched call, and sums the
+    same fp32 terms, so its rounding is of the same size.
     """
     C = x.shape[-2]
     return torch.ones(C, C, dtype=x.dtype, device=x.device).tril_() @ x

@@ -12,7 +12,7 @@ The folder also holds `gguf.json`, the record of where its weights came from (fi
 architecture, quantization, tensor types), which the conversion card quotes.
 
 What it costs: transformers holds the whole dequantized model in memory while it reads the file
-(`--dtype` bfloat16 halves that against float32); a 135M model takes about 20 s.
+(`--dtype` bfloat16 halves that against float32).
 """
 
 from __future__ import annotations

@@ -30,9 +30,9 @@ def chunk_length(T: int, chunk_size: int) -> tuple[int, int]:
 
 
 # The largest temporary a chunked path builds at once, in fp32 elements (256 KB). Chunks are taken a group
-# at a time, so that no temporary outgrows this: a large fresh allocation costs more than the arithmetic
-# done on it (the kernel maps and zeroes its pages on first touch; many times the arithmetic on a
-# sandboxed VM), while a small one comes back from the allocator's free lists.
+# at a time, so that no temporary outgrows this: a large fresh allocation can cost more than the arithmetic
+# done on it (the kernel maps and zeroes its pages on first touch), while a small one comes back from the
+# allocator's free lists.
 GROUP_ELEMENTS = 1 << 16
 
 

@@ -49,8 +49,8 @@ def checkpoint_dir(output_dir, step: int) -> Path:
 def complete_checkpoints(output_dir) -> list[Path]:
     """The `step-*` folders under `output_dir/checkpoints` that have their `step.json`, oldest first.
 
-    A staged save appears under that name only when whole; `step.json` is also what marked a complete
-    checkpoint before saves were staged (it was written last), so an older run's folders are read the same.
+    A staged save appears under that name only when whole, and `step.json` is written last: a folder that has
+    it was written to the end.
     """
     folders = [p for p in (Path(output_dir) / "checkpoints").glob("step-*") if _STEP_FOLDER.match(p.name)]
     return sorted((p for p in folders if (p / "step.json").is_file()), key=lambda p: int(p.name[5:]))

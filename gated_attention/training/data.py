@@ -311,11 +311,11 @@ def load_tokenizer(vocab_size: int = 4096, max_chars: int | None = None, cache: 
 
 
 # Characters of text tokenized in one call, at most (give or take one short document). A fast tokenizer
-# holds about 200 bytes per character while it runs (offsets, alignments, Python ints), so a 50 MB document
-# tokenized whole took 12 GB; 64K characters take about 13 MB.
+# holds about 200 bytes per character while it runs (offsets, alignments, Python ints), so its memory grows
+# with the text of one call, not with the document (benchmarks/RESULTS.md, "One long document").
 PIECE_CHARS = 1 << 16
 # A document longer than that is cut into pieces of PIECE_CHARS / 8 characters, tokenized 8 to a call: a fast
-# tokenizer encodes a batch's texts in parallel, and one text alone on one core (2.6x slower on 2 cores).
+# tokenizer encodes a batch's texts in parallel, and one text alone on one core.
 LONG_DOCUMENT_PIECES = 8
 
 

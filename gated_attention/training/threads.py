@@ -2,14 +2,14 @@
 
 torch's own default is one thread per core. Its threads meet at a barrier
 after every operation, so when another process holds one of the cores, every
-operation waits for the thread that is descheduled: on a 2-core machine at
-load 3-7 the quickstart trained at 0.1-0.5 steps/s with 2 threads, and many
-times faster with 1 (`benchmarks/threads.py` measures both, idle and under a
-load it makes itself; README, "Quickstart"). So the default counts the cores
-that are free now: the cores this process may run on, less the 1-minute load
-average (the processes already running or waiting for a core), at least one,
-at most torch's default. A machine that is idle gets every core; a busy one
-gets what is left, down to one thread, which cannot be slowed by a barrier.
+operation waits for the thread that is descheduled, while one thread is
+never held at a barrier (`benchmarks/threads.py` measures both, idle and
+under a load it makes itself: benchmarks/RESULTS.md, "Torch threads on a busy
+CPU"). So the default counts the cores that are free now: the cores this
+process may run on, less the 1-minute load average (the processes already
+running or waiting for a core), at least one, at most torch's default. A
+machine that is idle gets every core; a busy one gets what is left, down to
+one thread, which cannot be slowed by a barrier.
 
 `OMP_NUM_THREADS` (or an explicit `--threads`) overrides the rule:
 `accelerate launch` / torchrun set it to 1 for several processes per machine.

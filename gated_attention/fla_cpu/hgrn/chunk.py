@@ -68,8 +68,9 @@ def _chunked(x, g, initial_state, output_final_state, chunk_size):
     xs, gs = (pad_time(t, n * C).view(B, n, C, D) for t in (x, g))
     xs, a = xs.to(torch.float32), gs.to(torch.float32).exp()  # one op each, not one a step
     # Step t of every block at once: out[:, :, t] is each block's h from a zero state, decays[:, :, t] the decay
-    # since the block began (a running product: torch.cumprod over this dimension is 4x slower here). Each step
-    # is one fused multiply-add and one multiply over a [B, n, D] slice.
+    # since the block began (a running product, kept here step by step: torch.cumprod over a dimension that is
+    # not the last walks its strides element by element). Each step is one fused multiply-add and one multiply
+    # over a [B, n, D] slice.
     out = torch.empty(B, n, C, D, dtype=torch.float32, device=x.device)
     decays = torch.empty_like(out)
     out[:, :, 0], decays[:, :, 0] = xs[:, :, 0], a[:, :, 0]
