@@ -311,6 +311,34 @@ def test_static_cache_generates_the_dynamic_caches_tokens(overrides):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
+@pytest.mark.parametrize(
+    "layer_types",
+    [
+        ["linear_attention", "sliding_attention", "full_attention"],
+        ["sliding_attention", "linear_attention", "full_attention"],
+    ],
+    ids=["gdn-first", "sliding-first"],
+)
+def test_sliding_layers_beside_gdn_generate_past_the_window(layer_types, cache_implementation):
+    """Sliding-window attention beside Gated DeltaNet layers, generating well past the window, gives a full
+    forward's logits. Left to transformers 5.17's guess, the full-attention mask of the first layout was sized
+    by the sliding layer (a crash under eager, wrong logits under sdpa, one token past the window; transformers
+    PR #48510) and the second asked a GDN layer for its length."""
+    model = tiny_model(layer_types=layer_types, hybrid_ratio=None, num_hidden_layers=3, sliding_window=4)
+    ids = torch.randint(3, TINY["vocab_size"], (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True,
+            pad_token_id=0, cache_implementation=cache_implementation,
+        )
+        full = model(out.sequences, attention_mask=torch.cat([mask, torch.ones(2, 8, dtype=mask.dtype)], 1)).logits
+    for i, logits in enumerate(out.logits):
+        torch.testing.assert_close(logits, full[:, ids.shape[1] - 1 + i], atol=ATOL, rtol=0)
+
+
 def test_decode_step_compiles_without_graph_breaks():
     """generate() with a static cache and `torch.compile(forward, fullgraph=True)` (transformers' own compile
     test does the same), on the CPU: the torch delta-rule path. fullgraph=True turns any graph break into an error."""

@@ -15,7 +15,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 
-from ..compat import accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
+from ..compat import CACHE_NAME, accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
 from .attention import AttentionGate, ConstantAttentionGate
 from .tensor_parallel import check_distributed_config  # importing registers the plan's own style
 
@@ -91,6 +91,10 @@ class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def create_masks_for_generate(self, inputs_embeds, attention_mask, position_ids=None, **kwargs) -> dict:
+        """The masks generate() builds before a static cache's (compiled) forward: the model's own (`layer_masks`)."""
+        return self.model.layer_masks(inputs_embeds, attention_mask, position_ids, kwargs.get(CACHE_NAME))
 
     def lm_logits_and_loss(
         self,

@@ -149,17 +149,9 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
 
-        # generate() may hand over masks it already built, one per layer type.
+        # generate() may hand over masks it already built (`layer_masks` too), one per layer type.
         if not isinstance(mask_by_type := attention_mask, dict):
-            kwargs_for_masks = mask_kwargs(
-                cache,
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-            )
-            layer_kinds = dict.fromkeys(self.config.layer_types)  # each kind once, in order
-            mask_by_type = {kind: self.mask_functions[kind](**kwargs_for_masks) for kind in layer_kinds}
+            mask_by_type = self.layer_masks(inputs_embeds, attention_mask, position_ids, cache)
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
@@ -177,6 +169,18 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
             )
         hidden_states = self.norm(hidden_states)
         return with_cache(self.output_class, cache if use_cache else None, last_hidden_state=hidden_states)
+
+    def layer_masks(self, inputs_embeds, attention_mask, position_ids, cache) -> dict:
+        """One mask per layer type, each sized by the cache of the first layer of that type.
+
+        Left to guess, transformers 5.17 sizes the full-attention mask by the first layer that is not
+        sliding: with a linear-attention layer first, by the sliding layer after it (transformers PR #48510).
+        """
+        kwargs = mask_kwargs(
+            cache, config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids
+        )
+        first_of_type = {kind: self.config.layer_types.index(kind) for kind in dict.fromkeys(self.config.layer_types)}
+        return {kind: self.mask_functions[kind](**kwargs, layer_idx=i) for kind, i in first_of_type.items()}
 
 
 class GatedAttentionForCausalLM(GatedAttentionPreTrainedModel, GatedForCausalLM, GenerationMixin):
