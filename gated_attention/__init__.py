@@ -76,6 +76,7 @@ _EXPORTS = {
     "GatedDeltaNetHybridForCausalLM": ".modeling.gated_deltanet_hybrid",
     "GatedDeltaNetHybridModel": ".modeling.gated_deltanet_hybrid",
     "GlobalLoadBalancer": ".modeling.load_balancing",
+    "SinkCache": ".modeling.sink_cache",
 }
 
 __all__ = sorted(_EXPORTS) + ["CLIError", "GatedAttentionWarning", "register_auto_classes"]

@@ -24,6 +24,10 @@
   conv and recurrent cache states.
 - `gated_deltanet_hybrid`: the hybrid family, Gated DeltaNet layers
   interleaved with the shared gated attention.
+- `sink_cache`: `SinkCache`, StreamingLLM's windowed KV cache (the first
+  tokens kept as attention sinks, the rest a sliding window) for any causal
+  LM of this package and transformers' rotate-half RoPE models, the sink keys
+  re-rotated for the shifted window.
 
 Imports: `configuration`, `kernels`, `hub` and `compat`, nothing above them
 (see docs/architecture.md). These files are also copied flat into every saved

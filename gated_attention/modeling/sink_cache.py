@@ -1,0 +1,197 @@
+"""`SinkCache`: StreamingLLM's windowed KV cache (Xiao et al. 2023, "Efficient Streaming Language Models
+with Attention Sinks"), the first `num_sink_tokens` entries and the most recent ones, `window_length` in all.
+
+transformers 5 removed its own `SinkCache` (PR #41107); this one keeps that class's name and arguments and
+adds the model's config, from which it builds one cache layer per layer as `DynamicCache(config=...)` does:
+full-attention layers get a `SinkLayer`, while sliding-window layers keep their own window and Gated DeltaNet
+(linear-attention) layers their recurrent state, untouched.
+
+    cache = SinkCache(window_length=256, num_sink_tokens=4, config=model.config)
+    model.generate(input_ids, past_key_values=cache, max_new_tokens=1000)
+
+Between forwards a layer holds at most `window_length` entries: the first `num_sink_tokens` and the most
+recent `window_length - num_sink_tokens`. A forward's tokens attend to those and to each other, then the
+oldest non-sink entries leave, as in StreamingLLM's own cache (which holds `start_size + recent_size`).
+Fed one token at a time, every token attends to the sinks and the `window_length - num_sink_tokens`
+tokens before it, itself included; a longer forward (a prompt) is attended whole, then cut.
+
+RoPE. StreamingLLM gives each entry its position inside the cache, not in the text. A RoPE attention score
+depends only on the difference between the query's and the key's positions, so it suffices that every
+difference is the in-cache one. transformers' models rotate keys before they reach the cache
+(`apply_rotary_pos_emb` comes before `cache.update`), so a cache cannot store keys before rotation without
+changing every attention module; this one re-rotates. Queries and new keys keep the positions generate()
+and the model give them (absolute: the text's), and so do the recent entries: between them the
+differences are already the in-cache ones. Only the sinks moved relative to the rest, by the number of
+entries evicted after them, E: each sink key is handed to attention rotated E positions further, computed
+afresh each forward from the key as it was cached (no drift from rotating again and again) with the angle
+in float64. So a forward re-rotates `num_sink_tokens` keys per layer, never the window, and positions,
+masks and padding stay as transformers computes them. Absolute positions have one cost: the model's own
+rotary embedding computes cos/sin in float32, whose angle error grows with the position (about 6e-8 rad
+per unit: 0.06 rad at a million tokens), where in-cache positions would stay below the window.
+
+The rotation is the rotate-half form (Llama, Mistral, Qwen2/3, Phi-3 and the models of this package) on the
+first `rotary_dim` channels of each head; RoPE types whose frequencies change with the sequence length
+(`dynamic`, `longrope`) are refused, as are sinks on a model without RoPE.
+
+Masks: a layer numbers its entries 0..n-1 for transformers' mask builders (`get_mask_sizes` with no
+offset, `SinkCache.get_query_offset` = n), so the new tokens are causal among themselves and see every
+entry. The 2-D padding mask is then read at those numbers: exact for unpadded rows and for a left-padded
+batch until the first eviction. After it, a row padded by p tokens keeps max(0, num_sink_tokens - p)
+of its own tokens as sinks (its padding sits in the sink entries, masked), and where p exceeds
+num_sink_tokens the first p - num_sink_tokens window entries read as padding too (masked, never padding
+attended). Stream padded rows one at a time, or unpadded, for StreamingLLM's exact semantics.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import rotate_half
+
+# RoPE types whose frequencies depend on the length of the sequence being run: one rotation cannot move a cached key.
+_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+class KeyRotation:
+    """RoPE's rotation by a number of positions, in the rotate-half form on the first `rotary_dim` channels.
+
+    `inv_freq` (`[rotary_dim / 2]`) is the model's, from its config: a key rotated at position p and then by
+    `steps` is the key rotated at p + steps (RoPE's rotations compose; YaRN's attention factor scales a key
+    once, when the model rotates it, and a rotation leaves that scale alone).
+    """
+
+    def __init__(self, inv_freq: torch.Tensor):
+        self.inv_freq = inv_freq.to(torch.float64)
+        self.rotary_dim = 2 * inv_freq.numel()
+
+    @classmethod
+    def from_config(cls, config) -> KeyRotation:
+        rope = getattr(config, "rope_parameters", None)
+        if isinstance(rope, dict) and "full_attention" in rope:  # per layer type (Gemma 3 style): the full layers'
+            rope = rope["full_attention"]
+        if not isinstance(rope, dict) or "rope_theta" not in rope:
+            raise ValueError(
+                f"SinkCache: the {config.model_type} config has no rotary position embedding (rope_parameters) to "
+                "re-rotate its sink keys with; use num_sink_tokens=0 (a plain window) for such a model"
+            )
+        rope_type = rope.get("rope_type", "default")
+        if rope_type in _LENGTH_DEPENDENT_ROPE:
+            raise ValueError(
+                f"SinkCache: rope_type {rope_type!r} changes its frequencies with the sequence length, so a cached "
+                "sink key cannot be moved by one rotation; use num_sink_tokens=0 or a fixed-frequency RoPE"
+            )
+        if rope_type == "default":
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+            inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        else:
+            inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config)
+        return cls(inv_freq)
+
+    def __call__(self, keys: torch.Tensor, steps: int) -> torch.Tensor:
+        """`keys` `[B, H, S, D]` rotated `steps` positions further (fp32 arithmetic, float64 angles)."""
+        angle = steps * self.inv_freq.to(keys.device)  # [rotary_dim / 2]
+        angle = torch.cat((angle, angle))  # the rotate-half layout: [rotary_dim]
+        cos, sin = angle.cos().float(), angle.sin().float()
+        head, rest = keys[..., : self.rotary_dim].float(), keys[..., self.rotary_dim :]
+        rotated = head * cos + rotate_half(head) * sin
+        return torch.cat((rotated.to(keys.dtype), rest), dim=-1)
+
+
+class SinkLayer(DynamicLayer):
+    """One attention layer's entries: the first `num_sink_tokens` and the most recent ones, `window_length` in all.
+
+    `keys` / `values` (`[B, H, n, D]`, n <= window_length between forwards) hold the entries as the model
+    rotated them; `update` hands attention the sinks rotated by the entries evicted after them (module doc).
+    """
+
+    is_croppable = False  # evicted entries are gone: assisted decoding cannot roll back
+
+    def __init__(self, window_length: int, num_sink_tokens: int, rotation: KeyRotation | None):
+        super().__init__()
+        self.window_length = window_length
+        self.num_sink_tokens = num_sink_tokens
+        self.rotation = rotation
+        self.cumulative_length = 0  # tokens seen: the next token's position (`reset` zeroes it)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        evicted = self.cumulative_length - self.stored_length()
+        self.cumulative_length += key_states.shape[-2]
+        keys = torch.cat([self.keys, key_states], dim=-2)  # [B, H, n + T, D]
+        values = torch.cat([self.values, value_states], dim=-2)
+        self.keys, self.values = self._window(keys), self._window(values)
+        sinks = self.num_sink_tokens
+        if evicted and sinks:
+            keys = torch.cat([self.rotation(keys[..., :sinks, :], evicted), keys[..., sinks:, :]], dim=-2)
+        return keys, values
+
+    def _window(self, states: torch.Tensor) -> torch.Tensor:
+        """`[B, H, n, D]` -> the sinks and the most recent entries, `window_length` at most."""
+        if states.shape[-2] <= self.window_length:
+            return states
+        recent = self.window_length - self.num_sink_tokens
+        return torch.cat([states[..., : self.num_sink_tokens, :], states[..., -recent:, :]], dim=-2)
+
+    def stored_length(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized and self.keys.numel() else 0
+
+    def get_seq_length(self) -> int:
+        """Tokens seen, evicted ones included: generate() and the models count positions from it."""
+        return self.cumulative_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The entries and the new tokens, numbered from 0 (see the module doc, "Masks")."""
+        return self.stored_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.window_length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise ValueError("a SinkCache cannot be cropped: the entries it evicted are gone (no assisted decoding)")
+
+
+class SinkCache(DynamicCache):
+    """StreamingLLM's cache: the first `num_sink_tokens` entries and the most recent, `window_length` in all.
+
+    Pass it as `past_key_values` to `generate()` or to a forward loop. `config` is the model's config: its
+    layer types decide each layer's cache (full attention gets a `SinkLayer`, sliding and linear-attention
+    layers what `DynamicCache(config=...)` gives them) and its RoPE the sinks' re-rotation. The module doc
+    says how positions, masks and padding work.
+    """
+
+    def __init__(self, window_length: int, num_sink_tokens: int, config):
+        if not isinstance(window_length, int) or window_length < 1:
+            raise ValueError(f"SinkCache: window_length must be a positive int, got {window_length!r}")
+        if not isinstance(num_sink_tokens, int) or not 0 <= num_sink_tokens < window_length:
+            raise ValueError(
+                f"SinkCache: num_sink_tokens must be an int from 0 to window_length - 1 ({window_length - 1}), "
+                f"got {num_sink_tokens!r}"
+            )
+        super().__init__(config=config)
+        text_config = config.get_text_config(decoder=True)
+        rotation = KeyRotation.from_config(text_config) if num_sink_tokens else None
+        self.layers = [
+            SinkLayer(window_length, num_sink_tokens, rotation) if type(layer) is DynamicLayer else layer
+            for layer in self.layers
+        ]
+        if not any(isinstance(layer, SinkLayer) for layer in self.layers):
+            kinds = sorted(set(getattr(text_config, "layer_types", None) or ["?"]))
+            raise ValueError(f"SinkCache: the model has no full-attention layer to window (its layers: {', '.join(kinds)})")
+        self.window_length = window_length
+        self.num_sink_tokens = num_sink_tokens
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Where the mask builders number the first new token: after a `SinkLayer`'s entries (module doc, "Masks")."""
+        layers = self.layers
+        if layer_idx == 0 and layers and not isinstance(layers[0], CacheLayerMixin):
+            # a linear-attention layer 0: the mask builders are sized by the first attention layer (`get_mask_sizes`)
+            layer_idx = next((i for i, layer in enumerate(layers) if isinstance(layer, CacheLayerMixin)), 0)
+        if layer_idx < len(layers) and isinstance(layers[layer_idx], SinkLayer):
+            return layers[layer_idx].stored_length()
+        return super().get_query_offset(layer_idx)
+
+    def __repr__(self) -> str:
+        return f"SinkCache(window_length={self.window_length}, num_sink_tokens={self.num_sink_tokens}, layers={len(self.layers)})"
