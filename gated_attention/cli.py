@@ -31,6 +31,7 @@ from .command_line import OneLineErrorParser
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",
     "gated_attention.analysis.cli",
+    "gated_attention.analysis.stream_cli",
     "gated_attention.recipes.cli",
 ]
 

@@ -19,7 +19,7 @@ import pytest
 import gated_attention
 
 HEAVY = ("torch", "transformers", "numpy", "safetensors", "huggingface_hub")
-COMMANDS = ["", "convert", "extend", "export", "analyze", "quickstart"]
+COMMANDS = ["", "convert", "extend", "export", "analyze", "quickstart", "stream"]
 
 
 def imported_modules(importtime_stderr: str) -> set[str]:
@@ -206,6 +206,9 @@ REFUSED_BEFORE_IMPORTS = {
     "analyze-text-file-and-dataset": (["analyze", "src", "--out", "o", "--text-file", "afile", "--dataset", "x.jsonl"], "not allowed with argument"),
     "analyze-text-file": (["analyze", "src", "--out", "o", "--text-file", "none.txt"], "argument --text-file: none.txt: no such file"),
     "analyze-device": (["analyze", "src", "--out", "o", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
+    "stream-sinks-fill-the-window": (["stream", "src", "--text-file", "afile", "--window", "4", "--sink-tokens", "4", "--out", "o"], "--sink-tokens 4 must be below --window 4"),
+    "stream-model-missing": (["stream", "./nope", "--text-file", "afile", "--window", "8", "--out", "o"], "model folder not found: ./nope"),
+    "stream-out-working-folder": (["stream", "src", "--text-file", "afile", "--window", "8", "--out", "."], "--out . is the working folder"),
 }
 
 
@@ -232,7 +235,7 @@ def test_a_wrong_command_line_is_refused_before_torch_is_imported(workdir, case)
     assert sorted(p.name for p in workdir.iterdir()) == ["afile", "existing", "src"]  # nothing written
 
 
-@pytest.mark.parametrize("command", ["", "convert", "extend", "export", "analyze"], ids=lambda c: c or "top-level")
+@pytest.mark.parametrize("command", ["", "convert", "extend", "export", "analyze", "stream"], ids=lambda c: c or "top-level")
 def test_help_states_each_default_once_and_no_default_that_is_not_there(command):
     """`(default: None)` on a required option, or two defaults for one option, is help that is not true."""
     proc = run_help(["-m", "gated_attention"], command)

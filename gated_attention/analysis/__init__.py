@@ -23,6 +23,10 @@
   within the memory budget.
 - `cli`: the `gated-attention analyze MODEL --out DIR` parser (no torch) and
   its run.
+- `stream`: StreamingLLM's measurement, windowed perplexity over one text
+  through `SinkCache` per number of sink tokens, and its CSV, arrays and plot.
+- `stream_cli`: the `gated-attention stream MODEL --text-file F --window W
+  --out DIR` parser (no torch) and its run.
 
 Imports: the package root and the layers below it (it uses the root,
 `hub`, `files`, `memory`, `kernels` and `command_line`); never `training`,

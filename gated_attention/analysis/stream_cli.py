@@ -1,0 +1,212 @@
+"""`gated-attention stream MODEL --text-file F --window W --sink-tokens 0 4 --out DIR`: StreamingLLM's measurement.
+
+One text, streamed a token at a time through `SinkCache(W, K)` for each K of `--sink-tokens`
+(`analysis/stream.py`), to DIR/stream.csv (sink_tokens, window, tokens, ppl), stream.npz and stream.png.
+It measures; it trains nothing.
+
+Options, paths and MODEL's whereabouts are checked before torch is imported. DIR follows the output-folder
+rules of the other commands (`files.output_folders`, `files.staging`): written beside itself and renamed
+into place when whole, an earlier stream output there replaced whole, any other non-empty folder refused,
+never the working folder, MODEL or the text file's folder; a failure or Ctrl-C leaves DIR as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import warnings
+from pathlib import Path
+
+from .. import CLIError, GatedAttentionWarning
+from ..command_line import bounded, first_line, memory_size
+
+DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
+# A text is read at most this many characters per token of --max-tokens: more than any token covers.
+CHARS_PER_TOKEN = 1024
+# What an earlier stream leaves in DIR (`stream.FILES`, written out so that the parser imports no torch).
+STREAM_FILES = ("stream.csv", "stream.npz", "stream.png")
+
+
+def _device(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
+    return text
+
+
+def _text_file(text: str) -> str:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
+    return text
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "stream",
+        help="windowed perplexity over a long text with StreamingLLM's cache, with and without sink tokens",
+        description=(
+            "Stream the text of --text-file through MODEL one token at a time with StreamingLLM's cache "
+            "(gated_attention.SinkCache): each token attends to the first K tokens (the sinks) and the most recent "
+            "ones, --window in all. Perplexity for each K of --sink-tokens, and for full attention where the text "
+            "fits the model's positions, goes to DIR/stream.csv (sink_tokens, window, tokens, ppl), stream.npz "
+            "(per-token NLL) and stream.png. A model that needs its attention sink breaks when the window evicts "
+            "the first token and recovers with a few sinks kept; a sink-free one should not need them. "
+            "docs/streaming.md has the cache, the RoPE handling and the measured tables."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="local model folder, Hugging Face Hub id, or .gguf file (dequantized by "
+                   "transformers' GGUF loader)")
+    p.add_argument("--text-file", required=True, metavar="PATH", type=_text_file,
+                   help="UTF-8 text streamed as one sequence; it must be longer than --window (StreamingLLM: many times)")
+    p.add_argument("--window", required=True, type=bounded(int, 2), metavar="W",
+                   help="entries the cache holds, sinks included (StreamingLLM's cache size; the removed transformers "
+                   "SinkCache's window_length)")
+    p.add_argument("--sink-tokens", nargs="+", type=bounded(int, 0), default=[0, 4], metavar="K",
+                   help="numbers of first tokens kept as sinks, one run each, each below --window (default: 0 4)")
+    p.add_argument("--max-tokens", type=bounded(int, 3), metavar="T",
+                   help="stream only the text's first T tokens (default: all of them)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder, created whole at the end; an earlier stream output there is replaced")
+    p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
+    p.add_argument("--device", type=_device, default="auto",
+                   help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s)")
+    p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                   help="the most CPU memory the process may hold, e.g. 4GB; layers that do not fit are read from the "
+                   "checkpoint as they run, which a token-at-a-time stream makes slow (default: what is free)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+    p.set_defaults(func=run)
+
+
+def _check(args) -> None:
+    """Everything that can be checked without torch: sink counts, MODEL's whereabouts, DIR."""
+    from ..files.output_folders import OutputFolderError, check_output_folder, holds_any
+    from ..files.staging import refuse_nested, refuse_running
+    from ..hub.repo_ids import missing_folder
+
+    for k in args.sink_tokens:
+        if k >= args.window:
+            raise CLIError(f"--sink-tokens {k} must be below --window {args.window} (the sinks are part of the window)")
+    if len(set(args.sink_tokens)) != len(args.sink_tokens):
+        raise CLIError(f"--sink-tokens {' '.join(map(str, args.sink_tokens))} names a count twice")
+    if not args.model.strip():
+        raise CLIError("MODEL is empty: give a model folder, a .gguf file or a Hub repo id")
+    if missing_folder(args.model):
+        raise CLIError(f"model folder not found: {args.model}")
+    if args.tokenizer and missing_folder(args.tokenizer):
+        raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {args.out} exists and is not a folder")
+    inputs = {"--text-file": Path(args.text_file).expanduser()}
+    for flag, name in (("MODEL", args.model), ("--tokenizer", args.tokenizer)):
+        if name and Path(name).expanduser().exists():
+            inputs[flag] = Path(name).expanduser()
+    try:
+        check_output_folder(out, flag="--out", what="the output of an earlier stream (stream.csv)",
+                            ours=holds_any("stream.csv"), inputs=inputs)
+        refuse_running(out, "--out")
+        refuse_nested(out, "--out")
+    except OutputFolderError as e:
+        raise CLIError(str(e)) from None
+
+
+def _where(name: str) -> str:
+    """A local path as it is; a Hub id as its snapshot folder (the cache first, then the Hub)."""
+    from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
+
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    try:
+        return str(cached_or_downloaded(name))
+    except HubUnavailable as e:
+        raise CLIError(f"MODEL {name}: no such folder, and {e}") from None
+
+
+def _check_config(where: str, name: str) -> None:
+    """A folder's config.json, checked before the model is built (a million layers would allocate for minutes)."""
+    from ..configuration.validation import ConfigError, check_config_file
+    from ..hub.gguf import GGUFError, gguf_file
+
+    try:
+        if gguf_file(where) is not None:
+            return
+    except GGUFError as e:
+        raise CLIError(f"MODEL {e}") from None
+    try:
+        check_config_file(where, f"MODEL {name} config.json")
+    except ConfigError as e:
+        raise CLIError(str(e)) from None
+
+
+def _tokens(tokenizer, path: str, max_tokens: int | None, window: int):
+    """The text's token ids `[1, T]`, cut to `max_tokens`; refused when nothing would leave a `window` cache."""
+    import torch
+
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as f:
+            text = f.read(max_tokens * CHARS_PER_TOKEN if max_tokens else -1)
+    except (OSError, UnicodeDecodeError) as e:
+        raise CLIError(f"cannot read --text-file: {first_line(e)}") from e
+    ids = tokenizer(text)["input_ids"][:max_tokens]
+    if len(ids) <= window + 1:
+        raise CLIError(f"--text-file {path} gives {len(ids)} tokens{' with --max-tokens' if max_tokens else ''}: a window "
+                       f"of {window} evicts nothing from so few; give a longer text or a smaller --window")
+    return torch.tensor([ids])
+
+
+class _Bar:
+    """One tqdm bar per run (`stream.run_stream`'s `bar`)."""
+
+    def __init__(self, total: int, description: str):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=description, unit="tok")
+
+    def __enter__(self):
+        return self.bar
+
+    def __exit__(self, *exc):
+        self.bar.close()
+        return False
+
+
+def run(args) -> int:
+    _check(args)
+    where = {name: _where(name) for name in dict.fromkeys([args.model, *([args.tokenizer] if args.tokenizer else [])])}
+    _check_config(where[args.model], args.model)
+
+    from ..files.output_folders import OutputFolderError
+    from ..files.staging import refuse_nested, refuse_running, staged_folder
+    from ..memory.budget import MemoryBudget
+    from .loading import check_device, loaded
+    from .stream import run_stream
+
+    # `loaded` (analyze's loader) reads its options from a namespace; the longest forward here is one window
+    options = argparse.Namespace(dtype=args.dtype, tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
+                                  device=args.device, device_map=None, max_length=args.window, intervene=None)
+    check_device(options)
+    budget = MemoryBudget.resolve(args.max_memory)
+    out = Path(args.out).expanduser()
+    try:
+        staging = staged_folder(out, out.is_dir(), print, flag="--out", overwrite_flag=None, clear_leftovers=True,
+                                warn=lambda message: warnings.warn(message, GatedAttentionWarning))
+        with staging as stage:
+            refuse_running(out, "--out", own=stage)
+            refuse_nested(out, "--out", own=stage)
+            with loaded(options, args.model, where, budget, stage) as (model, tokenizer):
+                ids = _tokens(tokenizer, args.text_file, args.max_tokens, args.window).to(model.device)
+                print(f"streaming {ids.shape[1]} tokens of {args.text_file} through a window of {args.window}")
+                try:
+                    rows, full = run_stream(model, ids, args.window, args.sink_tokens, stage, args.model, bar=_Bar)
+                except ValueError as e:  # SinkCache's refusals: no RoPE, a length-dependent RoPE, no attention layer
+                    raise CLIError(first_line(e)) from e
+    except OutputFolderError as e:
+        raise CLIError(str(e)) from None
+    for row in rows:
+        print(f"{row['sink_tokens']} sink tokens: ppl {row['ppl']:.4g} ({row['tokens']} tokens, window {row['window']})")
+    if full is not None:
+        print(f"full attention: ppl {full:.4g}")
+    print(f"wrote {out / 'stream.csv'}")
+    return 0
