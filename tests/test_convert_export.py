@@ -183,7 +183,7 @@ def test_mlx_layout_is_the_same_model_for_transformers(tmp_path, capsys, kind):
 
 def test_full_attention_interval_is_the_one_mlx_lm_would_place(tmp_path):
     from gated_attention.configuration.gated_deltanet_hybrid import hybrid_layer_types
-    from gated_attention.convert.export_layouts import full_attention_interval, mlx_lm_limit
+    from gated_attention.convert.export_layouts import full_attention_interval, llama_cpp_limit, mlx_lm_limit
 
     L, A = "linear_attention", "full_attention"
     assert full_attention_interval(hybrid_layer_types(4, 2)) == 2
@@ -195,14 +195,21 @@ def test_full_attention_interval_is_the_one_mlx_lm_would_place(tmp_path):
     assert "all attention" in mlx_lm_limit([A, A], 4) and "all Gated DeltaNet" in mlx_lm_limit([L, L], 4)
     assert "(LALL, A = attention) has no such interval" in mlx_lm_limit([L, A, L, L], 4)
     assert "width 1" in mlx_lm_limit([L, A], 1)
+    # llama.cpp's converter before its PR #28208: full_attention_interval alone, 4 where there is none
+    assert llama_cpp_limit(hybrid_layer_types(8, 4), None) is None  # LLLALLLA: what 4 places
+    assert llama_cpp_limit(hybrid_layer_types(6, 3), 3) is None  # the mlx layout writes the interval
+    assert "(LLALLA, A = attention) as LLLALL" in llama_cpp_limit(hybrid_layer_types(6, 3), None)
+    assert "it is 2" in llama_cpp_limit([L, A, L, L], 2)  # an interval that is not this schedule's
 
 
 def test_export_warns_in_one_line_where_mlx_lm_cannot_run_and_still_writes(tmp_path, capsys):
     _hybrid(tmp_path / "gated", layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
     capsys.readouterr()
     assert main(["export", str(tmp_path / "gated"), str(tmp_path / "native"), "--format", "qwen3_5"]) == 0
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert line.startswith("gated-attention export: warning: mlx-lm will not run this export: ") and "LALL" in line
+    mlx, llama_cpp = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert mlx.startswith("gated-attention export: warning: mlx-lm will not run this export: ") and "LALL" in mlx
+    assert llama_cpp.startswith("gated-attention export: warning: llama.cpp's GGUF converter before its PR #28208 "
+                                "reads only full_attention_interval") and "(LALL, A = attention) as LLLA" in llama_cpp
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "native").config.layer_types[:2] == ["linear_attention", "full_attention"]
 
 

@@ -37,6 +37,7 @@ from .export_layouts import (
     ConfigLayout,
     WeightRule,
     ZeroFill,
+    llama_cpp_limit,
     mlx_lm_limit,
     qwen3_5_tokenizer_difference,
 )
@@ -315,6 +316,9 @@ def export_checkpoint(
         outputs = plan_export(ckpt, config, model)
         if why := mlx_lm_limit(config.layer_types, getattr(config, "linear_conv_kernel_dim", None)):
             notes.append(f"mlx-lm will not run this export: {why}")
+        interval = config_layout.text_keys.get("full_attention_interval", lambda _: None)(config.layer_types)
+        if why := llama_cpp_limit(config.layer_types, interval):
+            notes.append(why)
         if config_layout.qwen3_5_tokenizer and (why := qwen3_5_tokenizer_difference(folder)):
             notes.append(why)
         return ConversionPlan(

@@ -172,6 +172,25 @@ def mlx_lm_limit(layer_types: list[str], conv_kernel: int | None) -> str | None:
     return None
 
 
+def llama_cpp_limit(layer_types: list[str], interval_written: int | None) -> str | None:
+    """Why llama.cpp's GGUF converter before its PR #28208 would place this export's layers wrongly, or None.
+
+    That converter writes only `full_attention_interval` (4 where the config has none) and ignores
+    `layer_types`, and llama.cpp then makes layer i full attention exactly when (i + 1) % interval == 0;
+    from PR #28208 on it writes each layer's kind from `layer_types`.
+    """
+    interval = interval_written or 4
+    placed = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(len(layer_types))]
+    if placed == list(layer_types):
+        return None
+    pattern = "".join("A" if kind == "full_attention" else "L" for kind in layer_types)
+    wrong = "".join("A" if kind == "full_attention" else "L" for kind in placed)
+    written = f"it is {interval_written}" if interval_written else "this config has none, so it takes 4"
+    return (f"llama.cpp's GGUF converter before its PR #28208 reads only full_attention_interval ({written}) and "
+            f"ignores layer_types: it would load this schedule ({pattern}, A = attention) as {wrong}, silently "
+            f"wrong; convert with a llama.cpp that has PR #28208")
+
+
 # A few lines where pre-tokenizers disagree: contractions, digit runs, indentation and newlines, tabs,
 # accents composed and combining, CJK.
 TOKENIZER_SAMPLE = "Don't panic: 1234 apples,\n\n    def f(x):\treturn x ** 2  # caf\u00e9 cafe\u0301 \u6771\u4eac\n"
