@@ -156,6 +156,12 @@ def _tokens(tokenizer, path: str, max_tokens: int | None, window: int):
     return torch.tensor([ids])
 
 
+def _label(model: str) -> str:
+    """MODEL as the plot's title names it: a path by its last part, a Hub id whole."""
+    path = Path(model).expanduser()
+    return path.resolve().name if path.exists() else model
+
+
 class _Bar:
     """One tqdm bar per run (`stream.run_stream`'s `bar`)."""
 
@@ -199,7 +205,7 @@ def run(args) -> int:
                 ids = _tokens(tokenizer, args.text_file, args.max_tokens, args.window).to(model.device)
                 print(f"streaming {ids.shape[1]} tokens of {args.text_file} through a window of {args.window}")
                 try:
-                    rows, full = run_stream(model, ids, args.window, args.sink_tokens, stage, args.model, bar=_Bar)
+                    rows, full = run_stream(model, ids, args.window, args.sink_tokens, stage, _label(args.model), bar=_Bar)
                 except ValueError as e:  # SinkCache's refusals: no RoPE, a length-dependent RoPE, no attention layer
                     raise CLIError(first_line(e)) from e
     except OutputFolderError as e:
