@@ -162,7 +162,7 @@ def _vocabulary_tokenizer(vocab_size: int):
 def test_analyze_on_the_papers_folder_equals_analyze_on_its_conversion(converted, tmp_path):
     """Side by side, as for the released baseline and gated models: the paper's folder read in memory gives every
     table of the analysis of its converted folder, to the byte."""
-    tokenizer = _vocabulary_tokenizer(MANIFEST["layouts"] and 64)
+    tokenizer = _vocabulary_tokenizer(64)
     folders = {}
     for name in ("baseline", "headwise-gqa2"):
         folders[name] = tmp_path / "paper" / name
@@ -211,3 +211,31 @@ def test_what_the_export_cannot_write_exactly_is_one_line(converted, tmp_path):
     with pytest.raises(ConversionError, match=r"^cannot export to qwen3_5 exactly: Qwen3\.5 always applies RMSNorm "
                                               r"to q and k; this model has qk_norm=false; "):
         export_checkpoint(str(converted / "elementwise-no-qk-norm"), tmp_path / "native", verify=False, log=quiet)
+
+
+def test_a_folder_of_a_cached_hub_repo_converts_and_analyses_offline(tmp_path, monkeypatch, capsys):
+    """`QwQZh/gated_attention/1B_gate_headwise` spells a folder of a repo that holds several models; here the
+    repo is a fake Hugging Face cache holding two of the fixtures, read with HF_HUB_OFFLINE set."""
+    from huggingface_hub import constants
+
+    commit = "2" * 40
+    repo = tmp_path / "hub" / "models--QwQZh--gated_attention"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    for name in ("baseline", "headwise-gqa2"):
+        shutil.copytree(DATA / name, repo / "snapshots" / commit / name)
+    _vocabulary_tokenizer(64).save_pretrained(repo / "snapshots" / commit / "headwise-gqa2")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    assert main(["convert", "QwQZh/gated_attention/headwise-gqa2", str(tmp_path / "dst"), "--no-verify"]) == 0
+    assert ga.GatedAttentionConfig.from_pretrained(tmp_path / "dst").attn_gate["granularity"] == "headwise"
+    assert "base_model: QwQZh/gated_attention\n" in (tmp_path / "dst" / "README.md").read_text()
+    assert main(["analyze", "QwQZh/gated_attention/headwise-gqa2", "--out", str(tmp_path / "out"), "--n-per-domain",
+                 "1", "--max-length", "16", "--bootstrap", "10"]) == 0  # fmt: skip
+    assert (tmp_path / "out" / "gates.csv").is_file()  # one MODEL: its tables in DIR itself
+    capsys.readouterr()
+    assert main(["convert", "QwQZh/gated_attention/elementwise-mqa", str(tmp_path / "dst2")]) == 2
+    assert capsys.readouterr().err.strip() == ("gated-attention convert: error: SRC QwQZh/gated_attention/elementwise-mqa: "
+                                               "no such folder, and the repo QwQZh/gated_attention has no folder "
+                                               "elementwise-mqa")
