@@ -28,6 +28,10 @@ values, as after training, since a converted gate starts at the constant 0.5):
 - `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
   native Qwen3.5 (also at TP=2) and llama.cpp (all attention: llama.cpp
   aborts, its bug); mlx-lm refuses it (no Gated DeltaNet layer);
+- `paper-elementwise-native`, `paper-headwise-native`: a random checkpoint in the
+  Gated Attention paper's own layout (`hub.paper_layout`: model type qwen3 with
+  its flags, the gate packed into q_proj), converted keeping its gate and
+  exported with `export --format qwen3_5` -> vLLM's native Qwen3.5 and llama.cpp;
 - `hybrid`: a Gated DeltaNet hybrid (remote code) -> the transformers backend,
   which refuses its GDN layers; `hybrid-native`, its export (GDN head dim 128)
   -> vLLM's native Qwen3.5 in bf16 (its CPU GDN kernel needs bf16 and head dim
@@ -215,6 +219,18 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
                 MLX_FP32,
             ]))
 
+    for granularity in ("elementwise", "headwise"):
+        name = f"paper-{granularity}-native"
+        if wanted(name):
+            log(f"building {name}: a random checkpoint in the paper's {granularity} layout, converted keeping its "
+                "gate, exported")
+            source = paper_source(work / "sources" / name, granularity, tokenizer, special)
+            convert_checkpoint(str(source), work / f"paper-{granularity}", overwrite=True, log=quiet)
+            out.append(Checkpoint(name, export(work / f"paper-{granularity}", name), native=True, routes=[
+                Route("vllm", "native Qwen3.5"),
+                Route("llama.cpp", "GGUF f32", expect="llama.cpp 0.3.36 aborts on an all-attention qwen35 model"),
+            ]))
+
     for name, fields in VARIANTS.items():
         if wanted(f"variant-{name}") or wanted("variants"):
             torch.manual_seed(0)
@@ -263,6 +279,44 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
     if wanted("trained") or wanted("trained-headwise"):
         out += trained_checkpoints(work, wanted, log)
     return out
+
+
+def paper_source(folder: Path, granularity: str, tokenizer, special: dict) -> Path:
+    """A tiny checkpoint in the paper's own layout, as their `save_pretrained` writes one: config.json with
+    model type qwen3 and the paper's flags, q_proj holding each key/value group's query rows then its gate rows
+    (the rows `hub.paper_layout.PaperLayout` deals out, put back), and a tokenizer. Made from a random gated
+    model of ours (gates randomized), so that it needs no transformers 4.5x; tests/test_paper_layouts.py checks
+    the layout against the paper's own code."""
+    from safetensors.torch import save_file
+
+    import gated_attention as ga
+    from gated_attention.hub.paper_layout import PaperLayout
+
+    torch.manual_seed(0)
+    shape = {**SHAPE, "head_dim": 32}  # vLLM's CPU attention takes 32 and up
+    gate = {"position": "G1", "granularity": granularity}
+    model = _randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**shape, **special, qk_norm=True,
+                                                                             attn_gate=gate)))
+    config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **shape, **special, "rope_theta": 10000.0,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "float32", "use_qk_norm": True,
+              "qkv_bias": False, "headwise_attn_output_gate": granularity == "headwise",
+              "elementwise_attn_output_gate": granularity == "elementwise"}
+    rows = PaperLayout.from_config(config).rows()
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if ".self_attn.attn_gate." in name:
+            continue
+        if name.endswith("self_attn.q_proj.weight"):
+            gate_weight = model.state_dict()[name.replace("q_proj", "attn_gate")]
+            packed = torch.empty(len(rows["q_proj"]) + len(rows["attn_gate"]), tensor.shape[1])
+            packed[rows["q_proj"]], packed[rows["attn_gate"]] = tensor, gate_weight
+            tensor = packed
+        state[name] = tensor.contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def trained_checkpoints(work: Path, wanted, log) -> list[Checkpoint]:

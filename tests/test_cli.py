@@ -179,7 +179,7 @@ REFUSED_BEFORE_IMPORTS = {
     "max-memory-400-digits": (["analyze", "src", "--out", "o", "--max-memory", "9" * 400], "(400 characters) is more than this machine's memory"),
     "shard-size-400-digits": (["convert", "src", "out", "--max-shard-size", "9" * 400 + "GB"], "argument --max-shard-size: expected a size such as 5GB or 500MB, got '99999999999999999999'... (too large)"),
     "src-missing": (["convert", "./nope", "out"], "SRC ./nope: no such folder"),
-    "src-no-repo-id": (["export", "a/b/c", "out", "--format", "qwen3_5"], "SRC a/b/c: no such folder"),
+    "src-no-repo-id": (["export", "org//name", "out", "--format", "qwen3_5"], "SRC org//name: no such folder"),
     "src-a-file": (["convert", "afile", "out"], "SRC afile is a file"),
     "src-empty": (["convert", "", "x"], "SRC is empty: give a checkpoint folder or a Hub repo id"),
     "analyze-model-empty": (["analyze", "", "--out", "o"], "MODEL is empty"),

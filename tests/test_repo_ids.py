@@ -10,8 +10,9 @@ from gated_attention.hub.repo_ids import HubUnavailable, cached_or_downloaded, i
 
 @pytest.mark.parametrize(
     "name, hub_id",
-    [("someone/tiny-llama", True), ("gpt2", True), ("org/name.v2", True),
-     ("./run", False), ("/data/x", False), ("a/b/c", False), ("~/x", False), ("org//name", False)],
+    [("someone/tiny-llama", True), ("gpt2", True), ("org/name.v2", True), ("org/name/folder", True),
+     ("QwQZh/gated_attention/1B_gate_headwise", True), ("./run", False), ("/data/x", False), ("~/x", False),
+     ("org//name", False), ("org/name//folder", False), ("org/name/../x", False)],
 )
 def test_a_name_that_is_no_path_is_a_hub_id_or_a_missing_folder(name, hub_id, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # none of the names exists here
@@ -28,6 +29,10 @@ def test_an_existing_folder_is_neither(tmp_path, monkeypatch):
 
 def test_a_hub_id_names_its_base_model():
     assert base_model_fields("someone/tiny-llama")["base_model_yaml"] == "base_model: someone/tiny-llama\n"
+    # A folder in a repo of several models: the Hub's base_model is the repo, the link goes to the folder.
+    fields = base_model_fields("QwQZh/gated_attention/1B_gate_headwise")
+    assert fields["base_model_yaml"] == "base_model: QwQZh/gated_attention\n"
+    assert fields["base_model_line"].endswith("(https://huggingface.co/QwQZh/gated_attention/tree/main/1B_gate_headwise)")
 
 
 def test_a_cached_repo_is_read_offline_and_a_missing_one_says_why(tmp_path, monkeypatch):
@@ -45,3 +50,23 @@ def test_a_cached_repo_is_read_offline_and_a_missing_one_says_why(tmp_path, monk
     assert cached_or_downloaded("someone/tiny") == repo / "snapshots" / commit
     with pytest.raises(HubUnavailable, match=r"^not in the Hugging Face cache \(HF_HUB_OFFLINE is set\)$"):
         cached_or_downloaded("someone/other")
+
+
+def test_a_folder_in_a_cached_repo_is_read_offline_and_a_missing_folder_says_so(tmp_path, monkeypatch):
+    """The paper's repo holds three models, one folder each: `org/name/folder` is that folder of the cached snapshot."""
+    from huggingface_hub import constants
+
+    commit = "1" * 40
+    repo = tmp_path / "hub" / "models--QwQZh--gated_attention"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    for model in ("1B_baseline", "1B_gate_headwise"):
+        (repo / "snapshots" / commit / model).mkdir(parents=True)
+        (repo / "snapshots" / commit / model / "config.json").write_text("{}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    folder = cached_or_downloaded("QwQZh/gated_attention/1B_gate_headwise")
+    assert folder == repo / "snapshots" / commit / "1B_gate_headwise"
+    with pytest.raises(HubUnavailable, match=r"^the repo QwQZh/gated_attention has no folder 1B_gate_elementwise$"):
+        cached_or_downloaded("QwQZh/gated_attention/1B_gate_elementwise")

@@ -2,8 +2,10 @@
 # Run tests on another transformers release than the one installed, in a throwaway venv.
 #
 # Usage: bash tests/with_transformers.sh REQUIREMENT [pytest args]
+#        bash tests/with_transformers.sh REQUIREMENT --python SCRIPT [args]   (runs SCRIPT instead of pytest)
 #   REQUIREMENT: what pip installs, e.g. "transformers==5.17.0" (tests/floor.sh) or
-#   "transformers>=5.17,<6" with --upgrade semantics (tests/newest.sh takes the newest the pins admit).
+#   "transformers>=5.17,<6" with --upgrade semantics (tests/newest.sh takes the newest the pins admit),
+#   or "transformers==4.51.3", the release the paper's own code runs on (tests/paper_reference.py).
 #
 # The venv sits on top of the current environment: torch, fla, accelerate, peft and the
 # editable package are shared, only transformers (and the huggingface_hub it needs) is its own.
@@ -42,4 +44,8 @@ requirement = Requirement(sys.argv[1])
 assert requirement.specifier.contains(transformers.__version__), (sys.argv[1], transformers.__version__)
 print(f"{requirement.name} {transformers.__version__} ({sys.argv[1]}) from {transformers.__file__}")
 PY
+if [[ "${1:-}" == "--python" ]]; then
+    shift
+    exec "$venv/bin/python" "$@"
+fi
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
 from ..command_line import bounded, first_line, memory_size
-from ..hub.repo_ids import missing_folder
+from ..hub.repo_ids import HubUnavailable, cached_or_downloaded, missing_folder, split_subfolder
 from .loading import DEVICE_MAPS
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -221,6 +221,11 @@ def _resolve(name: str) -> str:
 
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser())
+    if split_subfolder(name)[1] is not None:  # a folder in a repo of several models: transformers takes no such id
+        try:
+            return str(cached_or_downloaded(name))
+        except HubUnavailable as e:
+            raise CLIError(f"cannot load model {name!r}: it is no local folder, and {e}") from None
     if constants.HF_HUB_OFFLINE:
         return name  # offline mode: huggingface_hub reads the cache and never asks the Hub
     try:

@@ -9,6 +9,9 @@
 - `is_fla_model`: whether MODEL is one of flash-linear-attention's models, built inside `fla_torch_paths`
   (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
   type nothing else knows.
+- `paper_model`: one of the Gated Attention paper's released checkpoints (`hub.paper_layout`: Qwen3 with
+  the gate inside q_proj, which no transformers class reads) in this package's model, read in memory as
+  `convert` reads it, so that it gives the numbers of its converted folder; its own code is never run.
 - `placement` and `loaded`: accelerate's big-model inference within the memory budget
   (`memory.budget`): the layers that fit stay in memory, the others are read from the checkpoint's
   files as they run, whole (`read_layers_whole`) and cast to the dtype asked for as they are read
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from .. import CLIError
 from ..command_line import first_line, format_size
+from ..hub.paper_layout import is_paper_config
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements
 
@@ -169,7 +173,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
 @contextlib.contextmanager
 def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+    from transformers import AutoModelForCausalLM, PretrainedConfig
 
     from .. import register_auto_classes
     from ..hub.loading import from_pretrained_checked
@@ -185,6 +189,12 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         config = PretrainedConfig.get_config_dict(where[model_name])[0]
     except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
         config = {}
+    if is_paper_config(config):
+        model = paper_model(model_name, Path(where[model_name]), config, dtype, args, budget)
+        tokenizer = _tokenizer(args, where, tokenizer_name)
+        print(f"{model_name}: the Gated Attention paper's checkpoint, read in memory: {_placement_line(model, budget)}")
+        yield model.eval(), tokenizer
+        return
     building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
     cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
     refuse_unreadable(cls)
@@ -223,12 +233,89 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         if load_dtype != dtype:
             cast_weights(model, load_dtype, dtypes)
         read_layers_whole(model)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
-        except Exception as e:  # noqa: BLE001
-            raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
+        tokenizer = _tokenizer(args, where, tokenizer_name)
         print(f"{model_name}: {_placement_line(model, budget)}")
         yield model.eval(), tokenizer
+
+
+def _tokenizer(args, where: dict[str, str], tokenizer_name: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
+
+
+def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
+    """One of the Gated Attention paper's checkpoints (`hub.paper_layout`) as a `GatedAttentionForCausalLM`,
+    read whole into memory: the config as transformers' Qwen3 reads it, with the paper's flags as this
+    package's fields, and q_proj's packed rows dealt out to q_proj and the gate, as `convert` does. Its
+    safetensors are read as they are; a `--max-memory` below the weights is refused, since the model is whole in
+    memory (convert it first to have its layers read from disk as they run)."""
+    import inspect
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+
+    from ..configuration.gated_attention import GatedAttentionConfig
+    from ..hub.loading import WeightsMismatch, from_pretrained_checked
+    from ..hub.paper_layout import PaperLayout, split_q_proj, unsupported
+    from ..modeling.gated_attention import GatedAttentionForCausalLM
+
+    if (reason := unsupported(raw)) is not None:
+        raise CLIError(f"MODEL {model_name} is the Gated Attention paper's checkpoint, and cannot be read exactly: {reason}")
+    layout = PaperLayout.from_config(raw)
+    qwen3 = Qwen3Config.from_dict({k: v for k, v in raw.items() if k != "auto_map"})  # defaults, RoPE, window
+    ours = inspect.get_annotations(GatedAttentionConfig)
+    fields = {k: getattr(qwen3, k) for k in ours if k in qwen3.to_dict()}
+    config = GatedAttentionConfig(**{**fields, **layout.target_fields()})
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({folder / f for f in json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()})
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        raise CLIError(f"MODEL {model_name} is the Gated Attention paper's checkpoint without safetensors weights: "
+                       "convert it first (gated-attention convert --allow-pickle SRC DST) and analyse DST")
+    if dtype == "auto":
+        stored = raw.get("dtype") or raw.get("torch_dtype")
+        dtype = getattr(torch, stored) if isinstance(stored, str) and hasattr(torch, stored) else torch.float32
+    size = sum(f.stat().st_size for f in files) * dtype.itemsize // max(_stored_itemsize(raw), 1)
+    if budget.given and size > (room := budget.room(0)):
+        raise CLIError(f"MODEL {model_name}: the paper's checkpoint is read whole into memory ({format_size(size)} of "
+                       f"weights), and --max-memory {format_size(budget.size)} leaves {format_size(max(room, 0))}; "
+                       "give a larger --max-memory, or convert it first (its layers are then read from disk as they run)")
+    state = {}
+    for file in files:
+        for name, tensor in load_file(file).items():
+            if name.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias")):
+                if (reason := layout.check_q_proj(name, tensor.shape[0])) is not None:
+                    raise CLIError(f"cannot load model {model_name!r}: {reason}")
+                stem, suffix = name.rsplit("q_proj", 1)
+                state.update({f"{stem}{part}{suffix}": t for part, t in split_q_proj(tensor, layout).items()})
+            else:
+                state[name] = tensor
+    try:
+        model = from_pretrained_checked(GatedAttentionForCausalLM, None, config=config, state_dict=state, dtype=dtype)
+    except WeightsMismatch as e:
+        raise CLIError(f"cannot load model {model_name!r}: {e}") from None
+    device, _ = placement(args)
+    if isinstance(device, dict):
+        model.to(device[""])
+    elif torch.cuda.is_available():
+        model.to("cuda")
+    return model
+
+
+def _stored_itemsize(raw: dict) -> int:
+    import torch
+
+    stored = raw.get("dtype") or raw.get("torch_dtype")
+    return getattr(torch, stored).itemsize if isinstance(stored, str) and hasattr(torch, stored) else 4
 
 
 def running_memory(skeleton, config: dict, max_length: int, intervene: bool) -> int:

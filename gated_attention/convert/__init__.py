@@ -16,7 +16,7 @@
   without importing that class.
 - `targets`: a source config mapped onto our dense, MoE or hybrid config.
 - `shapes`: the tensor names and shapes a target model expects.
-- `plan`: the weight rules (`Rename`, `Split`, `FuseExperts`, `AddGate`, ...),
+- `plan`: the weight rules (`Rename`, `Split`, `SplitRows`, `FuseExperts`, `AddGate`, ...),
   each applied the same way, and the weight plan, every output tensor named,
   shaped and checked.
 - `rope`: the RoPE base change and YaRN, as `rope_parameters`.

@@ -25,7 +25,17 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
             f"{gguf['quantization']}; tensors {types}), dequantized by transformers' GGUF loader. The conversion "
             "is exact against those dequantized weights; the quantization's own error stays as it was."
         )
-    if command == "convert":
+    if command == "convert" and init == "copy":  # the source's own gate kept, or none (`convert.planned_gate`)
+        if config.attn_gate["position"] is None:
+            changed.append("- No gate: the source has none and none was asked for; its weights are copied unchanged.")
+        else:
+            gate = config.attn_gate["granularity"]
+            options["gate"] = f"the source's own, {gate}"
+            changed.append(
+                f"- The source's own sigmoid output gate (G1, {gate}), kept as trained: its rows of the source's "
+                "`q_proj` are `self_attn.attn_gate`, the query rows `q_proj`; the numbers are the source's."
+            )
+    elif command == "convert":
         gate = config.attn_gate["granularity"]  # the gate as the config holds it, never the flag's text
         options.update({"--gate": gate, "--init": init})
         granularity = "one score per channel" if gate == "elementwise" else "one score per head"

@@ -112,14 +112,16 @@ def register(subparsers) -> None:
         "convert",
         help="convert a Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/Mixtral/Phi-3/fla-hybrid checkpoint into a gated model, outputs unchanged",
         description="Convert a checkpoint into a gated-attention model: Llama (incl. llama3 RoPE), Mistral, "
-        "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3, or an fla Gated DeltaNet hybrid (fla's `attn` layer list). With the "
+        "Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3, an fla Gated DeltaNet hybrid (fla's `attn` layer list), or one "
+        "of the Gated Attention paper's released checkpoints (their gate kept; their code is never run). With the "
         "default --init exact the result's logits are bit-identical to SRC's (checked after writing unless "
         "--no-verify; SRC's weights are checked for NaN and inf before anything is written). One tensor is in "
         "memory at a time; DST appears only when complete.",
     )
     _add_common(p)
-    p.add_argument("--gate", choices=["elementwise", "headwise"], default="elementwise",
-                   help="gate granularity: one score per channel or per head (default: elementwise)")
+    p.add_argument("--gate", choices=["elementwise", "headwise"],
+                   help="gate granularity: one score per channel or per head (default: elementwise; for the Gated "
+                   "Attention paper's own checkpoints, their own gate, kept as trained, and none for their baseline)")
     p.add_argument("--init", choices=["exact", "bias"], default="exact", help=_INIT_HELP)
     p.add_argument("--allow-pickle", action="store_true", help="read SRC's pytorch_model*.bin (when it has no safetensors) with torch.load(weights_only=True)")
     _add_rope(p)

@@ -44,6 +44,36 @@ def conversion_gate_spec(gate: str, init: str) -> dict:
     return {**DEFAULT_GATE_SPEC, "position": "sdpa", "granularity": gate, "bias": init == "bias"}
 
 
+def planned_gate(family, src_config, gate: str | None, init: str) -> tuple[dict | None, str]:
+    """The gate DST gets, and the plan's init for it.
+
+    A source without a gate of its own gets `--gate` (elementwise when not given) with `--init`. A source with
+    one (the paper's checkpoints, `Family.gate`) keeps it as trained, its weights copied: a `--gate` that
+    names another granularity, or `--init bias`, is refused. One whose own gate is none (the paper's baseline)
+    stays ungated unless `--gate` asks for one, which then starts exactly as any conversion's.
+    """
+    if family.gate is None:
+        return conversion_gate_spec(gate or "elementwise", init), init
+    own = family.gate(src_config)
+    if own is None:
+        return (conversion_gate_spec(gate, init), init) if gate else (None, "copy")
+    if gate is not None and gate != own["granularity"]:
+        raise ConversionError(f"--gate {gate} contradicts SRC's own {own['granularity']} gate ({family}); "
+                              "leave --gate out to keep it")
+    if init != "exact":
+        raise ConversionError(f"--init {init} sets up a new gate, and SRC has its own {own['granularity']} gate, "
+                              "which is kept as trained; leave --init out")
+    return own, "copy"
+
+
+def _describe_gate(spec: dict | None, init: str) -> str:
+    if spec is None:
+        return "no gate"
+    if init == "copy":
+        return f"its own {spec['granularity']} gate, kept"
+    return f"gate {spec['granularity']}, init {init}"
+
+
 def _requested_dtype(dtype: str | None) -> torch.dtype | None:
     if dtype in (None, "auto"):
         return None
@@ -75,7 +105,7 @@ def convert_checkpoint(
     src: str,
     dst: str | Path,
     *,
-    gate: str = "elementwise",
+    gate: str | None = None,
     init: str = "exact",
     dtype: str | None = None,
     rope: RopeChange = RopeChange(),
@@ -88,45 +118,57 @@ def convert_checkpoint(
     log=print,
 ) -> Result:
     """Convert a Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, Phi-3 or fla Gated DeltaNet hybrid checkpoint,
-    a folder, a Hub id or a GGUF file (dequantized by transformers' GGUF loader to `dtype`, float32 by default).
+    or one of the Gated Attention paper's own, a folder, a Hub id or a GGUF file (dequantized by transformers'
+    GGUF loader to `dtype`, float32 by default).
 
-    With `init="exact"` the result's logits are bit-identical to the source's
+    `gate` (elementwise or headwise; None: elementwise, or the source's own gate, `planned_gate`) is the gate
+    added. With `init="exact"` the result's logits are bit-identical to the source's
     (checked when `verify`, after every layer), in the source dtype or in `dtype`.
     The check runs within `max_memory` bytes (default: what is free when it starts).
     """
-    gate_spec = conversion_gate_spec(gate, init)
+    conversion_gate_spec(gate or "elementwise", init)  # a wrong --gate or --init, before anything is read
     requested = _requested_dtype(dtype)
 
     def prepare(folder: Path, dst: Path) -> ConversionPlan:
         family = detect_family(read_config_dict(folder))
         ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
         src_config = load_source_config(folder, family)
+        gate_spec, plan_init = planned_gate(family, src_config, gate, init)
         config = target_config(src_config, family, gate_spec)
         rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
-        outputs = plan_weights(ckpt, target_shapes(config), config, init=init, dtype=requested, rules=family.rules,
-                               source=src_config)  # fmt: skip
+        outputs = plan_weights(ckpt, target_shapes(config), config, init=plan_init, dtype=requested,
+                               rules=family.rules, source=src_config)  # fmt: skip
         dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
         exact = init == "exact"
-        if family.kind == "hybrid":
+        reference, done = family.reference(src_config), []
+        if reference is None:
+            check = None
+            if verify:
+                done.append(f"verify: skipped: no transformers class runs SRC's layout ({family}; its own code "
+                            "needs transformers 4.5x); the package's tests check this conversion against outputs "
+                            "of that code")
+        elif family.kind == "hybrid":
             mapping = key_mapping(family.rules, src_config, config.num_hidden_layers)
             check = partial(verify_against_ungated, ckpt, config=config, key_mapping=mapping, dtype=requested,
                             exact=exact, log=log)  # fmt: skip
         else:
             overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
             check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
-                            exact=exact, log=log)  # fmt: skip
+                            exact=exact, log=log, reference_kwargs=reference)  # fmt: skip
         return ConversionPlan(
             ckpt,
             outputs,
-            announce=f"converting {family} checkpoint {src} -> {dst} (gate {gate}, init {init}, dtype {dtype_name})",
+            announce=f"converting {family} checkpoint {src} -> {dst} ({_describe_gate(gate_spec, plan_init)}, "
+                     f"dtype {dtype_name})",
             desc="converting",
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
-            write_card=partial(write_conversion_card, src=src, family_name=family.name, init=init,
+            write_card=partial(write_conversion_card, src=src, family_name=family.name, init=plan_init,
                                dtype_name=dtype_name, rope=rope, config=config, command="convert",
                                gguf=read_record(folder)),
             # DST's layers hold SRC's and the gates: if the budget holds DST's largest layer, it holds SRC's.
-            verification=Verification(config, requested or getattr(torch, dtype_name), check),
+            verification=check and Verification(config, requested or getattr(torch, dtype_name), check),
+            done=done,
         )  # fmt: skip
 
     return run(src, dst, prepare, verify=verify, max_memory=max_memory, overwrite=overwrite,

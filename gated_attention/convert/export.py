@@ -153,7 +153,8 @@ def _norm_minus_one(ckpt: SourceCheckpoint, names: list[str], config) -> torch.T
     if not torch.equal(1.0 + shifted.float(), w.float()):
         bad = (1.0 + shifted.float() != w.float()).nonzero()[0].item()
         raise ConversionError(
-            f"cannot export to qwen3_5 exactly: norm weight {name}[{bad}] = {w[bad].item()!r} is not 1 + w for any {w.dtype} w"
+            f"cannot export to qwen3_5 exactly: norm weight {name}[{bad}] = {w[bad].item()!r} is not 1 + w for any {w.dtype} w; "
+            "convert SRC's source with --dtype float32 and export that"
         )
     return shifted
 

@@ -14,7 +14,12 @@ transformers' `conversion_mapping.py` declares renames and fusions:
   transformers classes' way; `source_config.FlaHybridSource`, fla's);
 - `unsupported`: what our model cannot express exactly, refused in one line;
 - `rules`: the weight rules, applied in order (`plan.Rename`, `plan.Split`,
-  `plan.FuseExperts`, ..., and `plan.AddGate`, the gate the conversion adds).
+  `plan.FuseExperts`, ..., and `plan.AddGate`, the gate the conversion adds);
+- `matches`: for a record that shares its model type with another (the
+  paper's checkpoints say "qwen3"), what in config.json tells it apart;
+- `gate`: for a source that carries a gate of its own, that gate (kept, and
+  `--gate` may only repeat it); `reference`: how transformers runs SRC for
+  the verification, or that it cannot.
 
 Adding a family is adding a record here and its test. The code that reads a
 record is the record's `reader` (config.json), `targets` (our config) and
@@ -26,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .plan import AddGate, FuseExperts, Rename, RenameByLayerType, Split
+from ..hub import paper_layout
+from .plan import AddGate, FuseExperts, Rename, RenameByLayerType, Split, SplitRows
 from .source_config import GATED_MODEL_TYPES, FlaHybridSource, SourceConfig
 from .sources import ConversionError
 
@@ -54,6 +60,11 @@ class Family:
     reader: Callable = SourceConfig  # (config.json as a dict, this record) -> the source config the rest reads
     unsupported: tuple[Callable, ...] = ()  # each: source config -> the reason it cannot convert exactly, or None
     rules: tuple = ()  # `plan.Rule`s, applied in this order
+    matches: Callable[[dict], bool] | None = None  # None: its model types alone say it is this family
+    gate: Callable | None = None  # source config -> its own gate spec (None: it has none); None: no gate of its own
+    # source config -> from_pretrained overrides that make transformers' class for the model type run SRC
+    # exactly, or None where no transformers class can (then the verification says so and is skipped)
+    reference: Callable = lambda source: {}
 
     def __str__(self) -> str:
         return self.name
@@ -123,6 +134,34 @@ def _phi3_rope(fields, rope_kwargs: dict) -> None:
     Phi3Config.convert_rope_params_to_dict(fields, **rope_kwargs)
 
 
+# --- the paper's own checkpoints (`hub.paper_layout`) ---------------------------------------------------
+
+
+def _paper(c) -> paper_layout.PaperLayout:
+    return paper_layout.PaperLayout.from_config(vars(c))
+
+
+def _paper_unsupported(c) -> str | None:
+    return paper_layout.unsupported(vars(c))
+
+
+def _paper_reference(c) -> dict | None:
+    """transformers' Qwen3 runs the baseline exactly when it norms q and k (it always does), with its
+    `attention_bias` for the paper's `qkv_bias` (both: q, k, v and o); the gate in q_proj, nothing there runs."""
+    layout = _paper(c)
+    if layout.granularity is not None or not layout.qk_norm:
+        return None
+    return {"attention_bias": layout.bias}
+
+
+def _paper_rows(c) -> dict[str, list[int]]:
+    return {f"self_attn.{part}": rows for part, rows in _paper(c).rows().items()}
+
+
+def _paper_q_proj(c, name: str, rows: int) -> str | None:
+    return _paper(c).check_q_proj(name, rows)
+
+
 # --- the records --------------------------------------------------------------------------------------
 
 _LLAMA_LIKE = dict(
@@ -132,6 +171,10 @@ _LLAMA_LIKE = dict(
 _QWEN = dict(
     _LLAMA_LIKE, vocab_size=151936, max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096,
     bos_token_id=None, eos_token_id=None,
+)  # fmt: skip
+_QWEN3 = dict(
+    _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=32, head_dim=128, attention_bias=False, max_window_layers=28, layer_types=None,
 )  # fmt: skip
 # The gate every conversion adds: after the attention, before `self_attn.o_proj` (doubled for --init exact).
 GATE = AddGate("self_attn.o_proj.weight", "self_attn.attn_gate")
@@ -171,11 +214,22 @@ FAMILIES = (
         rules=(GATE,),
     ),
     Family(
+        # Before Qwen3: its config.json says "qwen3" too, and its flags tell it apart.
+        paper_layout.NAME, ("qwen3",), "dense",
+        matches=paper_layout.is_paper_config,
+        defaults=dict(_QWEN3, **paper_layout.DEFAULTS),  # their Qwen3Config's are Qwen3's, plus the flags'
+        derived=(_window_only_if_used, _window_from_max_window_layers),
+        target=dict(qk_norm=From("use_qk_norm"), attention_bias=From("qkv_bias")),
+        unsupported=(_paper_unsupported,),
+        gate=lambda c: _paper(c).gate_spec(),
+        reference=_paper_reference,
+        # q_proj's query and gate rows to q_proj and attn_gate; the gate then, where --gate asks for one
+        # on the baseline (a kept gate is there already, and AddGate makes none).
+        rules=(SplitRows("self_attn.q_proj", _paper_rows, _paper_q_proj), GATE),
+    ),
+    Family(
         "Qwen3", ("qwen3",), "dense",
-        defaults=dict(
-            _QWEN, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
-            num_key_value_heads=32, head_dim=128, attention_bias=False, max_window_layers=28, layer_types=None,
-        ),
+        defaults=_QWEN3,
         derived=(_window_only_if_used, _window_from_max_window_layers),
         target=dict(qk_norm=True),
         rules=(GATE,),
@@ -265,20 +319,20 @@ FAMILIES = (
 )  # fmt: skip
 
 # The defaults by model type (tests/test_convert_source_config.py checks them against transformers' classes).
-SOURCE_DEFAULTS = {t: f.defaults for f in FAMILIES if f.reader is SourceConfig for t in f.model_types}
+SOURCE_DEFAULTS = {t: f.defaults for f in FAMILIES if f.reader is SourceConfig and f.matches is None for t in f.model_types}
 FLA_GDN_DEFAULTS = next(f.defaults for f in FAMILIES if f.reader is FlaHybridSource)
 # Our own checkpoints (`extend`): gated already, and transformers saves an MoE's experts per expert too.
 GATED_RULES = (FuseExperts(),)
 
 
 def supported_list() -> str:
-    return ", ".join(f"{f.name} ({'/'.join(f.model_types)})" for f in FAMILIES)
+    return ", ".join(f"{f.name} ({'/'.join(f.model_types)})" for f in FAMILIES if f.matches is None)
 
 
 def detect_family(config_dict: dict) -> Family:
     model_type = config_dict.get("model_type")
     for family in FAMILIES:
-        if model_type in family.model_types:
+        if model_type in family.model_types and (family.matches is None or family.matches(config_dict)):
             return family
     if model_type in GATED_MODEL_TYPES:
         raise ConversionError(f"SRC is already a gated model ({model_type}); use `gated-attention extend` to change its RoPE")

@@ -54,7 +54,7 @@ class ConversionPlan:
     desc: str  # the progress bar's label
     write_config: Callable[[Path], None]  # config.json (and remote code) into the staging folder
     write_card: Callable[[Path], None]
-    verification: Verification
+    verification: Verification | None  # None: nothing can run SRC to compare with (the plan's `done` says so)
     finite: Iterable[str] | None = None  # source tensors to scan for inf/NaN; None: those the outputs read
     done: list[str] = field(default_factory=list)  # lines logged after DST is in place, before "wrote DST"
 
@@ -106,7 +106,7 @@ def _run(folder: Path, dst, prepare, *, verify, max_memory, overwrite, max_shard
     check_destination(folder, dst, overwrite)
     plan = prepare(folder, dst)
     budget = None
-    if verify:
+    if verify and plan.verification is not None:
         # Resolved once: the check before writing and the verification after it work with the same number.
         budget = MemoryBudget.resolve(max_memory)
         check_budget(budget, plan.verification.config, plan.verification.dtype)

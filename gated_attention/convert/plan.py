@@ -3,7 +3,8 @@
 A plan starts as SRC's tensors, each an output under its own name (`Planned`). The family's rules
 (`families.Family.rules`) then rewrite that list one after the other, in the record's order, each with
 the same `apply(tensors, target)`: `Rename` and `RenameByLayerType` change names, `Split` cuts a fused
-tensor into ours, `FuseExperts` joins per-expert tensors into one, and `AddGate` doubles an attention's
+tensor into ours (`SplitRows` where the parts' rows interleave, as in the Gated Attention paper's q_proj),
+`FuseExperts` joins per-expert tensors into one, and `AddGate` doubles an attention's
 output projection and adds the gate before it (transformers' `conversion_mapping.py` declares its
 renames, chunks and merges the same way). `plan_weights` applies the rules, checks every name and shape
 against the target model's, and turns each `Planned` into the `OutputTensor` the writer makes.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -49,7 +51,7 @@ class Planned:
     shape: tuple[int, ...]
     dtype: torch.dtype  # the source's (a new tensor: its neighbour's); `--dtype` applies after the rules
     sources: tuple[str, ...] = ()
-    rows: slice | None = None
+    rows: slice | tuple[int, ...] | None = None  # a `Split` part's rows, or a `SplitRows` part's
     scale: float = 1.0
     fill: float | None = None
 
@@ -153,6 +155,31 @@ class Split(Rule):
         return planned
 
 
+@dataclass(frozen=True)
+class SplitRows(Rule):
+    """One fused source module's rows dealt out to several target modules by a table the source config gives,
+    weight and bias alike: the paper's q_proj, whose query and gate rows alternate per key/value group
+    (`hub.paper_layout`). `rows(source)` is {target module: its rows, in order}; a target given none is not
+    made. `check(source, name, rows)` names what is wrong with a source tensor of `rows` rows, or None."""
+
+    source: str  # a module, e.g. "self_attn.q_proj"
+    rows: Callable[..., dict[str, list[int]]]
+    check: Callable[..., str | None]
+
+    def apply(self, tensors: list[Planned], target: Target) -> list[Planned]:
+        planned = []
+        for t in tensors:
+            if not t.name.endswith((f".{self.source}.weight", f".{self.source}.bias")):
+                planned.append(t)
+                continue
+            if (reason := self.check(target.source, t.origin, t.shape[0])) is not None:
+                raise ConversionError(reason)
+            stem, suffix = t.name.rsplit(self.source, 1)
+            for part, rows in self.rows(target.source).items():
+                planned.append(replace(t, name=f"{stem}{part}{suffix}", shape=(len(rows), *t.shape[1:]), rows=tuple(rows)))
+        return planned
+
+
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -246,9 +273,10 @@ def key_mapping(rules, source, num_layers: int) -> dict[str, str]:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0, rows: slice | None = None) -> torch.Tensor:
-    """Source tensor `name` (its `rows` only, for a `Split`) in `dtype`, times `scale`."""
-    source = t = ckpt.read(name) if rows is None else ckpt.read(name)[rows]
+def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 1.0,
+          rows: slice | tuple[int, ...] | None = None) -> torch.Tensor:
+    """Source tensor `name` (its `rows` only, for a `Split` or `SplitRows` part) in `dtype`, times `scale`."""
+    source = t = ckpt.read(name) if rows is None else ckpt.read(name)[rows if isinstance(rows, slice) else list(rows)]
     if t.dtype != dtype:
         t = t.to(dtype)
     if scale != 1.0:
@@ -258,7 +286,10 @@ def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 
     if t is not source and (i := first_non_finite(t)) is not None:  # SRC is finite (checked): this made the inf
         value = source.reshape(-1)[i].item()
         where = [int(k) for k in np.unravel_index(i, source.shape)]
-        where[0] += rows.start if rows is not None else 0
+        if isinstance(rows, slice):
+            where[0] += rows.start
+        elif rows is not None:
+            where[0] = rows[where[0]]
         module = name.removesuffix(".weight").rsplit(".", 1)[-1]  # the only scale a rule sets is `AddGate`'s
         cause = (
             f"{str(dtype).removeprefix('torch.')} cannot hold it (--dtype)"

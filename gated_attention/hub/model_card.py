@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
-from .repo_ids import is_hub_id
+from .repo_ids import is_hub_id, split_subfolder
 
 # A link to the repository's model_cards/, so the templates also ship inside wheels.
 TEMPLATE_DIR = Path(__file__).parent / "model_cards"
@@ -30,10 +30,9 @@ def render_model_card(template: str, **fields: str) -> str:
 def base_model_fields(source: str) -> dict[str, str]:
     """`base_model_yaml` and `base_model_line` for a Hub id or a local folder."""
     if is_hub_id(source):
-        return {
-            "base_model_yaml": f"base_model: {source}\n",
-            "base_model_line": f"[{source}](https://huggingface.co/{source})",
-        }
+        repo_id, subfolder = split_subfolder(source)  # the Hub's base_model names a repo; its folder goes in the link
+        link = f"https://huggingface.co/{repo_id}" + (f"/tree/main/{subfolder}" if subfolder else "")
+        return {"base_model_yaml": f"base_model: {repo_id}\n", "base_model_line": f"[{source}]({link})"}
     return {"base_model_yaml": "", "base_model_line": f"A local checkpoint, `{Path(source).name}`."}
 
 

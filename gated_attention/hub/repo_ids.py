@@ -1,10 +1,15 @@
 """A model argument names a local folder or a Hugging Face Hub repo id: which one, without the network.
 
 An existing path is a folder. Anything else is a Hub repo id (`org/name` or
-`name`) when huggingface_hub's own validator accepts it; `./run`, `/data/x`,
-`a/b/c` and `~/x` never are. `cached_or_downloaded` is the one policy for
-fetching such an id: the local cache first, then the Hub (`convert`'s SRC,
-`--dataset`). `analyze` asks the Hub first, on purpose (`analysis/cli.py`).
+`name`) when huggingface_hub's own validator accepts it, optionally followed by
+a folder inside the repo, for a repo that holds several models:
+`QwQZh/gated_attention/1B_gate_headwise` is the folder `1B_gate_headwise` of the
+repo `QwQZh/gated_attention` (the spelling of huggingface_hub's `hf://` paths).
+`./run`, `/data/x`, `~/x` and `org//name` never are. `cached_or_downloaded` is
+the one policy for fetching such an id: the local cache first, then the Hub
+(`convert`'s SRC, `--dataset`); with a folder, only that folder's files are
+fetched, and the folder in the snapshot is what it returns. `analyze` asks the
+Hub first, on purpose (`analysis/cli.py`).
 """
 
 from __future__ import annotations
@@ -14,20 +19,32 @@ from pathlib import Path
 from ..command_line import first_line
 
 
+def split_subfolder(name: str) -> tuple[str, str | None]:
+    """`org/name/sub/dir` -> (`org/name`, `sub/dir`); a name of one or two parts -> (name, None)."""
+    parts = name.split("/")
+    if len(parts) <= 2:
+        return name, None
+    return "/".join(parts[:2]), "/".join(parts[2:])
+
+
 def _valid_repo_id(name: str) -> bool:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    repo_id, subfolder = split_subfolder(name)
+    if subfolder is not None and any(part in ("", ".", "..") for part in subfolder.split("/")):
+        return False
     try:
-        validate_repo_id(name)
+        validate_repo_id(repo_id)
     except HFValidationError:
         return False
     return True
 
 
 def missing_folder(name: str) -> bool:
-    """True when `name` is no existing path and cannot be a Hub repo id (`./run`, `/data/x`, `a/b/c`, `~/x`).
+    """True when `name` is no existing path and cannot be a Hub repo id (`./run`, `/data/x`, `~/x`).
 
-    `org/name` and `name` that do not exist locally may be repo ids; huggingface_hub's own validator decides.
+    `org/name`, `name` and `org/name/folder` that do not exist locally may be repo ids (the last one a folder
+    in one); huggingface_hub's own validator decides.
     """
     return not Path(name).expanduser().exists() and not _valid_repo_id(name)
 
@@ -44,22 +61,36 @@ class HubUnavailable(Exception):
 def cached_or_downloaded(
     repo_id: str, *, repo_type: str | None = None, revision: str | None = None, allow_patterns: list[str] | None = None
 ) -> Path:
-    """A Hub repo's snapshot folder: huggingface_hub's cache first, without the network, then the Hub.
+    """A Hub repo's snapshot folder (or, for `org/name/folder`, that folder in it): huggingface_hub's cache
+    first, without the network, then the Hub.
 
     So a cached repo works offline. With HF_HUB_OFFLINE set nothing is downloaded. Raises `HubUnavailable`
-    ("not in the Hugging Face cache (...)", "the Hub could not provide it (...)"), which the caller puts
-    after its own "SRC x: no such folder, and ".
+    ("not in the Hugging Face cache (...)", "the Hub could not provide it (...)", "... has no folder ..."),
+    which the caller puts after its own "SRC x: no such folder, and ".
     """
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
 
+    repo_id, subfolder = split_subfolder(repo_id)
+
+    def inside(snapshot: str) -> Path:
+        folder = Path(snapshot) / (subfolder or "")
+        if not folder.is_dir():
+            raise HubUnavailable(f"the repo {repo_id} has no folder {subfolder}")
+        return folder
+
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True))
+        return inside(snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True))
     except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
         pass
+    except HubUnavailable:
+        if constants.HF_HUB_OFFLINE:
+            raise
     if constants.HF_HUB_OFFLINE:
         raise HubUnavailable("not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+    if subfolder is not None:  # that model's files only, not the repo's other models
+        allow_patterns = [f"{subfolder}/{pattern}" for pattern in allow_patterns or ["*"]]
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
+        return inside(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         raise HubUnavailable(f"the Hub could not provide it ({first_line(e)})") from None
