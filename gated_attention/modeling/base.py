@@ -1,6 +1,7 @@
-"""Pieces every model family shares: the pre-trained base with remote-code saving, and the causal-LM head."""
+"""Pieces every model family shares: the pre-trained base with remote-code saving, and the causal-LM head.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: tools read the forward's annotations as classes, not strings.
+"""
 
 import os
 
