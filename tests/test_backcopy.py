@@ -138,7 +138,7 @@ def test_backcopy_preset_smoke_end_to_end(tmp_path, capsys):
 
 def test_the_pair_starts_from_the_same_weights():
     s = settings.BackcopySettings(**settings.BACKCOPY_SMOKE)
-    control, gated = backcopy.model_pair(s, BackcopyTask())
+    control, gated = backcopy.model_arms(s, BackcopyTask(), backcopy.ARMS).values()
     assert control.config.attn_gate["position"] is None and gated.config.attn_gate["position"] == "sdpa"
     g = dict(gated.named_parameters())
     for n, p in control.named_parameters():

@@ -11,7 +11,7 @@ sequence starts with. The G1 gate (sigmoid on the SDPA output, seed 000) can
 close instead, so it needs no sink.
 
 The pair: an ungated `GatedAttentionForCausalLM` ("control") and the same model
-with the G1 gate ("gated"), from the same initial weights (`common.model_pair`),
+with the G1 gate ("gated"), from the same initial weights (`ARMS`, built by `common.model_arms`),
 trained on the same pool of sequences in the same order (the batch of step k
 depends only on (seed, k)), with the same rates. Reported, in `--out`:
 
@@ -39,12 +39,17 @@ import torch
 
 from ..training import evaluate_loss
 from .backcopy_task import BackcopyTask, attention_by_query
-from .common import Job, Trained, model_pair, train_config, train_with_probes
+from .common import Job, Trained, model_arms, train_config, train_with_probes
 from .report import draw_backcopy, format_columns, write_csv
 from .settings import BackcopySettings
 
 SINK_THRESHOLD = 0.3  # the control's dormant-query F-Attn that counts as a sink (fixed before the search)
-MODELS = ("control", "gated")
+# The models compared: the config fields each one changes, from the same shape and initial weights. The first is
+# the control (its sink layer is where every model is read); each other one is measured against it.
+ARMS = {
+    "control": {"attn_gate": None},
+    "gated": {"attn_gate": {"position": "G1"}},
+}
 
 
 def run(args: argparse.Namespace, s: BackcopySettings) -> int:
@@ -83,13 +88,11 @@ def prepare_data(s: BackcopySettings, job: Job) -> tuple[BackcopyTask, Data]:
 
 
 def build_models(s: BackcopySettings, task: BackcopyTask, job: Job) -> dict:
-    control, gated = model_pair(s, task)
-    job.log(f"models: {s.num_hidden_layers} layer(s), width {s.hidden_size}, {s.num_attention_heads} head(s), RoPE; "
-            f"{sum(p.numel() for p in control.parameters()):,} parameters ungated, "
-            f"{sum(p.numel() for p in gated.parameters()):,} with the G1 gate (same initial weights otherwise)")
-    models = dict(zip(MODELS, (control, gated)))
-    if s.ungated_only:
-        del models["gated"]
+    """The `ARMS` on the job's device (only the control with `ungated_only`)."""
+    models = model_arms(s, task, {"control": ARMS["control"]} if s.ungated_only else ARMS)
+    job.log(f"models: {s.num_hidden_layers} layer(s), width {s.hidden_size}, {s.num_attention_heads} head(s), RoPE, "
+            "the same initial weights; parameters: "
+            + ", ".join(f"{name} {sum(p.numel() for p in m.parameters()):,}" for name, m in models.items()))
     return {name: model.to(job.placement.device) for name, model in models.items()}
 
 
@@ -181,12 +184,11 @@ def report(results, layer_rows, trained: dict[str, Trained], maps: dict, s: Back
     formed = control["f_attn_dormant"] >= SINK_THRESHOLD
     line = (f"control: F-Attn at dormant queries {control['f_attn_dormant']:.3f} in layer {control['sink_layer']} -> "
             + (f"a sink formed (>= {SINK_THRESHOLD})" if formed else f"no sink (< {SINK_THRESHOLD})"))
-    if len(results) > 1:
-        gated = results[1]
-        halved = gated["f_attn_dormant"] <= control["f_attn_dormant"] / 2
-        kept = gated["heldout_loss"] <= control["heldout_loss"] + 0.01
-        line += (f"; gated {gated['f_attn_dormant']:.3f} ({'at most' if halved else 'more than'} half of it), held-out "
-                 f"loss {gated['heldout_loss']:.4f} against {control['heldout_loss']:.4f} "
+    for other in results[1:]:
+        halved = other["f_attn_dormant"] <= control["f_attn_dormant"] / 2
+        kept = other["heldout_loss"] <= control["heldout_loss"] + 0.01
+        line += (f"; {other['model']} {other['f_attn_dormant']:.3f} ({'at most' if halved else 'more than'} half of "
+                 f"it), held-out loss {other['heldout_loss']:.4f} against {control['heldout_loss']:.4f} "
                  f"({'within' if kept else 'worse than'} +0.01)")
     job.log(line)
     job.log(f"wrote {job.out / 'results.csv'}, layers.csv, probes.csv, training.csv, attention_maps.npz, "

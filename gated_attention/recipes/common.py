@@ -44,17 +44,20 @@ def dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-def choose_device(requested: str) -> Placement:
-    """`--device auto|cpu|cuda`: auto is cuda when torch sees a GPU; cuda trains under bf16 autocast."""
+def choose_device(requested: str, dtype: str | None = None) -> Placement:
+    """`--device auto|cpu|cuda`: auto is cuda when torch sees a GPU; cuda trains under bf16 autocast. A recipe
+    that chooses its training precision itself (`dtype`: "float32" or "bfloat16") gets it on either device."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cpu":
-        return Placement(torch.device("cpu"), None)
-    if requested == "cuda":
-        if not torch.cuda.is_available():
-            raise CLIError("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); use --device cpu")
-        return Placement(torch.device("cuda"), torch.bfloat16)
-    raise CLIError(f"--device {requested!r}: choose auto, cpu or cuda")
+    if requested not in ("cpu", "cuda"):
+        raise CLIError(f"--device {requested!r}: choose auto, cpu or cuda")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); use --device cpu")
+    if dtype is None:
+        autocast = torch.bfloat16 if requested == "cuda" else None
+    else:
+        autocast = {"float32": None, "bfloat16": torch.bfloat16}[dtype]
+    return Placement(torch.device(requested), autocast)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,12 +78,13 @@ class Job:
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, args: argparse.Namespace, settings: dict) -> Iterator[Job]:
+    def start(cls, args: argparse.Namespace, settings: dict, dtype: str | None = None) -> Iterator[Job]:
         """Read the run's flags (`--out`, `--cache`, `--device`, `--threads`, `--no-progress`) and yield the job,
         its `settings.json` (the recipe's settings and where it ran) written. What the run writes appears at
         `--out` when the block ends, whole, replacing an earlier run's output; a run that fails or is stopped
-        leaves `--out` as it was (`folders.staged_out`)."""
-        placement = choose_device(getattr(args, "device", None) or "auto")
+        leaves `--out` as it was (`folders.staged_out`). `dtype`: the recipe's own training precision
+        (`choose_device`)."""
+        placement = choose_device(getattr(args, "device", None) or "auto", dtype)
         cache = Path(args.cache).expanduser() if getattr(args, "cache", None) else data.cache_dir()
         with staged_out(args) as folder:
             job = cls(Path(args.out).expanduser(), folder, cache, placement, progress=not getattr(args, "no_progress", False))
@@ -118,8 +122,10 @@ def model_shape(s, tokenizer) -> dict:
     )
 
 
-def model_pair(s, tokenizer, architecture: str = "dense", hybrid_ratio: int = 3):
-    """An ungated model and the same model with the G1 gate: identical weights apart from the gates.
+def model_arms(s, tokenizer, arms: dict[str, dict], architecture: str = "dense", hybrid_ratio: int = 3) -> dict:
+    """One model per arm, `{name: config fields}` (e.g. `{"attn_gate": {"position": "G1"}}`), from the same
+    initial weights: every arm gets the first arm's weights, and only the modules an arm adds (gates, q/k norms)
+    start from their own initialisation (seeded by `s.seed`, so they too are the same in every run).
 
     Dense: `GatedAttentionForCausalLM`. Hybrid: `GatedDeltaNetHybridForCausalLM`
     at the massive-activations paper's `hybrid_ratio`:1 (every `hybrid_ratio`-th layer full
@@ -138,13 +144,24 @@ def model_pair(s, tokenizer, architecture: str = "dense", hybrid_ratio: int = 3)
         head_dim = s.hidden_size // s.num_attention_heads
         shape.update(hybrid_ratio=hybrid_ratio, linear_num_key_heads=s.num_attention_heads,
                      linear_key_head_dim=head_dim, linear_value_head_dim=2 * head_dim)
-    torch.manual_seed(s.seed)
-    ungated = Model(Config(**shape, attn_gate=None))
-    torch.manual_seed(s.seed)
-    gated = Model(Config(**shape, attn_gate={"position": "G1"}))
-    missing, unexpected = gated.load_state_dict(ungated.state_dict(), strict=False)
-    assert not unexpected and all("attn_gate" in k for k in missing), (missing, unexpected)
-    return ungated, gated
+    models = {}
+    for name, fields in arms.items():
+        torch.manual_seed(s.seed)
+        model = Model(Config(**{**shape, **fields}))
+        if models:  # the first arm's weights; an arm may add modules, never drop or reshape one
+            first = next(iter(models.values())).state_dict()
+            missing, unexpected = model.load_state_dict(first, strict=False)
+            assert not unexpected and not set(missing) & set(first), (name, missing, unexpected)
+        models[name] = model
+    return models
+
+
+def model_pair(s, tokenizer, architecture: str = "dense", hybrid_ratio: int = 3):
+    """An ungated model and the same model with the G1 gate: identical weights apart from the gates
+    (`model_arms`)."""
+    models = model_arms(s, tokenizer, {"ungated": {"attn_gate": None}, "gated": {"attn_gate": {"position": "G1"}}},
+                        architecture, hybrid_ratio)
+    return models["ungated"], models["gated"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,29 +173,34 @@ class Trained:
     history: list[dict]  # one record per step (`training.train`)
     probes: list[dict]  # the probe's rows, each with model, step, minutes and the last training loss
     minutes: float
+    diverged_at: int | None = None  # the step whose loss was not finite (`stop_at_divergence`); None: none was
 
 
 # (step, the last training loss (NaN before the first step), minutes since training began) -> the probe's rows
 Probe = Callable[[int, float, float], list[dict]]
 
 
-def train_config(s, job: Job) -> TrainConfig:
-    """The `TrainConfig` of a recipe's settings `s` (steps, batch_size, lr, gate_lr, seed, warmup_fraction,
-    weight_decay), on the job's placement."""
-    return TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
-                       warmup_steps=max(1, int(s.warmup_fraction * s.steps)), weight_decay=s.weight_decay,
-                       autocast_dtype=job.placement.autocast_dtype)
+def train_config(s, job: Job, **fields) -> TrainConfig:
+    """The `TrainConfig` of a recipe's settings `s` (steps, batch_size, seed, warmup_fraction, weight_decay, and
+    lr and gate_lr where it has one) on the job's placement; `fields` set others (a sweep's rate)."""
+    rates = {name: getattr(s, name) for name in ("lr", "gate_lr") if hasattr(s, name)}
+    return TrainConfig(**{**rates, "steps": s.steps, "batch_size": s.batch_size, "seed": s.seed,
+                          "warmup_steps": max(1, int(s.warmup_fraction * s.steps)), "weight_decay": s.weight_decay,
+                          "autocast_dtype": job.placement.autocast_dtype, **fields})
 
 
 def train_with_probes(model, name: str, rows, config: TrainConfig, job: Job, probe: Probe, *, every: int,
-                      at_start: bool = False, gates_first: int = 0, lr_min_ratio: float = 0.1) -> Trained:
+                      at_start: bool = False, gates_first: int = 0, lr_min_ratio: float = 0.1,
+                      stop_at_divergence: bool = False) -> Trained:
     """Train `model` on `rows` for `config.steps`, calling `probe` every `every` steps (0: only at the end), at
     the last step, and with `at_start` before the first.
 
     Training runs in chunks between probes with one optimizer and one scheduler (warmup, then cosine decay to
     `lr_min_ratio` of the peak); the batch of step k depends only on (seed, k), so chunking changes nothing.
     For the first `gates_first` steps only the gate parameters train (the others frozen, their learning rate
-    unused): that step is a chunk boundary too, without a probe unless one falls there.
+    unused): that step is a chunk boundary too, without a probe unless one falls there. A loss that is not
+    finite raises `FloatingPointError` (`training.train`); with `stop_at_divergence` it ends the run instead,
+    its step in `diverged_at`, no probe after it (a learning-rate sweep expects some runs to diverge).
     """
     optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps, lr_min_ratio)
@@ -198,11 +220,20 @@ def train_with_probes(model, name: str, rows, config: TrainConfig, job: Job, pro
         alone = start < gates_first
         for n, p in model.named_parameters():
             p.requires_grad_(not alone or is_gate_parameter(n))  # a frozen parameter gets no gradient: AdamW skips it
-        history += train(model, rows, replace(config, steps=stop), optimizer, scheduler, start_step=start,
-                         desc=f"{name}{' (gates alone)' if alone else ''}", progress=job.progress)
+        try:
+            train(model, rows, replace(config, steps=stop), optimizer, scheduler, start_step=start,
+                  on_step=lambda step, record: history.append(record), desc=f"{name}{' (gates alone)' if alone else ''}",
+                  progress=job.progress)
+        except FloatingPointError:
+            if not stop_at_divergence:
+                raise
+            diverged_at = len(history) + 1  # `train` raises before it records the step
+            break
         start = stop
         if stop % every == 0 or stop == config.steps:
             take(stop)
+    else:
+        diverged_at = None
     for p in model.parameters():
         p.requires_grad_(True)
-    return Trained(history, probes, (time.perf_counter() - t0) / 60)
+    return Trained(history, probes, (time.perf_counter() - t0) / 60, diverged_at)
