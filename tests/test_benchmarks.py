@@ -84,6 +84,21 @@ def test_sink_search_runs_the_preset_for_the_ungated_model_alone(tmp_path, capsy
         assert {row["model"] for row in csv.DictReader(f)} == {"no gate"}
 
 
+def test_stability_search_trains_the_control_alone_with_its_schedule_flags(tmp_path, capsys):
+    """benchmarks/stability_search.py parses quickstart's flags plus the schedule's, and trains only the control."""
+    import json
+
+    out = tmp_path / "out"
+    argv = ["--smoke", "--lrs", "0.001,0.01", "--max-grad-norm", "0", "--warmup-fraction", "0.5", "--threads", "1",
+            "--no-progress", "--out", str(out), "--cache", str(tmp_path / "cache")]
+    assert load("stability_search").main(argv) == 0
+    assert "wall time" in capsys.readouterr().out
+    with open(out / "results.csv") as f:
+        assert [(row["model"], row["lr"]) for row in csv.DictReader(f)] == [("control", "0.001"), ("control", "0.01")]
+    written = json.loads((out / "settings.json").read_text())
+    assert (written["max_grad_norm"], written["warmup_fraction"], written["arms"]) == (0, 0.5, ["control"])
+
+
 # A value out of range for each script's own flags (serving_engines is the serving check's library: no flags).
 OUT_OF_RANGE = {
     "analysis_overhead": ["--repeats", "0"],
@@ -98,6 +113,7 @@ OUT_OF_RANGE = {
     "long_document": ["--mb", "0"],
     "serving_check": ["--prompts", "0"],
     "sink_search": ["--probe-every", "-1"],
+    "stability_search": ["--max-grad-norm", "-1"],
     "startup": ["--repeats", "0"],
     "stream_memory": ["--steps", "0"],
     "tensor_parallel_memory": ["--tp", "0"],

@@ -315,13 +315,15 @@ def test_quickstart_refuses_a_value_out_of_range_when_parsing(argv, flag, capsys
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--weight-decay", "1"], "--weight-decay applies to --preset sinks, --preset trained and --preset backcopy only"),
+    (["--weight-decay", "1"],
+     "--weight-decay applies to --preset sinks, --preset trained, --preset backcopy and --preset stability only"),
     (["--source", "x.gguf"], "--source applies to --preset trained only"),
     (["--preset", "sinks", "--long-tokens", "64"], "--long-tokens applies to --preset trained only"),
     (["--remove-sink"], "--remove-sink applies to --preset trained only"),
     (["--preset", "trained", "--hidden-size", "64"],
-     "--hidden-size applies to quickstart's main job, --preset sinks and --preset backcopy only"),
-    (["--preset", "backcopy", "--vocab-size", "300"], "--vocab-size applies to quickstart's main job and --preset sinks only"),
+     "--hidden-size applies to quickstart's main job, --preset sinks, --preset backcopy and --preset stability only"),
+    (["--preset", "backcopy", "--vocab-size", "300"],
+     "--vocab-size applies to quickstart's main job, --preset sinks and --preset stability only"),
     (["--preset", "trained", "--gates-first", "4", "--steps", "4"], "--gates-first 4 leaves no step of full training"),
     (["--corpus", "packages", "--architecture", "hybrid"], "--architecture, --corpus apply to --preset sinks only"),
     (["--preset", "sinks", "--long-factor", "3"], "--long-factor applies to quickstart's main job"),
@@ -357,7 +359,7 @@ def test_quickstart_help_shows_each_jobs_defaults_and_where_each_flag_applies(ca
     assert "--preset sinks: the --lr value; --preset backcopy: the --lr value" in text  # --gate-lr
     # --weight-decay: the first job's default, then where another differs, then the jobs that read it
     assert (f"(default {sinks.weight_decay:g}; --preset backcopy: {backcopy.weight_decay:g}); --preset sinks, "
-            "--preset trained and --preset backcopy only") in text
+            "--preset trained, --preset backcopy and --preset stability only") in text
     assert "(default 4); quickstart's main job only" in text  # --long-factor
 
 

@@ -1,12 +1,14 @@
-"""The recipes: `gated-attention quickstart` and its presets (`sinks`, `trained`, `backcopy`), built on the library.
+"""The recipes: `gated-attention quickstart` and its presets (`sinks`, `trained`, `backcopy`, `stability`), built on
+the library.
 
 - `settings`: what decides each recipe's numbers, as dataclasses (no torch), the one table of which job
   reads which flag (`FLAGS`: the settings, the refusals and `--help` all read it);
 - `cli`: the `quickstart` parser (imports no torch) and the dispatch to a recipe;
 - `folders`: `--out`, checked before torch is imported and written whole or not at all (a staging folder
   renamed into place; a concurrent run refused), with `files.staging` (standard library only);
-- `common`: device placement, the run (`Job`: its staged folder, cache, log), the model pairs, and the
-  training loop with probes between chunks that every preset shares (`train_with_probes`);
+- `common`: device placement, the run (`Job`: its staged folder, cache, log), the models compared (`model_arms`:
+  the same initial weights, each arm's config fields on top), and the training loop with probes between
+  chunks that every preset shares (`train_with_probes`);
 - `quickstart`: the main job (from scratch, and conversion + continued training);
 - `sinks`: the paper's sink pair at a larger scale, per-layer metrics and probes;
 - `trained`: the paper's experiment on a trained model (SmolLM2 from its GGUF): the
@@ -17,6 +19,9 @@
   first token by query kind;
 - `backcopy`: the ungated model and its G1 twin trained from scratch on that task,
   where a sink forms without the gate;
+- `stability`: the ungated model, its G1 twin and a qk-norm twin from the same weights, each trained at
+  every rate of a learning-rate sweep: divergence, loss spikes, attention and output logits, and each one's
+  learning-rate sensitivity (Wortsman et al. 2023);
 - `report`: plain-text tables, CSV files and the plots drawn from them.
 
 Each recipe's `run(args)` reads top-down as named steps: prepare the data,

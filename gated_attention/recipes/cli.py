@@ -14,15 +14,35 @@ from .settings import (
     ARCHITECTURES,
     CORPORA,
     DEVICES,
+    DTYPES,
     MIN_VOCAB,
     PRESETS,
+    STABILITY_ARMS,
+    StabilitySettings,
     TrainedSettings,
     applies_to,
     backcopy_settings_from_args,
     defaults,
     settings_from_args,
     sink_settings_from_args,
+    stability_settings_from_args,
     trained_settings_from_args,
+)
+
+
+def listed(kind):
+    """An argparse `type`: a comma-separated list, each item read by `kind` (another argparse type)."""
+
+    def parse(text: str) -> list:
+        return [kind(item) for item in text.split(",") if item.strip()] or [kind("")]
+
+    return parse
+
+
+# Why --preset stability trains in fp32 unless --dtype bfloat16 is given (benchmarks/stability_search.md)
+STABILITY_DTYPE_WHY = (
+    "in the search the control failed at the same rates under bf16 autocast, and fp32 runs at the same speed on "
+    "any CPU, where bf16 is fast only with bf16 instructions; give bfloat16 to train in the paper's precision"
 )
 
 
@@ -60,7 +80,11 @@ def register(subparsers) -> None:
                    "backcopy: an ungated and a G1-gated 1-layer model from the same weights trained from scratch on the "
                    "Bigram-Backcopy task (Guo et al. 2024), where attention is needed only after trigger tokens: "
                    "first-token attention at the queries that need none (dormant) and at those that copy (active), "
-                   "held-out loss, attention maps (gated_attention/recipes/backcopy.py)")
+                   "held-out loss, attention maps (gated_attention/recipes/backcopy.py). "
+                   "stability: the ungated model, its G1 twin and a qk-norm twin from the same weights, each trained at "
+                   "every rate of --lrs on the same batches and schedule: held-out loss, divergence, loss spikes, "
+                   "attention and output logits, M-Act, and each one's learning-rate sensitivity (Wortsman et al. 2023) "
+                   "(gated_attention/recipes/stability.py)")
     flag("--steps", type=count, what="training steps from scratch and after conversion")
     flag("--pretrain-steps", type=count, what="steps of the Llama source")
     flag("--batch-size", type=count, what="sequences per step")
@@ -95,6 +119,15 @@ def register(subparsers) -> None:
          "both models)")
     flag("--corpus", choices=CORPORA, what="training corpus: embedded (Python's docs and sources) or packages (the "
          "Python sources of this project's dependencies, see training.data.package_corpus_documents)")
+    z = StabilitySettings()
+    flag("--lrs", type=listed(rate), what="the peak learning rates of the sweep, comma-separated (at least two)",
+         shown=f"default {','.join(f'{r:g}' for r in z.lrs)}: log-spaced, from a rate where the control trains well "
+         "to past where it fails")
+    flag("--dtype", choices=DTYPES, what="training precision: float32, or bfloat16 = the forwards under bf16 autocast "
+         "with fp32 parameters, the paper's setting (evaluation always in fp32), on the CPU as on a GPU",
+         shown=f"default {z.dtype}: {STABILITY_DTYPE_WHY}")
+    flag("--arms", type=listed(str), what=f"the models swept, comma-separated, the control first: "
+         f"{', '.join(STABILITY_ARMS)}", shown=f"default {','.join(z.arms)}")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where to train and evaluate: auto (default) = cuda when torch sees a GPU, else cpu. On cuda, "
                    "training runs under bf16 autocast with fp32 parameters; evaluation runs in fp32")
@@ -112,6 +145,7 @@ RECIPES = {
     "sinks": (sink_settings_from_args, "sinks"),
     "trained": (trained_settings_from_args, "trained"),
     "backcopy": (backcopy_settings_from_args, "backcopy"),
+    "stability": (stability_settings_from_args, "stability"),
 }
 
 

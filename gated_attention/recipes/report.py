@@ -32,16 +32,20 @@ def format_columns(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
     return "\n".join(lines)
 
 
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+def write_csv(path: Path, rows: list[dict], columns: list[str], comment: str | None = None) -> None:
+    """`rows` under a header of `columns`; `comment`, if given, first, as a line starting with "# "."""
     with open(path, "w", newline="", encoding="utf-8") as f:
+        if comment:
+            f.write(f"# {comment}\n")
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
 
 
 def read_csv(path: Path) -> list[dict]:
+    """The rows of a CSV file `write_csv` wrote (its comment line skipped)."""
     with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        return list(csv.DictReader(line for line in f if not line.startswith("# ")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,4 +341,53 @@ def draw_backcopy(out: Path, sink_threshold: float, n_tokens: int) -> list[Path]
            title=f"First-token attention against steps, layer {layer}")
     ax.legend(fontsize=8)
     written.append(save_figure(fig, out / "sink_trend.png"))
+    return written
+
+
+def draw_stability(out: Path) -> list[Path]:
+    """The stability preset's `lr_sweep.png` (final held-out loss against the peak rate, one line per arm; a diverged
+    run drawn at the arm's loss before training, as the sensitivity counts it, with a cross) and
+    `loss_at_highest_lr.png` (every arm's training loss at the highest rate, raw and smoothed, a cross where a
+    loss became NaN), from `results.csv`, `sensitivity.csv` and `training.csv`."""
+    plt = _pyplot()
+    results, sensitivity = read_csv(out / "results.csv"), read_csv(out / "sensitivity.csv")
+    smoothing = float(read_settings(out)["smoothing"])
+    models = [r["model"] for r in sensitivity]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, r in enumerate(sensitivity):
+        rows = [x for x in results if x["model"] == r["model"]]
+        initial = float(r["initial_loss"])
+        lrs = [float(x["lr"]) for x in rows]
+        capped = [min(float(x["final_loss"]), initial) if math.isfinite(float(x["final_loss"])) else initial for x in rows]
+        ax.plot(lrs, capped, marker="o", color=f"C{i}", lw=max(0.8, 2.6 - 0.6 * i),
+                label=f"{r['model']} (sensitivity {float(r['lr_sensitivity']):.3f})")
+        failed = [(lr, y) for lr, y, x in zip(lrs, capped, rows) if x["diverged"] == "True"]
+        if failed:
+            ax.plot(*zip(*failed), ls="none", marker="x", ms=11, mew=2, color=f"C{i}")
+    ax.axhline(float(sensitivity[0]["initial_loss"]), color="gray", lw=0.8, ls=":",
+               label="loss before training (x: diverged, drawn here)")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final held-out loss (nats per token)",
+           title="Final loss against the learning rate")
+    ax.legend(fontsize=8)
+    written = [save_figure(fig, out / "lr_sweep.png")]
+
+    training = read_csv(out / "training.csv")
+    top = max(float(r["lr"]) for r in results)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, model in enumerate(models):
+        rows = [r for r in training if r["model"] == model and float(r["lr"]) == top]
+        steps, losses = [int(r["step"]) for r in rows], [float(r["loss"]) for r in rows]
+        ema, smooth = None, []
+        for loss in losses:
+            ema = loss if ema is None else smoothing * ema + (1 - smoothing) * loss
+            smooth.append(ema)
+        ax.plot(steps, losses, color=f"C{i}", lw=0.6, alpha=0.35)
+        ax.plot(steps, smooth, color=f"C{i}", lw=1.8, label=f"{model} (smoothed, EMA {smoothing:g})")
+        last = next((r for r in results if r["model"] == model and float(r["lr"]) == top), None)
+        if last is not None and last["diverged"] == "True" and steps:
+            ax.plot(steps[-1], losses[-1], marker="x", ms=11, mew=2, color=f"C{i}")
+    ax.set(xlabel="training step", ylabel="training loss", title=f"Training loss at the highest rate, {top:g} "
+           "(x: diverged)")
+    ax.legend(fontsize=8)
+    written.append(save_figure(fig, out / "loss_at_highest_lr.png"))
     return written

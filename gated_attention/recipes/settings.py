@@ -19,8 +19,9 @@ DEVICES = ("auto", "cpu", "cuda")
 MIN_VOCAB = 259  # byte-level BPE: 256 byte symbols and the 3 special tokens (training.data.train_tokenizer)
 ARCHITECTURES = ("dense", "hybrid")
 # quickstart's jobs: its main job (no --preset) and the presets
-MAIN, SINKS, TRAINED, BACKCOPY = "main", "sinks", "trained", "backcopy"
-PRESETS = (SINKS, TRAINED, BACKCOPY)
+MAIN, SINKS, TRAINED, BACKCOPY, STABILITY = "main", "sinks", "trained", "backcopy", "stability"
+PRESETS = (SINKS, TRAINED, BACKCOPY, STABILITY)
+DTYPES = ("float32", "bfloat16")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,13 +201,75 @@ def backcopy_settings_from_args(args: argparse.Namespace) -> BackcopySettings:
 
 
 # ---------------------------------------------------------------------------------------------
+# quickstart --preset stability
+
+
+# The models of the stability sweep: the config fields each one changes, from the same shape and initial weights.
+# The first is the control, the one whose failure the range is chosen by.
+STABILITY_ARMS = {
+    "control": {"attn_gate": None},
+    "gated": {"attn_gate": {"position": "G1"}},
+    "qk_norm": {"attn_gate": None, "qk_norm": True},  # the known mitigation (Wortsman et al. 2023): a reference point
+}
+
+
+@dataclass
+class StabilitySettings:
+    """Everything that decides the numbers of the stability preset (a learning-rate sweep of every arm)."""
+
+    # chosen by the control alone (benchmarks/stability_search.md): it trains best at 3e-3 and ends 0.49, 1.0 and
+    # 1.5 above that at 1e-2, 3e-2 and 1e-1; 8 layers, 1000 steps, bf16, no clipping or a short warmup moved neither
+    vocab_size: int = 1024
+    max_chars: int | None = None  # corpus prefix; None = all of it
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 2
+    seq_len: int = 64
+    batch_size: int = 16
+    steps: int = 300
+    lrs: tuple[float, ...] = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)  # peak rates, log-spaced; the gates train at each
+    warmup_fraction: float = 0.1
+    lr_min_ratio: float = 0.1  # cosine decay to this fraction of the peak
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0  # 0: no clipping
+    dtype: str = "float32"  # "bfloat16": training forwards under bf16 autocast (fp32 parameters); evaluation in fp32
+    arms: tuple[str, ...] = tuple(STABILITY_ARMS)
+    eval_every: int = 30  # steps between held-out losses (the best of a run is the lowest of them)
+    eval_sequences: int = 32  # held-out sequences for the held-out loss
+    analysis_sequences: int = 8  # held-out sequences for the attention and output logits and M-Act
+    smoothing: float = 0.9  # the EMA of the training loss whose rises over its running minimum are the spikes
+    seed: int = 0
+
+
+STABILITY_SMOKE = dict(
+    vocab_size=300, max_chars=150_000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=2, seq_len=32, batch_size=4, steps=6, eval_every=3, eval_sequences=4, analysis_sequences=2,
+)
+
+
+def stability_settings_from_args(args: argparse.Namespace) -> StabilitySettings:
+    """The stability preset's settings from quickstart's parsed flags (each flag's range is checked by the parser)."""
+    s = _from_flags(STABILITY, args)
+    s.lrs, s.arms = tuple(sorted(set(s.lrs))), tuple(s.arms)
+    if len(s.lrs) < 2:
+        raise CLIError(f"--lrs {','.join(f'{r:g}' for r in s.lrs)}: a sweep needs at least two learning rates")
+    unknown = [a for a in s.arms if a not in STABILITY_ARMS]
+    if unknown or not s.arms or s.arms[0] != "control":
+        raise CLIError(f"--arms {','.join(s.arms)}: the control first, then any of {', '.join(list(STABILITY_ARMS)[1:])}"
+                       + (f" ({', '.join(unknown)} is no arm)" if unknown else ""))
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
 # Which job reads which flag
 
 
 JOBS = {MAIN: (Settings, SMOKE), SINKS: (SinkSettings, SINKS_SMOKE), TRAINED: (TrainedSettings, TRAINED_SMOKE),
-        BACKCOPY: (BackcopySettings, BACKCOPY_SMOKE)}
+        BACKCOPY: (BackcopySettings, BACKCOPY_SMOKE), STABILITY: (StabilitySettings, STABILITY_SMOKE)}
 ALL = tuple(JOBS)
-SIZED = (MAIN, SINKS, BACKCOPY)  # the jobs that build their models from sizes (`trained` keeps its source's)
+SIZED = (MAIN, SINKS, BACKCOPY, STABILITY)  # the jobs that build their models from sizes (`trained` keeps its source's)
+ONE_RATE = (MAIN, SINKS, TRAINED, BACKCOPY)  # `stability` sweeps rates (--lrs), the gates at each
 
 # {flag's dest, a field of each named job's settings: the jobs that read it}. Given to any other job, a flag
 # would do nothing, so it is refused there; `--help` says where each one applies.
@@ -219,10 +282,10 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "hidden_size": SIZED,
     "num_hidden_layers": SIZED,
     "num_attention_heads": SIZED,
-    "vocab_size": (MAIN, SINKS),
-    "lr": ALL,
-    "gate_lr": ALL,
-    "weight_decay": (SINKS, TRAINED, BACKCOPY),
+    "vocab_size": (MAIN, SINKS, STABILITY),
+    "lr": ONE_RATE,
+    "gate_lr": ONE_RATE,
+    "weight_decay": (SINKS, TRAINED, BACKCOPY, STABILITY),
     "pretrain_steps": (MAIN,),
     "continue_lr": (MAIN,),
     "long_factor": (MAIN,),
@@ -232,6 +295,9 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "gates_first": (TRAINED,),
     "long_tokens": (TRAINED,),
     "remove_sink": (TRAINED,),
+    "lrs": (STABILITY,),
+    "dtype": (STABILITY,),
+    "arms": (STABILITY,),
     # no quickstart flag: the searches' scripts set them (benchmarks/sink_search.py, backcopy_search.py)
     "corpus_chars": (SINKS,),
     "probe_every": (SINKS, BACKCOPY),
