@@ -85,7 +85,7 @@ def test_each_package_init_maps_its_files(package):
 
 
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
-        "benchmarks/RESULTS.md", "benchmarks/sink_search.md"]
+        "benchmarks/RESULTS.md", "benchmarks/sink_search.md", "benchmarks/stability_search.md"]
 
 
 @pytest.mark.parametrize("doc", DOCS)
