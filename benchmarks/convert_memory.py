@@ -5,6 +5,7 @@
     python benchmarks/convert_memory.py --parts analyze            # analyze only
     python benchmarks/convert_memory.py --src-dtype float32 --dtype bfloat16 --budgets 1.5GB --parts convert
                                                                    # a narrowing --dtype: fp32 SRC verified in bf16
+    python benchmarks/convert_memory.py --budgets least            # the smallest budget each command accepts
 
 Builds a Llama-shaped bf16 checkpoint (`--src-dtype float32`: fp32) with
 random weights from a config (nothing is downloaded), then runs
@@ -33,6 +34,12 @@ cut to 1,024 tokens (the samples are 303, 617 and 706 tokens long) within
 twice the first budget: `--max-memory` bounds the whole process, and its
 reserve for running the model grows with the length asked for. Each row says
 whether its peak RSS stayed within its `--max-memory`.
+
+`--budgets least` is the smallest budget each command accepts: what its own
+refusal of `--max-memory 1MB` adds up (the largest layer, the running reserve,
+what the process holds when it checks), plus 2 MB for what the process holds
+moving between runs. The weights then get almost no room, so what the process
+adds after it measures itself decides whether the peak stays within.
 
 `--parts` chooses what is measured; `PARTS` maps each part to the function that
 returns its rows.
@@ -64,6 +71,10 @@ SHAPES = {
     "8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                num_attention_heads=32, num_key_value_heads=8),
 }  # fmt: skip
+# What a process holds when it checks the budget moves by a few hundred kB between runs of the same command.
+JITTER = 2 * 10**6
+# What a command's refusal of a budget names besides the budget: the layer, the running reserve, the process.
+NEEDS = re.compile(r"needs (\S+ \S+) in \w+(?:, running the model (\S+ \S+) more)?(?: and|,) this process holds (\S+ \S+) already")
 SHARD_BYTES = 2 * 10**9  # the builder holds one shard in memory; the 8B one has 9
 
 # What `python -m gated_attention convert` imports before it reads a tensor (see benchmarks/convert.py).
@@ -151,6 +162,15 @@ def run(argv: list[str]) -> Run:
     return Run(wall, rss, proc.stdout)
 
 
+def least_budget(argv: list[str]) -> int:
+    """The smallest `--max-memory` the command `argv` accepts, from its refusal of 1 MB (see the docstring)."""
+    proc = subprocess.run([*argv, "--max-memory", "1MB"], cwd=REPO, capture_output=True, text=True)
+    needs = NEEDS.search(proc.stderr)
+    if proc.returncode != 2 or not needs:
+        raise SystemExit(f"{' '.join(argv[:5])}... did not refuse 1 MB in one line:\n{proc.stderr[-2000:]}")
+    return sum(memory_size(size.replace(" ", "")) for size in needs.groups() if size) + JITTER
+
+
 @dataclass
 class Row:
     name: str
@@ -165,10 +185,13 @@ def convert_rows(src: Path, scratch: Path, budgets: list[int | None], dtype: str
     rows = []
     for budget in [*budgets, "no-verify"]:
         dst = scratch / "dst"
+        command = [py, "-m", "gated_attention", "convert", str(src), str(dst), *(["--dtype", dtype] if dtype else [])]
+        least = budget == "least"
+        if least:
+            budget = least_budget(command)
         flags = ["--no-verify"] if budget == "no-verify" else [] if budget is None else ["--max-memory", str(budget)]
-        flags += ["--dtype", dtype] if dtype else []
         evict(src)
-        result = run([py, "-m", "gated_attention", "convert", str(src), str(dst), *flags])
+        result = run([*command, *flags])
         shutil.rmtree(dst)
         to = f" --dtype {dtype}" if dtype else ""
         if budget == "no-verify":
@@ -178,6 +201,7 @@ def convert_rows(src: Path, scratch: Path, budgets: list[int | None], dtype: str
         exact = "bit-identical after every layer" in result.out
         placements = re.findall(r"verifying: (?:SRC|DST) ran with (.*)", result.out)
         name = f"convert{to}, verify within {format_size(budget) if budget else f'free memory ({within[1]})'}"
+        name += " (the least)" if least else ""
         sides = "; ".join(f"{side}: {p.replace(' of weights', '').replace(' as it ran', '')}"
                           for side, p in zip(("SRC", "DST"), placements))
         rows.append(Row(name, result, f"{'bit-identical' if exact else 'NOT bit-identical'}; {sides}", budget))
@@ -208,18 +232,23 @@ def analyze_rows(src: Path, scratch: Path, budgets: list[int | None], dtype: str
     subprocess.run([sys.executable, __file__, "--build-tokenizer", str(tokenizer)], check=True)
     rows = []
     # Inputs 8x as long need more room to run (`analysis.loading.running_memory`): the first budget twice over.
-    runs = [(b, 128, dtype) for b in budgets for dtype in ("bfloat16", None)] + [(budgets[0] and 2 * budgets[0], 1024, "bfloat16")]
+    runs = [(b, 128, dtype) for b in budgets for dtype in ("bfloat16", None)]
+    runs += [(budgets[0] and 2 * budgets[0], 1024, "bfloat16")] if budgets[0] != "least" else []
     for budget, length, dtype in runs:
         out = scratch / "analysis"
-        flags = ([] if budget is None else ["--max-memory", str(budget)]) + ([] if dtype is None else ["--dtype", dtype])
+        command = [sys.executable, "-m", "gated_attention", "analyze", str(src), "--out", str(out), "--tokenizer",
+                   str(tokenizer), "--device", "cpu", "--n-per-domain", "1", "--max-length", str(length),
+                   "--bootstrap", "100", *([] if dtype is None else ["--dtype", dtype])]  # fmt: skip
+        least = budget == "least"
+        if least:
+            budget = least_budget(command)
         evict(src)
-        result = run([sys.executable, "-m", "gated_attention", "analyze", str(src), "--out", str(out), "--tokenizer",
-                      str(tokenizer), "--device", "cpu", "--n-per-domain", "1", "--max-length", str(length),
-                      "--bootstrap", "100", *flags])  # fmt: skip
+        result = run([*command, *([] if budget is None else ["--max-memory", str(budget)])])
         shutil.rmtree(out)
         placed = re.search(r": (all .* of weights on .*|.* of weights read from the checkpoint as it runs)", result.out)
         within = format_size(budget) if budget else "free memory"
         note = (placed[1].split("; budget")[0] if placed else "") + f"; 3 inputs of {length} tokens"
+        within += " (the least)" if least else ""
         rows.append(Row(f"analyze {'bf16' if dtype else 'fp32 (default)'}, within {within}, T={length}", result, note, budget))
     return rows
 
@@ -229,15 +258,16 @@ PARTS: dict[str, Callable[[Path, Path, list[int | None], str | None], list[Row]]
     "convert": convert_rows, "analyze": analyze_rows}
 
 
-def budget_or_none(text: str) -> int | None:
-    return None if text == "none" else memory_size(text)
+def budget_or_none(text: str) -> int | str | None:
+    return None if text == "none" else text if text == "least" else memory_size(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.85b", help="the Llama's shapes (default: 0.85b)")
     parser.add_argument("--budgets", nargs="+", type=budget_or_none, default=[10**9, 4 * 10**9, None], metavar="SIZE",
-                        help="--max-memory values, e.g. 1GB 4GB; none: the default, what is free (default: 1GB 4GB none)")
+                        help="--max-memory values, e.g. 1GB 4GB; none: the default, what is free; least: the smallest "
+                        "each command accepts (default: 1GB 4GB none)")
     parser.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=sorted(PARTS), help="what to measure")
     parser.add_argument("--src-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="the dtype SRC is stored in (default: bfloat16)")

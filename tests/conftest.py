@@ -67,14 +67,19 @@ def run_without_package(tmp_path):
 @pytest.fixture
 def weights_only_budget(monkeypatch):
     """`--max-memory` as room for the weights alone, as accelerate's `max_memory` is: what the process holds
-    already and what running the model adds are not taken off. A tiny model's layers are kilobytes and this
-    process hundreds of megabytes: the tests that place a tiny model partly on disk give budgets of kilobytes.
-    (tests/test_memory_budget.py checks what is taken off.)"""
+    already and what running the model adds are not taken off, and no miniature is rehearsed. A tiny model's
+    layers are kilobytes and this process hundreds of megabytes: the tests that place a tiny model partly on
+    disk give budgets of kilobytes. (tests/test_memory_budget.py checks what is taken off.)"""
     from gated_attention.analysis import loading
+    from gated_attention.convert import export, verify
     from gated_attention.memory import budget as memory_budget
 
     monkeypatch.setattr(memory_budget, "process_memory", lambda: 0)
+    monkeypatch.setattr(memory_budget, "RUNTIME_SLACK", 0)
+    monkeypatch.setattr(memory_budget.MemoryBudget, "rehearse", lambda self, *args, **kwargs: None)
     monkeypatch.setattr(loading, "running_memory", lambda *args, **kwargs: 0)
+    for module in (verify, export):
+        monkeypatch.setattr(module, "prompt_reserve", lambda *args, **kwargs: 0)
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,9 @@ from gated_attention.memory.budget import MemoryBudget
 
 pytestmark = pytest.mark.usefixtures("weights_only_budget")  # budgets of kilobytes for models of kilobytes
 
-# Between each tiny model's largest layer and its size in bf16, so that both sides run partly from disk.
-BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "200KB"}
+# Between each tiny model's largest layer and its size in bf16, so that both sides run partly from disk (the fp32
+# fla source with room beside its largest layer for one of its fp32 tensors, read before its cast).
+BUDGETS = {"llama": "110KB", "qwen3_moe": "110KB", "fla_hybrid": "240KB"}
 # Weights read from disk while the prompt ran, as the verification's log line says: one for SRC, one for DST.
 FROM_DISK = re.compile(r"verifying: (?:SRC|DST|the ungated reference) ran with ([\d.]+ \w+) of ([\d.]+ \w+) of weights read from disk")
 # How the budget is split, said once a run, before the first model loads (here the process's share is 0 B:
@@ -216,6 +217,19 @@ def test_a_budget_too_small_for_one_layer_is_one_line_and_writes_nothing(tmp_pat
     assert "nothing was written" in lines[0]
     assert not dst.exists() and staging_leftovers(dst) == [] and file_hashes(src) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_tensor_read_beside_its_cast_is_reserved_before_anything_is_written(tmp_path, capsys):
+    """An fp32 SRC verified (and written) in bf16 holds a weight's fp32 bytes beside its cast: a budget that holds
+    the largest bf16 layer and not that is refused like one below the layer."""
+    src = make_fla_hybrid_source(tmp_path / "src", reference=tmp_path / "reference")  # fp32
+    capsys.readouterr()
+    assert main(["convert", str(src), str(tmp_path / "out"), "--dtype", "bfloat16", "--max-memory", "200KB"]) == 2
+    err = capsys.readouterr().err
+    largest = max(t.numel() * 4 for shard in src.glob("*.safetensors") for t in load_file(shard).values())
+    assert re.search(rf"model\.layers\.\d+ needs [\d.]+ KB in bfloat16, running the model {largest / 1000:.2f} KB more;",
+                     err), err  # fmt: skip
+    assert not (tmp_path / "out").exists() and staging_leftovers(tmp_path / "out") == []
 
 
 def test_without_verification_the_budget_bounds_nothing_and_is_not_checked(tmp_path):

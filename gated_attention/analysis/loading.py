@@ -157,11 +157,11 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
 
             print(f"{model_name}: reading {read_info(file).describe()} with transformers' GGUF loader")
             dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-            if budget.given and (size := dequantized_size(file, dtype)) + (held := process_memory()) > budget.size:
+            if budget.given and (size := dequantized_size(file, dtype)) + (held := process_memory()) > budget.limit:
                 raise CLIError(f"MODEL {model_name}: transformers' GGUF loader holds the whole model in memory to "
                                f"dequantize it ({format_size(size)} in {str(dtype or torch.float32).removeprefix('torch.')}"
                                f"), and this process holds {format_size(held)} already: above --max-memory "
-                               f"{format_size(budget.size)}; give a larger --max-memory; nothing was written")
+                               f"{format_size(budget.limit)}; give a larger --max-memory; nothing was written")
             folder = files.enter_context(dequantized(file, near=offload_dir / file.name, dtype=dtype))
             where = {**where, model_name: str(folder)}
     except GGUFError as e:
@@ -203,14 +203,16 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
     if device_map == {"": "cpu"} or isinstance(device_map, str):  # the CPU holds weights: within the budget
         skeleton = _skeleton(model_name, cls, where, dtype, args, building)
         reserve = running_memory(skeleton, config, args.max_length, bool(args.intervene))
+        budget.rehearse(skeleton.dtype, device="cuda:0" if gpus else "cpu", attention="eager", dir=offload_dir)
         budget.say_split(reserve)  # the first model's: a run says it once
     if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
         size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
-        if size > (room := budget.room(reserve)):
+        if size > (room := budget.weights_room(reserve)):
             raise CLIError(f"MODEL {model_name}: --device-map cpu holds all {format_size(size)} of weights in memory, "
-                           f"and --max-memory {format_size(budget.size)} leaves {format_size(max(room, 0))} for them "
-                           f"(running the model takes {format_size(reserve)}, this process holds the rest); drop "
-                           "--device-map (the layers that do not fit are then read from the checkpoint as they run) "
+                           f"and --max-memory {format_size(budget.limit)} leaves {format_size(max(room, 0))} for them "
+                           f"(running the model takes {format_size(budget.running_reserve(reserve))}, this process "
+                           "holds the rest); drop --device-map (the layers that do not fit are then read from the "
+                           "checkpoint as they run) "
                            "or give a larger --max-memory")
     if isinstance(device_map, str):  # accelerate places the layers: refuse a budget below one of them first
         try:
@@ -285,9 +287,9 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
         stored = raw.get("dtype") or raw.get("torch_dtype")
         dtype = getattr(torch, stored) if isinstance(stored, str) and hasattr(torch, stored) else torch.float32
     size = sum(f.stat().st_size for f in files) * dtype.itemsize // max(_stored_itemsize(raw), 1)
-    if budget.given and size > (room := budget.room(0)):
+    if budget.given and size > (room := budget.weights_room(0)):
         raise CLIError(f"MODEL {model_name}: the paper's checkpoint is read whole into memory ({format_size(size)} of "
-                       f"weights), and --max-memory {format_size(budget.size)} leaves {format_size(max(room, 0))}; "
+                       f"weights), and --max-memory {format_size(budget.limit)} leaves {format_size(max(room, 0))}; "
                        "give a larger --max-memory, or convert it first (its layers are then read from disk as they run)")
     state = {}
     for file in files:

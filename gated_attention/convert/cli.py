@@ -76,8 +76,10 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
         "loaded one after the other; accelerate keeps what fits in SIZE, less what the process holds already and "
         "a reserve for running, and reads the other layers from their own safetensors files while the fixed prompt "
         "runs, so the comparison stays bit-exact at any model size. The split (this process, running reserve, "
-        "weights) is printed once, at the start of the verification, before SRC loads. Refused, before anything is written, if SIZE cannot hold "
-        "the process and the largest layer. The conversion itself holds one tensor at a time",
+        "weights) is printed once, at the start of the verification, before SRC loads; what the process holds is "
+        "measured after a miniature model has loaded and run once, so that what a first run adds for good is in it. "
+        "Refused, before anything is written, if SIZE cannot hold the process, the running reserve and the largest "
+        "layer. The conversion itself holds one tensor at a time",
     )
     p.add_argument(
         "--max-shard-size",

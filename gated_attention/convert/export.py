@@ -45,7 +45,7 @@ from .pipeline import ConversionPlan, Result, Verification, run
 from .shapes import expected_shapes
 from .source_config import check_config_types
 from .sources import ConversionError, SourceCheckpoint, read_config_dict
-from .verify import compare_runs, run_prompt
+from .verify import compare_runs, prompt_reserve, run_prompt
 from .writer import OutputTensor
 
 FORMATS = ("qwen3_5",)
@@ -262,7 +262,7 @@ def _verify(folder: Path, stage: Path, config, log, budget: MemoryBudget) -> flo
     log(f"verifying within {budget.describe()}: SRC (gated), then the export (native Qwen3.5), in float32, "
         "comparing logits on a fixed prompt")  # fmt: skip
     prompt = dict(dtype=torch.float32, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
-                  offload_dir=stage)  # fmt: skip
+                  offload_dir=stage, reserve=prompt_reserve(config, torch.float32))  # fmt: skip
     reference = run_prompt(folder, budget, log=log, **prompt)
     log(f"verifying: SRC ran with {reference.placement()}")
     native = run_prompt(stage, budget, forward_context=qwen3_5_torch_path, log=log, **prompt)

@@ -125,7 +125,7 @@ def _phi3_rope(fields, rope_kwargs: dict) -> None:
     """Phi3Config.convert_rope_params_to_dict, the class's own: legacy `rope_scaling` replaces `rope_parameters`,
     the partial rotary factor moves into it, and the legacy "su" / "yarn" types are Phi-3's "longrope".
 
-    The one family whose class is imported (~2 s): releases order these steps differently (5.25 renames the type
+    The one family whose class is imported (which costs seconds): releases order these steps differently (5.25 renames the type
     before standardising, which then takes the top-level `original_max_position_embeddings` over the one in
     `rope_scaling`; 5.24 after, keeping it), so only the installed class says what it reads.
     """

@@ -101,6 +101,16 @@ def run(
         raise ConversionError(f"SRC {e}") from None
 
 
+def _cast_reserve(plan: ConversionPlan) -> int:
+    """The most a tensor stored in another dtype than the verification runs in holds beside its cast: its stored
+    bytes, mapped from the file while it is read (SRC's tensors, and DST's where DST keeps SRC's dtype). The
+    write holds no more beside the largest layer: one tensor, its source beside its cast."""
+    run = plan.verification.dtype
+    stored = [(info.dtype, info.nbytes) for info in plan.ckpt.tensors.values()]
+    stored += [(o.dtype, o.nbytes) for o in plan.outputs]
+    return max((n for dtype, n in stored if dtype.is_floating_point and dtype != run), default=0)
+
+
 def _run(folder: Path, dst, prepare, *, verify, max_memory, overwrite, max_shard_size, log, count_shards) -> Result:
     dst = Path(dst)
     check_destination(folder, dst, overwrite)
@@ -109,7 +119,8 @@ def _run(folder: Path, dst, prepare, *, verify, max_memory, overwrite, max_shard
     if verify and plan.verification is not None:
         # Resolved once: the check before writing and the verification after it work with the same number.
         budget = MemoryBudget.resolve(max_memory)
-        check_budget(budget, plan.verification.config, plan.verification.dtype)
+        budget.rehearse(plan.verification.dtype)
+        check_budget(budget, plan.verification.config, plan.verification.dtype, _cast_reserve(plan))
     # Also with --no-verify: an inf or NaN in SRC is refused before anything is written.
     plan.ckpt.check_finite(plan.finite if plan.finite is not None else (name for o in plan.outputs for name in o.sources))
 

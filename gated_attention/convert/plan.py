@@ -281,7 +281,7 @@ def _read(ckpt: SourceCheckpoint, name: str, dtype: torch.dtype, scale: float = 
         t = t.to(dtype)
     if scale != 1.0:
         # A power of two: exact in every float format. Out of place: writing into the file's private
-        # mapping faults page by page (copy on write), 15x slower than a fresh product on this machine.
+        # mapping faults page by page (copy on write), much slower than a fresh product.
         t = t * scale
     if t is not source and (i := first_non_finite(t)) is not None:  # SRC is finite (checked): this made the inf
         value = source.reshape(-1)[i].item()

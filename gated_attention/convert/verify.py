@@ -70,13 +70,33 @@ class Comparison:
     first_difference: str | None  # where the two runs first differ ("layer 3's output"); None: nowhere
 
 
-def check_budget(budget: MemoryBudget, config, dtype: torch.dtype) -> None:
+def check_budget(budget: MemoryBudget, config, dtype: torch.dtype, reserve: int = 0) -> None:
     """Refuse, before anything is written, a budget that cannot hold the largest layer of the model `config`
-    describes, in `dtype`."""
+    describes, in `dtype`, beside `reserve` and what running the prompt adds (`prompt_reserve`)."""
     try:
-        budget.check_holds(meta_model(config, dtype), BUDGET_REMEDY)
+        budget.check_holds(meta_model(config, dtype), BUDGET_REMEDY, reserve + prompt_reserve(config, dtype))
     except MemoryBudgetError as e:
         raise ConversionError(str(e)) from None
+
+
+def prompt_reserve(config, dtype: torch.dtype) -> int:
+    """What running the fixed prompt adds beside the weights, at most, in bytes: both runs' outputs (the hidden
+    state after every layer and the logits; the reference's are kept while the result runs) and one layer's
+    working memory (q, k, v, the attention's output and gate, the MLP's three projections and its product, the
+    residual and the float32 norms), on `VERIFY_TOKENS` tokens."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
+    intermediate = max(getattr(text, "intermediate_size", None) or 0, getattr(text, "moe_intermediate_size", None) or 0)
+    tokens, size = VERIFY_TOKENS, dtype.itemsize
+    outputs = 2 * ((layers + 1) * tokens * hidden + tokens * vocab) * size
+    working = tokens * (8 * hidden + 4 * intermediate) * max(size, 4)
+    return outputs + working
+
+
+def _saved_dtype(config) -> torch.dtype:
+    """The dtype `config` says its checkpoint is in (a torch dtype or its name), float32 when it says none."""
+    saved = config.dtype
+    return saved if isinstance(saved, torch.dtype) else getattr(torch, str(saved), torch.float32)
 
 
 def meta_model(config, dtype: torch.dtype):
@@ -99,6 +119,7 @@ def run_prompt(
     offload_dir: Path,
     forward_context=contextlib.nullcontext,
     strict: bool = False,
+    reserve: int = 0,
     log=print,
     **load_kwargs,
 ) -> PromptRun:
@@ -106,14 +127,15 @@ def run_prompt(
 
     `offload_dir` holds the temporary offload folder (on DST's disk, not in a tmpfs); `load_kwargs` go to
     `from_pretrained` (config overrides, `config=`, `key_mapping=`). `strict`: every weight of the model
-    must come from the checkpoint and every tensor of the checkpoint must have a place in it. `log` says how
-    the budget is split before the run's first load (`MemoryBudget.say_split`).
+    must come from the checkpoint and every tensor of the checkpoint must have a place in it. `reserve`: what
+    running the prompt adds beside the weights (`prompt_reserve`). `log` says how the budget is split before
+    the run's first load (`MemoryBudget.say_split`).
     """
     from transformers import AutoModelForCausalLM
 
     register_auto_classes()
     load_dtype, cast = _loading(folder, budget, dtype, load_kwargs)
-    dtypes, reserve = cast.pop("dtypes", None), cast.pop("reserve", 0)
+    dtypes, reserve = cast.pop("dtypes", None), reserve + cast.pop("reserve", 0)
     budget.say_split(reserve, log)
     with budget.placement(dir=offload_dir, reserve=reserve, **cast) as placement:
         model, info = AutoModelForCausalLM.from_pretrained(
@@ -203,7 +225,8 @@ def verify_against_source(
     # the logits (that is its point), so only the weights' part can be compared, and the line says so.
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
     _announce(budget, reference_name, log)
-    prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
+    prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage,
+                  reserve=prompt_reserve(config, dtype or _saved_dtype(config)))  # fmt: skip
     # `reference_kwargs`: what makes transformers' class run SRC as its own code does (`Family.reference`); then
     # every one of SRC's tensors must find its place in that class.
     reference = run_prompt(src_folder, budget, **prompt, log=log, strict=bool(reference_kwargs), **overrides,
@@ -227,8 +250,9 @@ def verify_against_ungated(
         "gated_deltanet_hybrid with the gate off")  # fmt: skip
     _announce(budget, "the ungated reference", log)
     ref_config = type(config).from_dict({**config.to_dict(), "attn_gate": None})
-    target_dtype = dtype or getattr(torch, str(config.dtype))
-    prompt = dict(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage)
+    target_dtype = dtype or _saved_dtype(config)
+    prompt = dict(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage,
+                  reserve=prompt_reserve(config, target_dtype))  # fmt: skip
     reference = run_prompt(ckpt.folder, budget, dtype=target_dtype, config=ref_config, key_mapping=key_mapping,
                            strict=True, log=log, **prompt)  # fmt: skip
     log(f"verifying: the ungated reference ran with {reference.placement()}")

@@ -3,7 +3,8 @@
 - `budget`: `MemoryBudget`, what `--max-memory` (or, by default, the
   free memory) turns into for accelerate's big-model inference: its
   `max_memory` dict, `from_pretrained`'s placement arguments with a temporary
-  offload folder, and the one-line refusal of a budget below one layer.
+  offload folder, the one-line refusal of a budget below one layer, and the
+  miniature run (`rehearse`) after which the process measures itself.
   `convert` verifies within it and `analysis` runs within it.
 
 Parsing and printing sizes (`--max-memory 4GB`) is the command line's, in

@@ -2,13 +2,16 @@
 
 `convert`, `extend` and `export` verify within a budget, and `analyze` runs within one:
 
-- `MemoryBudget.resolve(size)`: `--max-memory SIZE` in bytes, or, without it, what the machine has free
-  now (accelerate's own measure, psutil's available memory), remembering which of the two it is.
-- `budget.room(reserve)`: the bytes left for the model's weights: `--max-memory` less what this process holds
-  already (`process_memory`) and `reserve`, what running the model adds beside its weights.
+- `MemoryBudget.resolve(size)`: its `limit`, `--max-memory SIZE` in bytes, or, without it, what the machine
+  has free now (accelerate's own measure, psutil's available memory), remembering which of the two it is.
+- `budget.rehearse(dtype)`: a miniature model loaded and run once before the process measures itself, so
+  that what a first load and forward add to a process for good is counted in what it holds.
+- `budget.weights_room(reserve)`: the bytes left for the model's weights: `--max-memory` less what this
+  process holds already (`process_memory`), `reserve` (what running the model adds beside its weights) and
+  `RUNTIME_SLACK` (what running adds that neither counts).
 - `budget.say_split(reserve, log)`: that split as one line, said once for the budget (a command resolves one
   per run, however many models it loads), just before the first model loads.
-- `budget.max_memory()`: the `max_memory` dict that accelerate's `infer_auto_device_map` reads.
+- `budget.accelerate_max_memory()`: the `max_memory` dict that accelerate's `infer_auto_device_map` reads.
 - `budget.placement()`: `from_pretrained`'s `device_map`, `max_memory` and `offload_folder`, with the
   offload folder a temporary directory that is removed on leaving, whatever happens.
 - `reading_reserve(model, stored)`: what reading a weight stored in another dtype adds beside it.
@@ -22,10 +25,12 @@
 - `collect_if_alive(ref)`: after a model's last reference is dropped, free it where accelerate's hooks keep
   it alive.
 
-How the budget bounds memory. `--max-memory` is the most the process may hold (its resident memory):
-what it holds before the model loads (Python, torch, the libraries: 0.3-0.5 GB) and a reserve for running
-the model (the caller's estimate: a layer's weights read in another dtype than they run in, the forward's
-working memory) are taken off first (`room`). accelerate keeps room in what is left for one largest layer
+How the budget bounds memory. `--max-memory` is the most the process may hold (its resident memory, at its
+peak): what it holds before the model loads (Python, torch, the libraries: 0.3-0.5 GB; and, once
+`rehearse` ran, what a first load and forward add for good: some 20 MB of kernels, thread pools and
+allocator arenas on a CPU, a GPU's context), a reserve for running the model (the caller's estimate: a
+layer's weights read in another dtype than they run in, the forward's working memory) and
+`RUNTIME_SLACK` are taken off first (`weights_room`). accelerate keeps room in what is left for one largest layer
 and fills the rest with whole layers, in order; the layers that do not fit stay on disk and are read during
 the forward, then dropped (`AlignDevicesHook`). transformers points its offload index at the checkpoint's own
 safetensors files, so nothing is copied; it writes into the offload folder only the tensors it changes while
@@ -88,35 +93,105 @@ def free_memory() -> int:
     return psutil.virtual_memory().available
 
 
+# What running a model within `--max-memory` adds to the process beyond what it holds after `rehearse` and the
+# callers' reserves count: kernels chosen for the real model's shapes, allocator arenas grown by its working
+# memory, the model's Python objects and hooks, a tokenizer, the plots' drawing. Measured for `convert` and
+# `analyze` in benchmarks/RESULTS.md ("Within the smallest budget a command accepts"), with room above that;
+# tests/test_memory_peak.py checks the peak against the smallest budget each accepts.
+RUNTIME_SLACK = 32 * 2**20
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
-    size: int  # bytes
+    limit: int  # bytes: the most the process may hold (`--max-memory`), or the memory free when resolved
     given: bool  # True: `--max-memory`; False: the machine's free memory when it was resolved
     _said: list = field(default_factory=list, compare=False, repr=False)  # the split, once said (`say_split`)
+    _rehearsed: set = field(default_factory=set, compare=False, repr=False)  # (dtype, device, attention) run
 
     @classmethod
     def resolve(cls, size: int | None) -> MemoryBudget:
-        """`size` from `--max-memory` (bytes), or what is free now when None.
+        """The limit `size` from `--max-memory` (bytes), or what is free now when None.
 
         Measured once, when a command starts, so that the check before writing and the run after it
         work with the same number.
         """
         return cls(size, True) if size is not None else cls(free_memory(), False)
 
-    def describe(self) -> str:
-        return f"{format_size(self.size)} ({'--max-memory' if self.given else 'free memory; --max-memory to set it'})"
+    def rehearse(self, dtype, *, device: str = "cpu", attention: str = "sdpa", dir: str | Path | None = None) -> None:
+        """Load and run a miniature model once, the way the run's models will be, before the process measures
+        itself for `--max-memory`: what a first load and forward add to a process and keep (modules imported on
+        first use, torch's kernels paged in from its libraries, thread pools and their allocator arenas, a GPU's
+        context) is then part of what `weights_room` takes off the limit instead of coming on top of it.
 
-    def room(self, reserve: int = 0) -> int:
-        """Bytes the model's weights may take in memory: the budget less `reserve` (what running the model adds
-        beside its weights) and, for `--max-memory`, less what the process holds now (the free memory of the
-        default was measured with that already taken). accelerate keeps one largest layer of it free."""
-        return self.size - reserve - (process_memory() if self.given else 0)
+        The miniature is transformers' Llama, two layers 64 wide, saved as safetensors under `dir` and loaded by
+        `from_pretrained` in `dtype` with accelerate's dispatch onto `device`, its second layer read from disk
+        as it runs, then run on 16 tokens with `attention` (its weights returned for eager) and its hidden
+        states, and freed. Freed blocks of 1 MiB and more go back to the system from then on
+        (`return_freed_memory`), so that what the run makes and frees before a model loads (convert's write: its
+        doubled projections and casts) does not stay in the process either.
+        Once per dtype, device and attention; nothing for the default budget, which is the memory free beside the
+        process, whatever it holds.
+        """
+        key = (str(dtype), str(device), attention)
+        if not self.given or key in self._rehearsed:
+            return
+        self._rehearsed.add(key)
+        return_freed_memory()
+        import torch
+        from safetensors.torch import save_file
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.utils import logging as transformers_logging
+
+        config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+        in_memory = ("model.embed_tokens", "model.layers.0", "model.norm", "model.rotary_emb", "lm_head")
+        device_map = {**{name: device for name in in_memory}, "model.layers.1": "disk"}
+        bars = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        dispatch_log = logging.getLogger("accelerate.big_modeling")
+        level = dispatch_log.level
+        dispatch_log.setLevel(logging.ERROR)
+        try:
+            with tempfile.TemporaryDirectory(prefix=".rehearsal-", dir=dir) as folder, torch.no_grad():
+                with torch.device("cpu"), torch.random.fork_rng(devices=[]):  # the caller's random state untouched
+                    weights = LlamaForCausalLM(config).state_dict()
+                save_file({k: v.contiguous() for k, v in weights.items()}, f"{folder}/model.safetensors",
+                          metadata={"format": "pt"})  # fmt: skip
+                config.save_pretrained(folder)
+                del weights
+                model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, device_map=device_map,
+                                                         offload_folder=folder, attn_implementation=attention)  # fmt: skip
+                out = model(torch.arange(16, device=device)[None], output_hidden_states=True,
+                            output_attentions=attention == "eager")  # fmt: skip
+                # the float32 casts and reductions the callers run on the outputs
+                (out.logits.float() - out.hidden_states[-1].float().sum()).abs().max().item()
+                alive = weakref.ref(model)
+                del model, out
+                collect_if_alive(alive)
+        finally:
+            dispatch_log.setLevel(level)
+            if bars:
+                transformers_logging.enable_progress_bar()
+
+    def describe(self) -> str:
+        return f"{format_size(self.limit)} ({'--max-memory' if self.given else 'free memory; --max-memory to set it'})"
+
+    def running_reserve(self, reserve: int = 0) -> int:
+        """`reserve` (the caller's estimate of what running its model adds) and, for `--max-memory`, `RUNTIME_SLACK`."""
+        return reserve + (RUNTIME_SLACK if self.given else 0)
+
+    def weights_room(self, reserve: int = 0) -> int:
+        """Bytes the model's weights may take in memory: the limit less the running reserve (`running_reserve`)
+        and, for `--max-memory`, less what the process holds now (the free memory of the default was measured
+        with that already taken). accelerate keeps one largest layer of it free."""
+        return self.limit - self.running_reserve(reserve) - (process_memory() if self.given else 0)
 
     def split(self, reserve: int = 0) -> str:
-        """How `--max-memory` is shared now, as one line: what this process holds, `reserve`, the weights' room."""
-        held = process_memory()
-        return (f"--max-memory {format_size(self.size)}: {format_size(held)} this process, {format_size(reserve)} "
-                f"running reserve, {format_size(max(self.size - held - reserve, 0))} for weights")
+        """How `--max-memory` is shared now, as one line: what this process holds, the running reserve, the
+        weights' room."""
+        held, running = process_memory(), self.running_reserve(reserve)
+        return (f"--max-memory {format_size(self.limit)}: {format_size(held)} this process, {format_size(running)} "
+                f"running reserve, {format_size(max(self.limit - held - running, 0))} for weights")
 
     def say_split(self, reserve: int = 0, log=print) -> None:
         """`log` the `split` the first time a model is about to load within `--max-memory` (nothing for the
@@ -126,9 +201,10 @@ class MemoryBudget:
             self._said.append(True)
             log(self.split(reserve))
 
-    def max_memory(self, *, gpus: bool = False, scale: float = 1.0, reserve: int = 0, cast_largest: int = 0) -> dict:
-        """accelerate's `max_memory`: the room for the weights on the CPU (`room`), then disk for the rest
-        (accelerate adds it).
+    def accelerate_max_memory(self, *, gpus: bool = False, scale: float = 1.0, reserve: int = 0,
+                              cast_largest: int = 0) -> dict:
+        """accelerate's `max_memory`: the room for the weights on the CPU (`weights_room`), then disk for the
+        rest (accelerate adds it).
 
         With `gpus`, every GPU also gets what it has free (accelerate's `get_max_memory`), so a model
         fills the GPUs first and the budget bounds only the host's memory. `scale`: each size times it, for
@@ -138,7 +214,7 @@ class MemoryBudget:
         bytes are mapped from the checkpoint's file): given the largest layer in the running dtype
         (`cast_largest`), they get `room / (1 + scale)`, and accelerate's one layer beside them.
         """
-        room = max(self.room(reserve), 1)
+        room = max(self.weights_room(reserve), 1)
         if cast_largest:
             room = min(room / (1 + scale) + cast_largest, room)
         sizes = {"cpu": room}
@@ -157,7 +233,7 @@ class MemoryBudget:
         offload folder is a new temporary directory under `dir` (the system's default when None), removed on
         leaving; a model loaded with these arguments must not be used after that. Give a `dir` on a disk
         when the system's temporary directory may be in memory (tmpfs). `scale`, `reserve`, `cast_largest`: see
-        `max_memory`.
+        `accelerate_max_memory`.
         """
         # accelerate warns that "some parameters are on the meta device" whenever it offloads: here that is the
         # point, and the caller says how much stayed on disk.
@@ -168,26 +244,27 @@ class MemoryBudget:
             with tempfile.TemporaryDirectory(prefix=".offload-", dir=dir) as folder:
                 if self.given:
                     return_freed_memory()
-                yield {"device_map": device_map, "max_memory": self.max_memory(gpus=gpus, scale=scale, reserve=reserve,
-                                                                            cast_largest=cast_largest),
-                       "offload_folder": folder}
+                max_memory = self.accelerate_max_memory(gpus=gpus, scale=scale, reserve=reserve,
+                                                        cast_largest=cast_largest)  # fmt: skip
+                yield {"device_map": device_map, "max_memory": max_memory, "offload_folder": folder}
         finally:
             dispatch_log.setLevel(level)
 
     def check_holds(self, model, remedy: str, reserve: int = 0) -> None:
-        """Refuse the budget (`MemoryBudgetError`) when its room (`room(reserve)`) cannot hold `model`'s largest
-        layer.
+        """Refuse the budget (`MemoryBudgetError`) when its room (`weights_room(reserve)`) cannot hold `model`'s
+        largest layer.
 
         `model` may be on the meta device: only its shapes and dtypes are read. accelerate keeps that
         much room in memory for the layer being run, so a smaller budget would be exceeded by design.
         """
         name, size = largest_layer(model)
         held = process_memory() if self.given else 0
-        if size + reserve + held <= self.size:
+        running = self.running_reserve(reserve)
+        if size + running + held <= self.limit:
             return
-        budget = f"--max-memory {format_size(self.size)} is" if self.given else f"only {format_size(self.size)} of memory is free,"
+        budget = f"--max-memory {format_size(self.limit)} is" if self.given else f"only {format_size(self.limit)} of memory is free,"
         needs = f"{name} needs {format_size(size)} in {str(model.dtype).removeprefix('torch.')}"
-        besides = [f"running the model {format_size(reserve)} more"] if reserve else []
+        besides = [f"running the model {format_size(running)} more"] if running else []
         besides += [f"this process holds {format_size(held)} already (Python, torch and the libraries)"] if held else []
         if besides:
             needs += f", {' and '.join(besides)}"
@@ -245,7 +322,7 @@ def loading_dtype(skeleton, config: dict, dtype, budget, reserve: int = 0):
     # tensor mapped from the file until the load ends: both dtypes at once (1.5x a widened model, 3x a narrowed
     # one, in the bytes it runs in).
     size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
-    if size * (1 + getattr(torch, saved).itemsize / dtype.itemsize) <= budget.room(reserve):
+    if size * (1 + getattr(torch, saved).itemsize / dtype.itemsize) <= budget.weights_room(reserve):
         return dtype
     return getattr(torch, saved)
 
