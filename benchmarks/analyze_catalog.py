@@ -3,7 +3,8 @@
 For each model type in transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` this builds a tiny random model
 from the type's default config (hidden 64, 2 layers, 4 where the config names each layer's type so that
 every kind of layer stays, 4 heads, windows of 16, 8 experts; sub-configs such as a vision tower shrunk
-the same way, so a tower is as deep as the text model), then:
+the same way, so a tower is as deep as the text model; a tower the default config leaves out, as Gemma 4's
+vision and audio towers, is built from its own defaults, as the released checkpoints have it), then:
 
 - runs `analyze` on it (`run_analysis`, what the command line runs) on the built-in samples, one per
   domain, cut to 24 tokens: a ValueError is what `analyze` says in one line (exit 2, nothing
@@ -245,6 +246,15 @@ WHOLE = {
 DECODER_CONFIGS = {"musicgen": "MusicgenDecoderConfig", "musicgen_melody": "MusicgenMelodyDecoderConfig"}
 
 
+def with_towers(config_class, defaults: dict) -> dict:
+    """`defaults` with every sub-config it leaves out (None) filled with that sub-config's own defaults: Gemma 4's
+    vision and audio towers are optional in its config and present in every released checkpoint."""
+    for key, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
+        if key in defaults and defaults[key] is None and isinstance(sub_class, type):
+            defaults[key] = sub_class().to_dict()
+    return defaults
+
+
 def build(model_type: str):
     """A tiny random model of `model_type`, with transformers' own classes (importing fla registers other
     models under some of transformers' model types: `bitnet`, `mamba2`)."""
@@ -258,7 +268,7 @@ def build(model_type: str):
     if model_type in WHOLE:
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config_class(**WHOLE[model_type])).eval()
-    defaults = config_class(**(FIELDS[model_type] if model_type in INVALID_DEFAULTS else {})).to_dict()
+    defaults = with_towers(config_class, config_class(**(FIELDS[model_type] if model_type in INVALID_DEFAULTS else {})).to_dict())
     layers = 4 if any(isinstance(defaults.get(k), list) for k in ("layer_types", "layers_block_type", "block_types")) else 2
     kwargs = shrink(defaults, layers)
     for key, value in FIELDS.get(model_type, {}).items():  # a dict for a sub-config sets some of its fields

@@ -912,6 +912,34 @@ def test_a_sample_of_the_catalog_has_its_expected_outcome(name):
         assert cat.EXPECTED_REFUSED[name] in detail and "\n" not in detail
 
 
+@torch.no_grad()
+def test_a_gemma4_with_its_towers_keeps_each_submodels_attention_setting(tokenizer, tmp_path):
+    """Released Gemma 4 checkpoints hold vision and audio towers, and the audio tower runs eager attention only
+    (transformers refuses it "sdpa"). The analysis switches the whole model to eager while it captures, then gives
+    each submodel its own setting back, not the text model's."""
+    shipped("gemma4")
+    from transformers import Gemma4Config, PreTrainedModel
+
+    from gated_attention.analysis.analyze import run_analysis
+    from gated_attention.analysis.samples import builtin_samples
+
+    cat = catalog()
+    kwargs = cat.shrink(cat.with_towers(Gemma4Config, Gemma4Config().to_dict()), 2)
+    kwargs["text_config"].update(vocab_size=300, vocab_size_per_layer_input=300)  # the catalog tokenizer's ids
+    for key in ("model_type", "transformers_version", "architectures"):
+        kwargs.pop(key, None)
+    model = AutoModelForCausalLM.from_config(Gemma4Config(**kwargs)).eval()
+
+    def settings() -> dict[str, str]:
+        return {name: sub.config._attn_implementation for name, sub in model.named_modules() if isinstance(sub, PreTrainedModel)}
+
+    before = settings()  # the audio tower's "eager" beside the rest's "sdpa" (5.17 lets the audio tower run sdpa too)
+    assert before["model.language_model"] == "sdpa" and "model.audio_tower" in before
+    run_analysis(model, tokenizer, builtin_samples(1), tmp_path / "out", max_length=16, n_bootstrap=10)
+    assert settings() == before
+    assert (tmp_path / "out" / "summary.md").is_file()
+
+
 def test_the_catalog_keeps_each_kept_layers_own_overrides_under_its_new_index():
     """Dots3-Note's sliding layers (from layer 2 of 46) have head sizes of their own, in `per_layer_config` keyed by
     layer: the 2 layers the catalog keeps (one of each type) keep theirs, renumbered, or its validation fails."""

@@ -97,15 +97,17 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     """Run `model` with `attn_implementation="eager"` (attention modules then return their weights).
 
     A composite model's submodels keep their own setting (GOT-OCR2's text model stays "sdpa" when the
-    whole is set): each submodel that is not eager afterwards is set too, and each restored on exit.
+    whole is set): each submodel that is not eager afterwards is set too. On exit each submodel gets its own
+    setting back, never the whole's: transformers gives a setting asked of a model to every submodel below it, and a
+    tower that runs only eager attention (Gemma 4's audio tower) refuses the text model's "sdpa".
     """
     from transformers import PreTrainedModel
 
     # A class that does not call attention through transformers' interface cannot switch (Falcon before 5.25: it
     # picks its weight-returning path itself when asked, `weights_requested`); asking would only warn.
     subs = [m for m in model.modules() if isinstance(m, PreTrainedModel) and _can_switch_attention(m)]
-    previous = [(m, getattr(m.config, "_attn_implementation", None)) for m in subs]
-    if all(p in (None, "eager") for _, p in previous):
+    before = {id(config): getattr(config, "_attn_implementation", None) for config in _configs(subs)}
+    if all(setting in (None, "eager") for setting in before.values()):
         yield
         return
     for m in subs:
@@ -114,9 +116,34 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for m, p in previous:
-            if getattr(m.config, "_attn_implementation", None) != p:
-                m.set_attn_implementation(p)
+        for m in subs:  # outer models first: each call sets its submodels, and an inner one then sets its own
+            if any(before[id(c)] not in (None, getattr(c, "_attn_implementation", None)) for c in _configs([m])):
+                m.set_attn_implementation(_own_settings(m.config, before))
+
+
+def _configs(models: list[nn.Module]) -> list:
+    """The configs of `models` and every sub-config under them (a tower's), each once."""
+    found, todo = {}, [m.config for m in models]
+    while todo:
+        config = todo.pop()
+        if id(config) in found:
+            continue
+        found[id(config)] = config
+        todo += [sub for key in getattr(config, "sub_configs", {}) if (sub := getattr(config, key, None)) is not None]
+    return list(found.values())
+
+
+def _own_settings(config, settings: dict[int, str | None]) -> dict[str, str]:
+    """transformers' per-sub-config form of `set_attn_implementation` ("" for the model itself, each sub-config by its
+    key), with each config's own setting from `settings` (id of a config -> its setting). A config that had none
+    (a tower that is no `PreTrainedModel` of its own, whose config transformers never resolved) cannot be given None
+    back: it is left out, and keeps "eager", what transformers' attention interface runs for None too."""
+    own = {"": settings[id(config)]}
+    for key in getattr(config, "sub_configs", {}):
+        sub = getattr(config, key, None)
+        if sub is not None and id(sub) in settings:
+            own[key] = settings[id(sub)]
+    return {key: setting for key, setting in own.items() if setting is not None}
 
 
 def _can_switch_attention(model: nn.Module) -> bool:
