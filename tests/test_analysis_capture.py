@@ -107,7 +107,7 @@ def test_capture_every_family(family, ids):
     with Capture(model) as cap:
         out = model(input_ids=ids, output_hidden_states=True, output_attentions=True, use_cache=False)
     record = cap.records[-1]
-    assert cap.layout.full_attention_layers == attention_layers
+    assert cap.layout.attention_layers == attention_layers
 
     # X[0..L-1] are transformers' hidden_states[0..L-1]; X[L] is before the final norm:
     # hidden_states[-1] is the final norm of it, and differs from it.
@@ -222,8 +222,8 @@ def test_edits_reach_the_residual_stream(ids):
     with apply_edits(model, edits), Capture(model, attentions=False) as cap:
         model(input_ids=ids, use_cache=False)
     residual = cap.records[-1].residual
-    for l, (coords, values) in edits.items():
-        torch.testing.assert_close(residual[l][0, 0, coords], values, rtol=0, atol=0)
+    for layer, (coords, values) in edits.items():
+        torch.testing.assert_close(residual[layer][0, 0, coords], values, rtol=0, atol=0)
     assert not torch.equal(residual[2][0, 0], normal[2][0, 0])  # the lowered interior was lifted
     assert torch.equal(residual[1][0, 1:], normal[1][0, 1:])  # other tokens at the first edit: untouched
 
@@ -240,7 +240,7 @@ def test_model_layout_of_an_fla_hybrid():
         model = fla_models.GatedDeltaNetForCausalLM(config)
     # fla lists its attention layers 0-based in config.attn["layers"]; the layout finds them as modules.
     layout = model_layout(model)
-    assert layout.full_attention_layers == [2, 4]
+    assert layout.attention_layers == [2, 4]
     assert [type(layout.layers[i]).__name__ for i in range(4)] == ["GatedDeltaNetBlock"] * 4
 
 
@@ -281,7 +281,7 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     assert arrays["m_first"].shape == (3, 4)  # prose, code, math; L + 1 = 4 positions
     assert arrays["full_attention_layers"].tolist() == [1, 2, 3]
     summary = (out / "summary.md").read_text()
-    assert "exact on 3/3 inputs" in summary
+    assert "## Intervention: deletion, k = 2" in summary and "exact on 3/3 inputs" in summary
     for metric in ("f_attn", "m_act", "gate_mean", "gate_frac_below_0.5", "sink_spike_alignment", "inter_spike_retention"):
         assert f"| {metric} |" in summary, metric
     assert "wrote" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from gated_attention.analysis import metrics as M
+from gated_attention.analysis import metrics
 from gated_attention.analysis.interventions import connection_edits, deletion_edits, endpoint_edits
 
 nan = float("nan")
@@ -24,48 +24,48 @@ FA = [4, 8]
 def test_attention_blocks():
     # B_f runs from just after the previous attention layer (layer 1 if none) to f-1;
     # an empty range (adjacent attention layers, or f = 1) leaves the block {f-1}.
-    assert M.attention_blocks([4, 8]) == {4: [1, 2, 3], 8: [5, 6, 7]}
-    assert M.attention_blocks([1, 3, 4, 7]) == {1: [0], 3: [2], 4: [3], 7: [5, 6]}
-    assert M.attention_blocks([]) == {}
+    assert metrics.attention_blocks([4, 8]) == {4: [1, 2, 3], 8: [5, 6, 7]}
+    assert metrics.attention_blocks([1, 3, 4, 7]) == {1: [0], 3: [2], 4: [3], 7: [5, 6]}
+    assert metrics.attention_blocks([]) == {}
 
 
 def test_sink_spike_alignment():
     # B_4 = {1,2,3}: m = 2,3,8 -> argmax at 3 = f-1, a hit.
     # B_8 = {5,6,7}: m = 2,7,6 -> argmax at 6 != 7, a miss.  1 hit of 2.
-    assert M.sink_spike_alignment(M_HYBRID, FA) == 0.5
+    assert metrics.sink_spike_alignment(M_HYBRID, FA) == 0.5
     # One-layer blocks always hit: a dense model (every layer is attention).
-    assert M.sink_spike_alignment(np.arange(5.0), [1, 2, 3, 4]) == 1.0
+    assert metrics.sink_spike_alignment(np.arange(5.0), [1, 2, 3, 4]) == 1.0
     # A tie goes to the earlier layer: not a hit.
-    assert M.sink_spike_alignment(np.array([0, 5, 5.0]), [2]) == 1.0  # B_2 = {1}: a single layer
-    assert M.sink_spike_alignment(np.array([0, 5, 5, 1.0]), [3]) == 0.0  # B_3 = {1, 2}, tie at 1 and 2
-    assert math.isnan(M.sink_spike_alignment(M_HYBRID, []))
-    assert math.isnan(M.sink_spike_alignment(np.array([1, nan, 3.0]), [2]))
+    assert metrics.sink_spike_alignment(np.array([0, 5, 5.0]), [2]) == 1.0  # B_2 = {1}: a single layer
+    assert metrics.sink_spike_alignment(np.array([0, 5, 5, 1.0]), [3]) == 0.0  # B_3 = {1, 2}, tie at 1 and 2
+    assert math.isnan(metrics.sink_spike_alignment(M_HYBRID, []))
+    assert math.isnan(metrics.sink_spike_alignment(np.array([1, nan, 3.0]), [2]))
 
 
 def test_random_layer_baseline():
-    assert M.random_layer_baseline(FA) == pytest.approx(1 / 3)  # |B_4| = |B_8| = 3
-    assert M.random_layer_baseline([1, 3, 4, 7]) == pytest.approx((1 + 1 + 1 + 0.5) / 4)
-    assert math.isnan(M.random_layer_baseline([]))
+    assert metrics.random_layer_baseline(FA) == pytest.approx(1 / 3)  # |B_4| = |B_8| = 3
+    assert metrics.random_layer_baseline([1, 3, 4, 7]) == pytest.approx((1 + 1 + 1 + 0.5) / 4)
+    assert math.isnan(metrics.random_layer_baseline([]))
 
 
 def test_peak_excess():
     # f=4: log2(m[3] / max(m[1], m[2])) = log2(8/3); f=8: log2(m[7] / max(m[5], m[6])) = log2(6/7).
-    assert M.peak_excess(M_HYBRID, FA) == pytest.approx([math.log2(8 / 3), math.log2(6 / 7)])
+    assert metrics.peak_excess(M_HYBRID, FA) == pytest.approx([math.log2(8 / 3), math.log2(6 / 7)])
     # Twice the strongest earlier layer is +1.
-    assert M.peak_excess(np.array([9, 1, 2, 4.0]), [3]) == pytest.approx([1.0])
+    assert metrics.peak_excess(np.array([9, 1, 2, 4.0]), [3]) == pytest.approx([1.0])
     # Undefined for a one-layer block: f=5 follows f=4 directly (B_5 = {4}); f=1 has B_1 = {0}.
-    out = M.peak_excess(M_HYBRID, [1, 4, 5])
+    out = metrics.peak_excess(M_HYBRID, [1, 4, 5])
     assert math.isnan(out[0]) and out[1] == pytest.approx(math.log2(8 / 3)) and math.isnan(out[2])
     # Undefined where the log is: a zero magnitude.
-    assert math.isnan(M.peak_excess(np.array([0, 0, 0, 4.0]), [3])[0])
+    assert math.isnan(metrics.peak_excess(np.array([0, 0, 0, 4.0]), [3])[0])
 
 
 def test_inter_spike_retention_and_activation():
     # p = 3, 7; J_1 = {4, 5, 6} minus attention-layer outputs {4, 8} = {5, 6}.
     # Floor min(m[3], m[7]) = min(8, 6) = 6: min(1, 2/6) = 1/3, min(1, 7/6) = 1 (clipped).
-    assert M.inter_spike_retention(M_HYBRID, FA) == pytest.approx((1 / 3 + 1) / 2)
+    assert metrics.inter_spike_retention(M_HYBRID, FA) == pytest.approx((1 / 3 + 1) / 2)
     # A_ISP: mean of m[5], m[6] = (2 + 7) / 2.
-    assert M.inter_spike_activation(M_HYBRID, FA) == pytest.approx(4.5)
+    assert metrics.inter_spike_activation(M_HYBRID, FA) == pytest.approx(4.5)
 
 
 @pytest.mark.parametrize(
@@ -78,22 +78,22 @@ def test_inter_spike_retention_and_activation():
     ],
 )
 def test_inter_spike_metrics_undefined(m, layers):
-    assert math.isnan(M.inter_spike_retention(m, layers))
-    assert math.isnan(M.inter_spike_activation(m, layers))
+    assert math.isnan(metrics.inter_spike_retention(m, layers))
+    assert math.isnan(metrics.inter_spike_activation(m, layers))
 
 
 def test_inter_spike_retention_zero_endpoint_is_undefined():
     m = M_HYBRID.copy()
     m[7] = 0.0
-    assert math.isnan(M.inter_spike_retention(m, FA))
-    assert M.inter_spike_activation(m, FA) == pytest.approx(4.5)  # unnormalised: still defined
+    assert math.isnan(metrics.inter_spike_retention(m, FA))
+    assert metrics.inter_spike_activation(m, FA) == pytest.approx(4.5)  # unnormalised: still defined
 
 
 def test_layer_out_of_range_raises():
     with pytest.raises(ValueError, match="1..8"):
-        M.sink_spike_alignment(M_HYBRID, [9])
+        metrics.sink_spike_alignment(M_HYBRID, [9])
     with pytest.raises(ValueError):
-        M.inter_spike_retention(M_HYBRID, [0, 4])
+        metrics.inter_spike_retention(M_HYBRID, [0, 4])
 
 
 # Two heads, T = 4 (rows = queries, causal).
@@ -108,54 +108,54 @@ def test_consensus_sink():
     # head mean: t0 0.3667, t1 0.475, t2 0.55 -> token 2. (Without the division by the
     # number of queries t0 would win: 1.1 vs 0.95 vs 0.55.)
     layer1 = np.stack([HEAD_A, HEAD_B])
-    assert M.consensus_sink([layer1]) == 2
+    assert metrics.consensus_sink([layer1]) == 2
     # Averaged with a layer of two A heads (0.2333, 0.7, 0.1): t0 0.3, t1 0.5875, t2 0.325 -> token 1.
-    assert M.consensus_sink([layer1, np.stack([HEAD_A, HEAD_A])]) == 1
+    assert metrics.consensus_sink([layer1, np.stack([HEAD_A, HEAD_A])]) == 1
 
 
 def test_consensus_sink_undefined():
-    assert M.consensus_sink([]) == -1
-    assert M.consensus_sink([np.ones((2, 1, 1))]) == -1  # T = 1: no later query
+    assert metrics.consensus_sink([]) == -1
+    assert metrics.consensus_sink([np.ones((2, 1, 1))]) == -1  # T = 1: no later query
 
 
 def test_first_token_attention_and_f_attn():
     # Mean over queries q >= 1 of A[q, 0]: head A (0.5+0.1+0.1)/3, head B (1+0.5+0)/3.
-    per_head = M.first_token_attention([np.stack([HEAD_A, HEAD_B])])
+    per_head = metrics.first_token_attention([np.stack([HEAD_A, HEAD_B])])
     np.testing.assert_allclose(per_head, [[0.7 / 3, 0.5]])
-    assert M.f_attn([np.stack([HEAD_A, HEAD_B])]) == pytest.approx((0.7 / 3 + 0.5) / 2)
-    assert math.isnan(M.f_attn([]))
+    assert metrics.f_attn([np.stack([HEAD_A, HEAD_B])]) == pytest.approx((0.7 / 3 + 0.5) / 2)
+    assert math.isnan(metrics.f_attn([]))
 
 
 def test_m_act():
     # residual [L+1 = 3, T = 2, D = 2]
     x = np.array([[[1, -2], [0, 1]], [[3, 0], [-4, 1]], [[0, 10], [1, 1]]], dtype=float)
-    np.testing.assert_array_equal(M.token_max_abs(x), [[2, 1], [3, 4], [10, 1]])
-    np.testing.assert_array_equal(M.m_act_per_layer(x), [2, 4, 10])
-    assert M.m_act(x) == 7.0  # mean over layers 1..2 of (4, 10); the embeddings (2) are excluded
+    np.testing.assert_array_equal(metrics.token_max_abs(x), [[2, 1], [3, 4], [10, 1]])
+    np.testing.assert_array_equal(metrics.m_act_per_layer(x), [2, 4, 10])
+    assert metrics.m_act(x) == 7.0  # mean over layers 1..2 of (4, 10); the embeddings (2) are excluded
 
 
 def test_gate_statistics():
     scores = np.array([0.05, 0.2, 0.5, 0.9])
-    stats = M.gate_statistics(scores)
+    stats = metrics.gate_statistics(scores)
     assert stats["mean"] == pytest.approx(0.4125)
     assert stats["frac_below_0.1"] == 0.25
     assert stats["frac_below_0.5"] == 0.5  # 0.5 itself is not below 0.5
-    assert math.isnan(M.gate_statistics(np.array([]))["mean"])
+    assert math.isnan(metrics.gate_statistics(np.array([]))["mean"])
     # [N = 2, H = 2, W = 1]: head 0 sees 0.05, 0.5; head 1 sees 0.2, 0.9.
-    per_head = M.gate_statistics_per_head(scores.reshape(2, 2, 1))
+    per_head = metrics.gate_statistics_per_head(scores.reshape(2, 2, 1))
     np.testing.assert_allclose(per_head["mean"], [0.275, 0.55])
     np.testing.assert_allclose(per_head["frac_below_0.1"], [0.5, 0.0])
     np.testing.assert_allclose(per_head["frac_below_0.5"], [0.5, 0.5])
 
 
 def test_bootstrap_ci():
-    assert M.bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)  # no spread, no interval
-    mean, low, high = M.bootstrap_ci([0.0, 1.0, 2.0, 3.0, nan])
+    assert metrics.bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)  # no spread, no interval
+    mean, low, high = metrics.bootstrap_ci([0.0, 1.0, 2.0, 3.0, nan])
     assert mean == 1.5 and 0.0 <= low < 1.5 < high <= 3.0
-    assert M.bootstrap_ci([0.0, 1.0, 2.0, 3.0]) == M.bootstrap_ci([0.0, 1.0, 2.0, 3.0])  # seeded
-    one = M.bootstrap_ci([nan, 4.0])
+    assert metrics.bootstrap_ci([0.0, 1.0, 2.0, 3.0]) == metrics.bootstrap_ci([0.0, 1.0, 2.0, 3.0])  # seeded
+    one = metrics.bootstrap_ci([nan, 4.0])
     assert one[0] == 4.0 and math.isnan(one[1]) and math.isnan(one[2])
-    assert all(math.isnan(v) for v in M.bootstrap_ci([nan]))
+    assert all(math.isnan(v) for v in metrics.bootstrap_ci([nan]))
 
 
 # First-token trajectory z[l] for L = 5, attention layers 2 and 5 -> p = 1, 4.
@@ -172,7 +172,7 @@ Z = torch.tensor(
 
 
 def _plan(edits):
-    return {l: (c.tolist(), v.tolist()) for l, (c, v) in edits.items()}
+    return {layer: (c.tolist(), v.tolist()) for layer, (c, v) in edits.items()}
 
 
 def test_deletion_edits():

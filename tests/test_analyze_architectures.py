@@ -31,7 +31,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from gated_attention.analysis.analyze import check_intervention, run_analysis
 from gated_attention.analysis.capture import Capture, torch_linear_attention
+from gated_attention.analysis.interventions import apply_edits
 from gated_attention.analysis.layout import model_layout
 from gated_attention.cli import main
 from test_analysis_capture import tiny_tokenizer
@@ -208,7 +210,7 @@ def test_capture_reads_transformers_own_maps_and_layer_types(name):
     model = build(name)
     _, attention_layers, types, _ = ARCHITECTURES[name]
     layout = model_layout(model)
-    assert layout.full_attention_layers == attention_layers
+    assert layout.attention_layers == attention_layers
     # As the model's config names them: releases before 5.24 name RecurrentGemma's by block (recurrent, attention).
     legacy = getattr(model.config, "layer_types", None) is None and getattr(model.config, "layers_block_type", None)
     assert layout.layer_types == (list(legacy) if legacy else types)
@@ -226,8 +228,8 @@ def test_capture_reads_transformers_own_maps_and_layer_types(name):
     reduced = cap.records[-1]
     for f, reference in zip(attention_layers, out.attentions):
         a = reference[0].double()
-        torch.testing.assert_close(reduced.first_token_attention[f][0], a[:, 1:, 0].mean(-1), rtol=0, atol=1e-12)
-        torch.testing.assert_close(reduced.received[f][0], torch.tril(a, -1).sum(-2).mean(0), rtol=0, atol=1e-12)
+        torch.testing.assert_close(reduced.first_token_attention[(f, 1)][0], a[:, 1:, 0].mean(-1), rtol=0, atol=1e-12)
+        torch.testing.assert_close(reduced.received[(f, 1)][0], torch.tril(a, -1).sum(-2).mean(0), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", list(ALSO_EXACT))
@@ -237,7 +239,7 @@ def test_the_other_hybrids_stay_exact(name):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **BASE, **kwargs)).eval()
     layout = model_layout(model)
-    assert layout.full_attention_layers == [2, 4]
+    assert layout.attention_layers == [2, 4]
     ids = torch.randint(3, VOCAB, (1, 11))
     with Capture(model) as cap:
         out = model(input_ids=ids, output_attentions=True, use_cache=False)
@@ -322,7 +324,7 @@ def test_minimax_lightning_attention_is_not_counted_as_softmax_attention():
     )
     model = AutoModelForCausalLM.from_config(config).eval()
     layout = model_layout(model)
-    assert layout.full_attention_layers == [2, 4]
+    assert layout.attention_layers == [2, 4]
     ids = torch.randint(3, VOCAB, (1, 9))
     with torch.no_grad(), Capture(model) as cap:
         out = model(input_ids=ids, output_attentions=True, use_cache=False)
@@ -364,7 +366,7 @@ def test_kimi_linear_runs_on_the_cpu_where_fla_imports():
 
 # ---------------------------------------------------------------- legacy classes, refusals, models without attention
 
-# Model types whose classes predate `_can_record_outputs` (layout.LEGACY_DECLARATIONS): the fields a tiny model
+# Model types whose classes predate `_can_record_outputs` (model_records.LEGACY_DECLARATIONS): the fields a tiny model
 # needs beyond SIZES, given to transformers' config class (its `attribute_map` takes the common names).
 SIZES = dict(BASE, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LEGACY = {
@@ -372,7 +374,7 @@ LEGACY = {
     "mpt": {}, "openai-gpt": {}, "cpmant": {}, "gpt_neox_japanese": {}, "megatron-bert": dict(is_decoder=True),
     "rembert": dict(is_decoder=True), "roformer": dict(is_decoder=True), "mvp": dict(decoder_layers=2), "trocr": {},
     "prophetnet": dict(num_hidden_layers=None, num_decoder_layers=2, ngram=2),  # its maps and X: the main stream's
-    "xlnet": dict(d_head=16),  # time-major: layout.TIME_MAJOR
+    "xlnet": dict(d_head=16),  # time-major: model_records.VIEWS
 }
 
 
@@ -420,7 +422,7 @@ def eager_output(model: nn.Module, **inputs):
 
 
 def test_every_legacy_record_is_tested():
-    from gated_attention.analysis.layout import LEGACY_DECLARATIONS
+    from gated_attention.analysis.model_records import LEGACY_DECLARATIONS
 
     assert sorted(LEGACY) == sorted(LEGACY_DECLARATIONS)
 
@@ -439,9 +441,9 @@ def test_a_legacy_record_reads_transformers_own_maps(name):
     # the record serves no release.
     assert not (declared and transformers_version().startswith(TRANSFORMERS_FLOOR + ".")), (
         f"transformers {TRANSFORMERS_FLOOR}, the floor, declares {declared}: delete the {name!r} record of "
-        "layout.LEGACY_DECLARATIONS and its row here")
+        "model_records.LEGACY_DECLARATIONS and its row here")
     layout = model_layout(model)
-    assert layout.full_attention_layers == [1, 2] and layout.weights_on_request == (not declared)
+    assert layout.attention_layers == [1, 2] and layout.weights_on_request == (not declared)
     ids = torch.randint(3, VOCAB, (1, 11))
     out = eager_output(model, input_ids=ids, output_hidden_states=True, use_cache=False)
     with Capture(model) as cap:
@@ -453,7 +455,7 @@ def test_a_legacy_record_reads_transformers_own_maps(name):
     assert len(cap.records[-1].residual) == 3 and torch.equal(cap.records[-1].residual[0], out.hidden_states[0])
 
 
-# Models read in a layout of their own (layout.TIME_MAJOR, layout.PARALLEL_LAYERS): the fields of a tiny one.
+# Models read in a layout of their own (model_records.VIEWS, model_records.PARALLEL_LAYERS): the fields of a tiny one.
 OWN_LAYOUTS = {"xlnet": dict(d_head=16), "xlm": {}}
 
 
@@ -467,7 +469,7 @@ def test_a_model_in_a_layout_of_its_own_is_read_as_transformers_returns_it(name)
 
     model = tiny(name, **OWN_LAYOUTS[name])
     layout = model_layout(model)
-    assert layout.full_attention_layers == [1, 2]
+    assert layout.attention_layers == [1, 2]
     ids = torch.tensor([[1, 5, 9, 7, 9, 11, 13, 0, 0]])  # id 0: the pad index, whose count XLM masks at the end
     out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
     for reduce in (False, True):
@@ -505,7 +507,7 @@ def test_a_legacy_model_is_analysed_end_to_end_with_transformers_f_attn(tokenize
         assert abs(float(layers[f]["f_attn"]) - torch.stack(first[f]).mean().item()) <= 1e-6
 
 
-# Model types whose weights are no per-layer [T, T] map of the input (layout.UNREADABLE), and the fields of a tiny one.
+# Model types whose weights are no per-layer [T, T] map of the input (model_records.UNREADABLE), and the fields of a tiny one.
 REFUSED = {
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_shape=(4, 4), axial_pos_embds_dim=(32, 32),
                      attention_head_size=16, local_attn_chunk_length=4, lsh_attn_chunk_length=4, is_decoder=True),
@@ -530,14 +532,15 @@ def decoder(model_type: str, **fields) -> nn.Module:
 
 
 def test_every_refusal_is_tested():
-    from gated_attention.analysis.layout import UNREADABLE
+    from gated_attention.analysis.model_records import UNREADABLE
 
     assert sorted(REFUSED) == sorted(UNREADABLE)
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_attention_that_is_no_map_of_the_input_is_refused_with_its_reason(name):
-    from gated_attention.analysis.layout import UNREADABLE, LayoutError
+    from gated_attention.analysis.layout import LayoutError
+    from gated_attention.analysis.model_records import UNREADABLE
 
     shipped(name)
     if name in DECODERS:
@@ -588,7 +591,7 @@ def test_a_setting_only_the_user_can_choose_is_named_in_the_refusal():
     with pytest.raises(ValueError, match="Input language unknown"):  # transformers' own forward, without it
         model(input_ids=torch.randint(3, VOCAB, (1, 5)))
     model.set_default_language("de_DE")
-    assert model_layout(model).full_attention_layers == [1, 2]
+    assert model_layout(model).attention_layers == [1, 2]
 
 
 def test_a_refusal_exits_2_in_one_line_and_writes_nothing(tokenizer, tmp_path, capsys):
@@ -630,7 +633,7 @@ def test_a_musicgen_checkpoint_is_refused_in_one_line_before_it_loads(tokenizer,
 def test_xlstm_has_no_softmax_attention(tokenizer, tmp_path):
     model = tiny("xlstm", num_blocks=2, num_heads=4)
     layout = model_layout(model)
-    assert layout.num_layers == 2 and layout.full_attention_layers == []
+    assert layout.num_layers == 2 and layout.attention_layers == []
     folder, report = tmp_path / "xlstm", tmp_path / "out"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -677,12 +680,12 @@ def test_output_gates_transformers_ships_are_captured_by_their_own_names(name):
     layout = model_layout(model)
     gate, at_zero = GATED[name]
     if not isinstance(gate, str):
-        layer = layout.layers[layout.full_attention_layers[0] - 1]
+        layer = layout.layers[layout.attention_layers[0] - 1]
         gate = next(n for n in gate if n in dict(layer.named_modules()))
-    assert sorted(layout.gates) == layout.full_attention_layers and layout.gates
+    assert sorted(layout.gates) == layout.attention_layers and layout.gates
     assert {site.name for site in layout.gates.values()} == {gate}
     ids = torch.randint(3, 200, (1, 12))
-    f = layout.full_attention_layers[-1]
+    f = layout.attention_layers[-1]
     site, attention = layout.gates[f], layout.attention_modules[f]
     seen = []
     handle = attention.register_forward_hook(lambda m, args, out: seen.append(out[0]))
@@ -710,7 +713,12 @@ def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
     shipped(name)
     model = catalog().build(name)
     layout = model_layout(model)
-    assert layout.residual_head is model.model.hc_head
+    assert layout.view.head is model.model.hc_head  # chosen once, when the layout is read
+    # An edit of one state cannot be written back into several streams: refused, with the reason, before any input.
+    with pytest.raises(ValueError, match="several residual streams"):
+        check_intervention(model, layout, "deletion")
+    with pytest.raises(ValueError, match="several residual streams"), apply_edits(model, {}):
+        pass
     ids = torch.randint(3, 200, (1, 12))
     with torch_linear_attention(model):
         model.set_attn_implementation("eager")
@@ -721,7 +729,7 @@ def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
     assert [tuple(x.shape) for x in record.residual] == [(1, 12, HIDDEN)] * (layout.num_layers + 1)
     # X[L] is what the model's own head reduces its streams to: through the final norm, its last hidden state.
     torch.testing.assert_close(model.model.norm(record.residual[-1]), out.last_hidden_state, rtol=0, atol=0)
-    for f, reference in zip(layout.full_attention_layers, out.attentions):
+    for f, reference in zip(layout.attention_layers, out.attentions):
         assert torch.equal(record.attentions[f], reference), f"layer {f}"
 
 
@@ -762,8 +770,8 @@ def test_the_text_model_beside_a_tower_as_deep_is_the_one_read(name):
             sub.set_attn_implementation("eager")
     out = model(input_ids=ids, output_attentions=True, use_cache=False)
     maps = [a for a in out.attentions if a.shape[-1] == 12]
-    assert len(maps) == len(layout.full_attention_layers)
-    for f, reference in zip(layout.full_attention_layers, maps):
+    assert len(maps) == len(layout.attention_layers)
+    for f, reference in zip(layout.attention_layers, maps):
         assert torch.equal(cap.records[-1].attentions[f], reference), f"layer {f}"
 
 
@@ -783,7 +791,7 @@ LOOPS = {
     "inkling2_loop_text": [("model.layers.0", 1), ("model.layers.1", 1), ("model.layers.2", 1), ("model.layers.1", 2),
                            ("model.layers.2", 2), ("model.layers.3", 1)],  # every pass restarts from layer 1's input
     "dory": [("model.layers.0", 1), ("model.layers.1", 1), ("model.layers.2", 1), ("model.layers.1", 2),
-             ("model.layers.2", 2), ("model.layers.3", 1)],  # Dory's config counts modules: layout.LOOPED
+             ("model.layers.2", 2), ("model.layers.3", 1)],  # Dory's config counts modules: model_records.LOOPED
     "hrm_text": [(f"model.{stack}_module.layers.{i}", p) for h in range(2)  # (L stack x 2 cycles, H stack) x 2 cycles
                  for stack, p in (("L", 2 * h + 1), ("L", 2 * h + 2), ("H", h + 1)) for i in range(2)],
 }
@@ -803,8 +811,8 @@ def test_a_looping_layer_is_read_once_per_pass_as_transformers_returns_it(name):
     model.set_attn_implementation("eager")
     out = model(input_ids=ids, output_attentions=True, output_hidden_states=True, use_cache=False)
     record = cap.records[-1]
-    assert len(out.attentions) == layout.num_layers == len(layout.full_attention_layers)
-    for f, reference in zip(layout.full_attention_layers, out.attentions):
+    assert len(out.attentions) == layout.num_layers == len(layout.attention_layers)
+    for f, reference in zip(layout.attention_layers, out.attentions):
         assert torch.equal(record.attentions[f], reference), f"layer {f}"
     # X[l], whose largest |value| is M-Act's layer l, is call l's output; transformers' last one is after the final norm.
     assert len(record.residual) == len(out.hidden_states) == layout.num_layers + 1
@@ -813,7 +821,6 @@ def test_a_looping_layer_is_read_once_per_pass_as_transformers_returns_it(name):
 
 
 def test_analyze_writes_one_row_per_pass_named_as_the_model_names_it(tokenizer, tmp_path):
-    from gated_attention.analysis.analyze import run_analysis
     from gated_attention.analysis.samples import builtin_samples
 
     shipped("dory")
@@ -842,7 +849,6 @@ def test_a_capture_reads_the_base_model_run_alone_too():
 @torch.no_grad()
 def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
     """Longcat-Flash runs `self_attn.0`, then `self_attn.1` in every layer: transformers returns a map for each."""
-    from gated_attention.analysis.analyze import run_analysis
     from gated_attention.analysis.samples import builtin_samples
 
     shipped("longcat_flash")
@@ -859,7 +865,7 @@ def test_a_second_attention_block_in_one_layer_is_a_row_of_its_own(tmp_path):
     out = model(input_ids=ids, output_attentions=True, use_cache=False)
     assert len(out.attentions) == 4
     for (f, b), reference in zip(layout.attention_rows, out.attentions):
-        assert torch.equal(cap.records[-1].block("attentions", f, b), reference), f"layer {f} block {b}"
+        assert torch.equal(cap.records[-1].attention_map(f, b), reference), f"layer {f} block {b}"
     tok, samples = cat.tokenizer(), builtin_samples(1)
     run_analysis(model, tok, samples, tmp_path, max_length=24, n_bootstrap=10)
     rows = [r for r in _csv(tmp_path / "layers.csv") if r["is_attention"] == "True"]
@@ -920,7 +926,6 @@ def test_a_gemma4_with_its_towers_keeps_each_submodels_attention_setting(tokeniz
     shipped("gemma4")
     from transformers import Gemma4Config, PreTrainedModel
 
-    from gated_attention.analysis.analyze import run_analysis
     from gated_attention.analysis.samples import builtin_samples
 
     cat = catalog()

@@ -1,8 +1,11 @@
 """Attention-sink, massive-activation, gate and spike/plateau analysis of causal LMs.
 
 - `layout`: `model_layout`, the decoder layers, softmax-attention modules and
-  gates of a model, read from its `_can_record_outputs` declaration (and, in one
-  place, records of what declarations do not say).
+  gates of a model, read from its `_can_record_outputs` declaration: the mechanism.
+- `model_records`: what declarations do not say, per model type or class, as data
+  (classes that predate the declaration, models refused and why, output gates),
+  and the `View` each model's residual states and attention maps are read
+  through, picked once when the layout is read.
 - `capture`: `Capture`, hooks that record the residual states X[0..L] (before
   the final norm), eager attention maps and gate scores per forward (or reduce
   them as they are produced), always removed on exit; each attention call is
@@ -14,8 +17,10 @@
 - `samples`: the built-in inputs (prose, code and math-like text that ships
   with Python), `--text-file` reading and `--dataset` inputs per domain.
 - `plots`: PNGs drawn from the written `arrays.npz`, never from live tensors.
-- `analyze`: `run_analysis`, everything to `.npz`, `.csv`, `.png` and
-  `summary.md`.
+- `analyze`: `run_analysis`: check the inputs, capture them, the metrics per
+  input and over inputs, the interventions.
+- `tables`: the files `run_analysis` writes, one writer each: `arrays.npz`, the
+  `.csv` tables and `summary.md`.
 - `compare`: several models' analyses side by side (`comparison.csv`,
   `comparison.png`), drawn from their written arrays.
 - `loading`: how `analyze` loads a MODEL: transformers' own class for its

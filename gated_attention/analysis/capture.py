@@ -16,7 +16,7 @@ Attention maps come from the model's own eager attention path: while a
 weights each attention module returns, as transformers' `output_attentions`
 does. Recomputing them from captured q/k instead would need every family's
 RoPE, q/k-norm and GQA details; the eager path is the model's own arithmetic,
-for every family at once. A legacy class (`layout.LEGACY_DECLARATIONS`) computes
+for every family at once. A legacy class (`model_records.LEGACY_DECLARATIONS`) computes
 its weights only when asked: the model is then called with `output_attentions=True`
 while the capture is open. An attention layer that returns no weights, or does
 not run, is a `CaptureError` naming the model class and the layer: never a
@@ -49,7 +49,7 @@ from torch import nn
 from transformers.utils import logging
 
 from ..fla_cpu import fla_torch_paths
-from . import metrics as M
+from .metrics import gate_summary, scores_per_head
 from .layout import GateSite, ModelLayout, model_layout
 
 logger = logging.get_logger(__name__)
@@ -68,7 +68,7 @@ _LAYER_DELTA_RULE_ATTRS = {
 }
 
 
-# The activations of `layout.OUTPUT_GATES`.
+# The activations of `model_records.OUTPUT_GATES`.
 GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
 
 
@@ -153,7 +153,7 @@ def _can_switch_attention(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def weights_requested(model: nn.Module) -> Iterator[None]:
-    """Call `model` with `output_attentions=True`: a legacy attention class (`layout.LEGACY_DECLARATIONS`) computes
+    """Call `model` with `output_attentions=True`: a legacy attention class (`model_records.LEGACY_DECLARATIONS`) computes
     its weights only when asked. The model then also returns every layer's map, as transformers' own flag does."""
 
     def pre_hook(module, args, kwargs):
@@ -228,23 +228,22 @@ ResidualFn = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 
 @contextlib.contextmanager
 def residual_hooks(layout: ModelLayout, fn: ResidualFn) -> Iterator[None]:
-    """Call `fn(l, X[l])` for every residual state of each forward, l = 0..L, X[l] `[B, T, D]`.
+    """Call `fn(layer, X[layer])` for every residual state of each forward, layer = 0..L, X `[B, T, D]`.
 
     `layout.layers` are the decoder-layer calls in the order the model makes them: a module that runs several times in
-    one forward (a loop) is listed once per call, and X[l] is the output of the l-th call. X[0] is read from the input
+    one forward (a loop) is listed once per call, and X[layer] is the output of that call. X[0] is read from the input
     of the first call's entry (`layout.entries`: the layer, or the module that starts it) by a `with_kwargs` pre-hook
-    (the argument is found by name, never by position); a later pass of that module is no new forward. A tensor
-    returned by `fn` replaces the state the model continues with. A time-major model's states (`[T, B, D]`) are given
-    to `fn` as `[B, T, D]` views and its replacements turned back. Hooks are removed on exit, also when the body raises.
+    (the argument is found by name, never by position); a later pass of that module is no new forward. Each state is
+    given to `fn` through the layout's view (`model_records.View.residual`: as transformers returns it), and a tensor
+    `fn` returns replaces the state the model continues with (`View.edited`: turned back into the model's layout).
+    Hooks are removed on exit, also when the body raises.
     """
-    layers, entries = layout.layers, layout.entries
+    layers, entries, view = layout.layers, layout.entries, layout.view
     done = 0  # decoder-layer calls so far in this forward
 
-    def call(l: int, x: torch.Tensor) -> torch.Tensor | None:
-        if not layout.time_major:
-            return fn(l, x)
-        new = fn(l, x.transpose(0, 1))  # [T, B, D] -> [B, T, D], as transformers returns it
-        return None if new is None else new.transpose(0, 1)
+    def call(layer: int, x: torch.Tensor) -> torch.Tensor | None:
+        new = fn(layer, view.residual(x))
+        return None if new is None else view.edited(x, new)
 
     def pre_hook(module, args, kwargs):
         nonlocal done
@@ -270,8 +269,8 @@ def residual_hooks(layout: ModelLayout, fn: ResidualFn) -> Iterator[None]:
     handles = []
     try:
         handles.append(entries[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-        for layer in {id(layer): layer for layer in layers}.values():
-            handles.append(layer.register_forward_hook(post_hook))
+        for module in {id(module): module for module in layers}.values():
+            handles.append(module.register_forward_hook(post_hook))
         yield
     finally:
         for handle in handles:
@@ -286,33 +285,33 @@ class Record:
     """What one forward call computed; tensors are detached (model dtype and device unless said).
 
     Raw (`reduce=False`): residual: X[0..L], each `[B, T, D]`. attentions: 1-based attention
-    layer -> `[B, H, T, T]` (rows = queries). gates: 1-based attention layer -> scores,
-    `[B, T, H, W]` (W = head_dim elementwise, 1 headwise) or `[B, T, D]` (dense G5).
+    layer -> `[B, H, T, T]` (rows = queries) of its first attention block; later_attentions: (layer, b) -> the map of
+    block b >= 2 of a layer that holds several (`ModelLayout.later_blocks`; `attention_map` reads either). gates:
+    1-based attention layer -> scores, `[B, T, H, W]` (W = head_dim elementwise, 1 headwise) or `[B, T, D]` (dense G5).
 
-    Reduced (`reduce=True`): token_max: `max_j |X[l][b, t, j]|` for l = 0..L, each `[B, T]`
-    float32. first_token_attention: layer -> `[B, H]` float64, the mean attention on token 0
-    over queries q >= 1. received: layer -> `[B, T]` float64, the attention each token receives
+    Reduced (`reduce=True`), every attention block keyed by (layer, b), b = 1 for a layer's first block:
+    token_max: `max_j |X[l][b, t, j]|` for l = 0..L, each `[B, T]` float32. first_token_attention: `[B, H]` float64,
+    the mean attention on token 0 over queries q >= 1. received: `[B, T]` float64, the attention each token receives
     from later queries, summed over them and averaged over heads (`metrics.received_attention`).
     gate_summaries: layer -> `metrics.gate_summary` of its scores.
-
-    A layer's first attention block is keyed by its layer l; a later block b (`ModelLayout.later_blocks`) by (l, b),
-    in the `later_*` twins (`block` reads either).
     """
 
     residual: list[torch.Tensor] = field(default_factory=list)
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)
+    later_attentions: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     gates: dict[int, torch.Tensor] = field(default_factory=dict)
     token_max: list[torch.Tensor] = field(default_factory=list)
-    first_token_attention: dict[int, torch.Tensor] = field(default_factory=dict)
-    received: dict[int, torch.Tensor] = field(default_factory=dict)
+    first_token_attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    received: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     gate_summaries: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-    later_attentions: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    later_first_token_attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    later_received: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
-    def block(self, what: str, l: int, b: int) -> torch.Tensor:
-        """`what` ("attentions", "first_token_attention" or "received") of attention block b (1-based) of layer l."""
-        return getattr(self, what)[l] if b == 1 else getattr(self, f"later_{what}")[(l, b)]
+    def attention_map(self, layer: int, b: int) -> torch.Tensor:
+        """The map of attention block b (1-based) of `layer`, `[B, H, T, T]`."""
+        return self.attentions[layer] if b == 1 else self.later_attentions[(layer, b)]
+
+    def blocks(self) -> set[tuple[int, int]]:
+        """The (layer, block) of every attention block read so far."""
+        return {(layer, 1) for layer in self.attentions} | set(self.later_attentions) | set(self.received)
 
     def residual_stack(self) -> torch.Tensor:
         """`[L+1, B, T, D]`."""
@@ -353,7 +352,7 @@ class Capture:
     with Capture(model) as cap:
         model(input_ids)
     record = cap.records[-1]           # residual X[0..L], attention maps, gate scores
-    cap.layout.full_attention_layers   # 1-based
+    cap.layout.attention_layers        # 1-based
     ```
 
     `attentions=True` runs the model with eager attention while open. On CPU,
@@ -375,19 +374,19 @@ class Capture:
         self._next = 0
         self._in_forward = False
         self._stack: contextlib.ExitStack | None = None
-        # The last residual state read, not yet reduced: (its record, X[l]). See `_reduce_pending`.
+        # The last residual state read, not yet reduced: (its record, the state). See `_reduce_pending`.
         self._pending: tuple[Record, torch.Tensor] | None = None
 
     def clear(self) -> None:
         self.records.clear()
 
-    def _where(self, l: int | None) -> str:
-        return f"{type(self.model).__name__} layer {l}" if l is not None else f"{type(self.model).__name__}"
+    def _where(self, layer: int | None) -> str:
+        return f"{type(self.model).__name__} layer {layer}" if layer is not None else f"{type(self.model).__name__}"
 
     # hooks -----------------------------------------------------------
     def _on_forward(self, module, args) -> None:
         self.records.append(Record())
-        self._next = 0  # the residual state l the next decoder-layer hook must give
+        self._next = 0  # the residual state the next decoder-layer hook must give: X[_next]
         self._in_forward = True
 
     def _reduce_pending(self, *_) -> None:
@@ -407,30 +406,25 @@ class Capture:
                 f"{self._where(max(self._next, 1))}: the decoder layer did not run in this forward, so it has no output"
             )
 
-    def _on_residual(self, l: int, x: torch.Tensor) -> None:
+    def _on_residual(self, layer: int, x: torch.Tensor) -> None:
+        """X[layer] `[B, T, D]`, as the layout's view reads it."""
         self._reduce_pending()
-        if l == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
+        if layer == 0 and not self._in_forward:  # the caller ran the decoder without `self.model` (its base model, say)
             self.records.append(Record())
             self._next = 0
         # Each state once per forward, in order: a layer that runs again where the layout lists no second call would
         # otherwise replace the first pass's numbers with the last's.
-        if l != self._next:
+        if layer != self._next:
             raise CaptureError(
-                f"{self._where(max(l, 1))} ran {'again' if l < self._next else 'out of order'} in one forward (the model "
-                f"runs its layers in a loop), which its layout does not list"
+                f"{self._where(max(layer, 1))} ran {'again' if layer < self._next else 'out of order'} in one forward "
+                f"(the model runs its layers in a loop), which its layout does not list"
             )
         self._next += 1
         record = self.records[-1]
-        if self.layout.residual_head is not None and x.dim() == 4:  # hyper-connection streams, reduced as the model does
-            x = self.layout.residual_head(x)
-        if self.layout.prefix:  # CPM-Ant's prompt positions, which the model drops from what it returns
-            x = x[:, self.layout.prefix :]
-        if self.layout.streams > 1:  # ProphetNet's n-gram streams after the main one: [B, (1 + n) T, D]
-            x = x[:, : x.shape[1] // self.layout.streams]
-        if x.dim() != 3:  # several streams the model reduces without a module of its own (Gemma 3n's AltUp)
+        if x.dim() != 3:  # several streams that the model reduces without a module of its own (Gemma 3n's AltUp)
             raise CaptureError(
-                f"{self._where(max(l, 1))}: its residual state has shape {list(x.shape)} (several streams), which the "
-                f"model reduces to one [B, T, D] state only after its last layer and with no module of its own "
+                f"{self._where(max(layer, 1))}: its residual state has shape {list(x.shape)} (several streams), which "
+                f"the model reduces to one [B, T, D] state only after its last layer and with no module of its own "
                 f"(transformers' hidden states are the streams too), so no layer has one residual state to read"
             )
         if self.want_residual:
@@ -438,95 +432,92 @@ class Capture:
                 self._pending = (record, x.detach())
             else:
                 record.residual.append(x.detach())
-        if l == self.layout.num_layers and self.want_attentions:
-            what = "attentions" if not self.reduce else "received"
+        if layer == self.layout.num_layers and self.want_attentions:
+            read = record.blocks()
             for f, b in self.layout.attention_rows:
-                try:
-                    record.block(what, f, b)
-                except KeyError:
+                if (f, b) not in read:
                     module = self.layout.attention_modules[f] if b == 1 else self.layout.later_blocks[f][b - 2][1]
                     raise CaptureError(
                         f"{self._where(f)}: its attention module ({type(module).__name__}) did not run in this forward, "
                         f"so the layer has no attention map"
-                    ) from None
+                    )
 
     def _layer_hooks(self, stack: contextlib.ExitStack) -> None:
         """Track which decoder-layer call is running, so that a shared module's calls go to their caller.
 
         The call about to run gives X[_next] (the residual hooks, registered first, have read X[0] already); a loop's
-        module gives a different l at each pass. A call the layout does not list there is one line, before its
+        module gives a different layer at each pass. A call the layout does not list there is one line, before its
         attention is read under a wrong layer."""
         layers, entries = self.layout.layers, self.layout.entries
 
         def enter(module, args):
             self._reduce_pending()
-            l = self._next
-            if not (1 <= l <= len(entries) and entries[l - 1] is module):
+            layer = self._next
+            if not (1 <= layer <= len(entries) and entries[layer - 1] is module):
                 raise CaptureError(
-                    f"{self._where(max(l, 1))}: another decoder layer ran in its place (the model runs its layers in an "
-                    f"order its layout does not list)"
+                    f"{self._where(max(layer, 1))}: another decoder layer ran in its place (the model runs its layers "
+                    f"in an order its layout does not list)"
                 )
-            self._layer = l
-            if self.want_attentions and l in self.layout.attention_modules:
-                self._follow_attention(l, stack)
+            self._layer = layer
+            if self.want_attentions and layer in self.layout.attention_modules:
+                self._follow_attention(layer, stack)
 
         def leave(module, args, output):
             self._layer = None
 
         for entry in {id(entry): entry for entry in entries}.values():
             stack.callback(entry.register_forward_pre_hook(enter).remove)
-        for layer in {id(layer): layer for layer in layers}.values():
-            stack.callback(layer.register_forward_hook(leave).remove)
+        for module in {id(module): module for module in layers}.values():
+            stack.callback(module.register_forward_hook(leave).remove)
 
-    def _follow_attention(self, l: int, stack: contextlib.ExitStack) -> None:
-        """Hook the attention module layer l holds now, if the model replaced the one the layout found."""
-        current = self.layout.attention_in(l)
-        if current is None or current is self.layout.attention_modules[l]:
+    def _follow_attention(self, layer: int, stack: contextlib.ExitStack) -> None:
+        """Hook the attention module `layer` holds now, if the model replaced the one the layout found."""
+        current = self.layout.attention_in(layer)
+        if current is None or current is self.layout.attention_modules[layer]:
             return
         hooked = {id(m) for m in self.layout.attention_modules.values()}
-        self.layout.attention_modules[l] = current
+        self.layout.attention_modules[layer] = current
         if id(current) not in hooked:
             stack.callback(current.register_forward_hook(self._attention_hook).remove)
 
     def _attention_hook(self, module, args, output) -> None:
-        l = self._layer
-        if l not in self.layout.attention_modules:
+        layer = self._layer
+        if layer not in self.layout.attention_modules:
             return  # called outside the decoder layers that hold it (none of ours do)
-        later = [m for _, m in self.layout.later_blocks.get(l, [])]
-        if module is not self.layout.attention_modules[l] and module not in later:
+        later = [m for _, m in self.layout.later_blocks.get(layer, [])]
+        if module is not self.layout.attention_modules[layer] and module not in later:
             return  # another layer's block (a module shared by several layers)
-        b = 1 if module is self.layout.attention_modules[l] else 2 + later.index(module)
-        at = self.layout.weights_index
-        weights = output[at] if isinstance(output, (tuple, list)) and len(output) > at else None
-        if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
+        b = 1 if module is self.layout.attention_modules[layer] else 2 + later.index(module)
+        weights = self.layout.view.weights(output)
+        if weights is None:
             raise CaptureError(
-                f"{self._where(l)}: {type(module).__name__} returned no attention weights, so its attention map "
+                f"{self._where(layer)}: {type(module).__name__} returned no attention weights, so its attention map "
                 f"cannot be captured"
             )
-        if self.layout.weights_axes != "bnij":  # XLNet's [T, T, B, H]: permuted as transformers returns it
-            weights = torch.einsum(f"{self.layout.weights_axes}->bnij", weights)
         record = self.records[-1]
-        key, suffix = (l, "") if b == 1 else ((l, b), "later_")
-        if key in getattr(record, f"{suffix}attentions") or key in getattr(record, f"{suffix}received"):
-            raise CaptureError(f"{self._where(l)}: {type(module).__name__} ran twice in one layer; the analysis reads one map per block")
-        weights = weights.detach()[..., self.layout.prefix :, self.layout.prefix :]
+        if (layer, b) in record.blocks():
+            raise CaptureError(f"{self._where(layer)}: {type(module).__name__} ran twice in one layer; the analysis "
+                               f"reads one map per block")
+        weights = weights.detach()
         if self.reduce:
-            getattr(record, f"{suffix}first_token_attention")[key] = first_token_attention_of(weights)
-            getattr(record, f"{suffix}received")[key] = received_attention_of(weights)
+            record.first_token_attention[(layer, b)] = first_token_attention_of(weights)
+            record.received[(layer, b)] = received_attention_of(weights)
+        elif b == 1:
+            record.attentions[layer] = weights
         else:
-            getattr(record, f"{suffix}attentions")[key] = weights
+            record.later_attentions[(layer, b)] = weights
 
     def _gate_hook(self, site: GateSite):
         def hook(module, args, output):
-            l = self._layer
-            if l not in self.layout.gates:
+            layer = self._layer
+            if layer not in self.layout.gates:
                 return
             scores = gate_scores(site, module, output).detach()
             record = self.records[-1]
             if self.reduce:
-                record.gate_summaries[l] = M.gate_summary(M.scores_per_head(scores.float().cpu().double().numpy()))
+                record.gate_summaries[layer] = gate_summary(scores_per_head(scores.float().cpu().double().numpy()))
             else:
-                record.gates[l] = scores
+                record.gates[layer] = scores
 
         return hook
 

@@ -38,11 +38,11 @@ def comparison_rows(out_dir: Path, models: dict[str, str]) -> list[dict]:
         m_sink = arrays["m_sink"].mean(axis=0) if attention else None
         m_first, m_act = arrays["m_first"].mean(axis=0), arrays["m_act_layers"].mean(axis=0)
         types = ["embedding", *arrays["layer_types"].tolist()]
-        for l in range(len(m_first)):
+        for layer in range(len(m_first)):
             rows.append({
-                "model": model, "folder": folder, "layer": l, "layer_type": types[l], "is_attention": l in attention,
-                "m_sink": float(m_sink[l]) if m_sink is not None else "", "m_first": float(m_first[l]),
-                "m_act": float(m_act[l]),
+                "model": model, "folder": folder, "layer": layer, "layer_type": types[layer], "is_attention": layer in attention,
+                "m_sink": float(m_sink[layer]) if m_sink is not None else "", "m_first": float(m_first[layer]),
+                "m_act": float(m_act[layer]),
             })
     return rows
 

@@ -2,7 +2,7 @@
 
 `z[l]` is the first token's residual state X[l][0, :] from a normal pass,
 `[L+1, D]`, l = 0..L (X[0] = embedding output, X[l] = output of decoder layer
-l). For full-attention layers f_1 < ... < f_K (1-based) the pre-attention
+l). For the attention layers f_1 < ... < f_K (1-based) the pre-attention
 positions are p_i = f_i - 1, and `C_i` = top-k coordinates of |z[p_i]|.
 
 - Deletion: X[p_i][0, j] = 0 for j in C_i, every i.
@@ -43,13 +43,13 @@ KINDS = ("deletion", "connection")
 Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
-def select_coordinates(z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> dict[int, torch.Tensor]:
+def select_coordinates(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> dict[int, torch.Tensor]:
     """`{p_i: C_i}`: the top-k coordinates of |z[p_i]| for each pre-attention position (sorted ascending)."""
-    return {f - 1: z[f - 1].abs().topk(k).indices.sort().values for f in sorted(set(full_attention_layers))}
+    return {f - 1: z[f - 1].abs().topk(k).indices.sort().values for f in sorted(set(attention_layers))}
 
 
-def deletion_edits(z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> Edits:
-    coords = select_coordinates(z, full_attention_layers, k)
+def deletion_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
+    coords = select_coordinates(z, attention_layers, k)
     return {p: (c, torch.zeros(len(c), dtype=z.dtype, device=z.device)) for p, c in coords.items()}
 
 
@@ -57,49 +57,55 @@ def _union(coords: dict[int, torch.Tensor]) -> torch.Tensor:
     return torch.unique(torch.cat(list(coords.values()))) if coords else torch.zeros(0, dtype=torch.long)
 
 
-def connection_edits(z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> Edits:
-    coords = select_coordinates(z, full_attention_layers, k)
+def connection_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
+    coords = select_coordinates(z, attention_layers, k)
     c = _union(coords)
     positions = sorted(coords)
     edits: Edits = {p: (c, z[p, c]) for p in positions}
     for p, p_next in zip(positions[:-1], positions[1:]):
         spike = z[p, c]
         s = torch.where(spike >= 0, 1.0, -1.0).to(z.dtype)
-        for l in range(p + 1, p_next):
-            edits[l] = (c, s * torch.maximum(spike.abs(), s * z[l, c]))
+        for layer in range(p + 1, p_next):
+            edits[layer] = (c, s * torch.maximum(spike.abs(), s * z[layer, c]))
     return edits
 
 
-def endpoint_edits(z: torch.Tensor, full_attention_layers: Sequence[int], k: int, kind: str) -> Edits:
+def endpoint_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int, kind: str) -> Edits:
     """The identity check's plan: the coordinates `kind` touches at each p_i, pinned to z."""
-    coords = select_coordinates(z, full_attention_layers, k)
+    coords = select_coordinates(z, attention_layers, k)
     if kind == "connection":
         c = _union(coords)
         coords = {p: c for p in coords}
     return {p: (c, z[p, c]) for p, c in coords.items()}
 
 
-def build_edits(kind: str, z: torch.Tensor, full_attention_layers: Sequence[int], k: int) -> Edits:
+def build_edits(kind: str, z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
     if kind == "deletion":
-        return deletion_edits(z, full_attention_layers, k)
+        return deletion_edits(z, attention_layers, k)
     if kind == "connection":
-        return connection_edits(z, full_attention_layers, k)
+        return connection_edits(z, attention_layers, k)
     raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
 
 
 @contextlib.contextmanager
 def apply_edits(model: nn.Module, edits: Edits, token: int = 0) -> Iterator[None]:
-    """While open, every forward of `model` sets X[l][:, token, coords] = values for each planned l."""
+    """While open, every forward of `model` sets X[layer][:, token, coords] = values for each planned layer.
 
-    def edit(l: int, x: torch.Tensor) -> torch.Tensor | None:
-        if l not in edits:
+    A model whose residual state cannot be edited as one `[B, T, D]` state (`View.edit_refusal`: several streams,
+    prompt positions before the input) is a `ValueError` naming why."""
+    layout = model_layout(model)
+    if layout.view.edit_refusal:
+        raise ValueError(f"{type(model).__name__}'s residual state cannot be edited: {layout.view.edit_refusal}")
+
+    def edit(layer: int, x: torch.Tensor) -> torch.Tensor | None:
+        if layer not in edits:
             return None
-        coords, values = edits[l]
+        coords, values = edits[layer]
         x = x.clone()
         x[:, token, coords.to(x.device)] = values.to(device=x.device, dtype=x.dtype)
         return x
 
-    with torch_linear_attention(model), residual_hooks(model_layout(model), edit):
+    with torch_linear_attention(model), residual_hooks(layout, edit):
         yield
 
 
@@ -147,8 +153,8 @@ def mask_first_token(model: nn.Module, layers: Sequence[int]) -> Iterator[None]:
 
     handles = []
     try:
-        for l in sorted(set(layers)):
-            handles.append(modules[l].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        for layer in sorted(set(layers)):
+            handles.append(modules[layer].register_forward_pre_hook(pre_hook, with_kwargs=True))
         yield
     finally:
         for handle in handles:
@@ -179,7 +185,7 @@ def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int) -> I
         raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
     with Capture(model, attentions=False, gates=False) as cap:
         logits_normal = model(input_ids=input_ids, use_cache=False).logits
-    fa = cap.layout.full_attention_layers
+    fa = cap.layout.attention_layers
     z = torch.stack([x[0, 0].cpu() for x in cap.records[-1].residual])  # [L+1, D]; the layers may sit on several devices
 
     with apply_edits(model, endpoint_edits(z, fa, k, kind)):

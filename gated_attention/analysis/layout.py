@@ -1,37 +1,12 @@
-"""Where a model's decoder layers, softmax-attention modules and attention gates are.
+"""Where a model's decoder layers, softmax-attention modules and attention gates are: the mechanism.
 
 transformers declares, on every model class, which module class yields each decoder layer's hidden
 states and which yields attention weights (`_can_record_outputs`, the mechanism behind
 `output_hidden_states` and `output_attentions`). The analysis reads that declaration, as
 transformers' own recorder does; the package's three families declare it the same way. Where a
-declaration does not say enough, a record below says it, as data, in this one place:
-
-- `UNDECLARED`: model types that declare nothing because they have no attention (Mamba, RWKV):
-  their decoder layer is the class in `_no_split_modules`, and no module is attention.
-- `PACKAGE_DECLARATIONS`: packages whose models declare nothing (fla): their decoder layer is the
-  class in `_no_split_modules`, their attention the package's softmax-attention class.
-- `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax map (MiniMax's
-  lightning attention is linear attention).
-- `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input
-  (Reformer's chunks and hash buckets), or whose inputs are no text tokens (MusicGen's decoder reads audio
-  codec codes, Gemma 4's assistants their target model's states): refused with the reason, in one line.
-- `REQUIRED_FIELDS`: config fields a model needs set, have no default, and the analysis cannot choose (X-MOD's input
-  language): a checkpoint without one is refused in one line that names the field and its choices.
-- `RESIDUAL_HEADS`: hyper-connection models (DeepSeek-V4) keep several residual streams; the module
-  that reduces them before the final norm is where the residual state is read through.
-- `PROMPT_PREFIXES`: models that put learned prompt tokens before every input (CPM-Ant): read past them.
-- `MAIN_STREAMS`: models whose residual carries prediction streams after the main one (ProphetNet).
-- `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
-- `TIME_MAJOR`: model types that keep their states time-major (XLNet: `[T, B, D]`, weights `[T, T, B, H]`): read in
-  that layout and permuted as transformers permutes what it returns.
-- `PARALLEL_LAYERS`: model types whose layers are no modules (XLM: parallel lists of attention, norm and feed-forward
-  modules): the list whose entry starts each layer and the one whose entry's output is the layer's output.
-- `LOOPED`: model types whose layers run several times in one forward although their declared layer count
-  counts modules, not calls (Dory's recurrent section): their layers are found in the order they run.
-- `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
-  GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
-  Their attention returns its weights only when the model is called with `output_attentions=True`,
-  which `Capture` then passes (`ModelLayout.weights_on_request`).
+declaration does not say enough, a record in `model_records` says it, as data, and `model_layout`
+picks it here, once: which classes a model without a declaration uses, which models are refused and
+why, and the `View` through which its residual states and attention maps are read.
 
 Decoder layers: the entries of the `ModuleList` that holds (or is made of) the declared
 hidden-state modules, one per `config.num_hidden_layers` (an encoder-decoder's `decoder_layers`, or
@@ -41,7 +16,7 @@ Mamba layer) stands for the wrapper, whose output it gives.
 
 A model that runs some layers several times in one forward (Inkling2-loop's loop layers, HRM's two stacks run
 in cycles, Dory's recurrent section) declares the number of calls, not of modules (`total_num_hidden_layers`,
-HRM's `num_hidden_layers`), or is named in `LOOPED`. Its decoder layers are then its layer calls, in the order
+HRM's `num_hidden_layers`), or is named in `model_records.LOOPED`. Its decoder layers are then its layer calls, in the order
 the model makes them, read by running it once on two tokens (as transformers' own recorder collects them, one
 per call): a module that runs k times is k layers, each named by its module path and pass (1-based, its k-th
 call in one forward). `Capture` checks every forward makes the same calls in the same order.
@@ -65,105 +40,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-# ---------------------------------------------------------------- records: what declarations do not say
-
-# transformers model types that declare no attention output, because they have no attention (xLSTM declares
-# its hidden states only).
-UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
-# Packages whose model classes declare nothing: the module of their softmax attention class.
-PACKAGE_DECLARATIONS = {"fla": {"attentions": ("fla.layers.attn", "Attention")}}
-# Classes declared under "attentions" whose output is no softmax attention map.
-NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
-# transformers model types that declare nothing because their classes predate the declaration, although their
-# attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
-# attention class, and the attribute the attention sits under where a layer holds another of the same class
-# (an encoder-decoder's decoder layer also holds its cross-attention, which a causal LM never runs).
-# A release that declares the class is read from its declaration instead (`declaration`); the record serves the
-# older ones. tests/test_analyze_architectures.py fails for a record once the floor release declares it: delete it then.
-LEGACY_DECLARATIONS = {
-    "bloom": ("BloomBlock", "BloomAttention", None),
-    "falcon": ("FalconDecoderLayer", "FalconAttention", None),
-    "gpt_neo": ("GPTNeoBlock", "GPTNeoSelfAttention", None),
-    "mpt": ("MptBlock", "MptAttention", None),
-    "openai-gpt": ("Block", "Attention", None),
-    "cpmant": ("CpmAntTransformerBlock", "CpmAntAttention", None),
-    "prophetnet": ("ProphetNetDecoderLayer", "ProphetNetNgramSelfAttention", "self_attn"),  # its map: the main stream's
-    "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
-    "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
-    "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
-    "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
-    "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
-    "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
-    "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: TIME_MAJOR
-}
-# transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
-# tokens, or whose inputs are no text tokens a tokenizer gives, with the reason, said in one line instead of a wrong
-# number or a traceback.
-AUDIO_CODES = ("its inputs are audio codec codes, one row of input_ids per codebook ([B * num_codebooks, T]), not "
-               "text tokens")
-ASSISTANT = ("a speculative-decoding assistant: its inputs are its target model's hidden states and key/value cache "
-             "(inputs_embeds, shared_kv_states), not input_ids, which its forward ignores; every layer attends to the "
-             "target's keys")
-UNREADABLE = {
-    "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
-    "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
-           "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
-    "musicgen_decoder": AUDIO_CODES,  # MusicgenForCausalLM: the decoder of a text-to-audio model
-    "musicgen_melody_decoder": AUDIO_CODES,
-    "gemma4_assistant": ASSISTANT,  # Gemma4AssistantForCausalLM: a drafter for speculative decoding
-    "gemma4_unified_assistant": ASSISTANT,
-}
-# Config fields a model type needs set and has no default for, which the analysis cannot choose for the user: the field,
-# the config field that lists its choices, and what the model does with it. X-MOD runs one language adapter per layer,
-# chosen by the input's language: transformers' own forward raises without one, and only the user knows the inputs'.
-REQUIRED_FIELDS = {"xmod": ("default_language", "languages", "the language adapter every layer runs")}
-# Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
-# (named under the attention module as the model names its parameters; where releases put it in different places,
-# each name in turn, the first the model has) and the activation the model applies to its output, `[B, T, H]` (a score
-# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width. Inkling2's gate moved into its
-# output projection in transformers 5.24 (`Inkling2GatedOutputProjection`); 5.23 keeps it on the attention, the same
-# map of the same input, applied to the same output.
-INKLING2_GATE = ("o_proj.gate_proj", "gate_proj")
-OUTPUT_GATES = {
-    "Lfm3Attention": ("g_proj", "sigmoid"),
-    "BailingHybridAttention": ("g_proj", "sigmoid"),
-    "LagunaAttention": ("g_proj", "softplus"),
-    "Dots3NoteTextAttention": ("g_proj", "sigmoid"),
-    "HYV4Attention": ("gate_proj", "sigmoid"),
-    "Inkling2SlidingAttention": (INKLING2_GATE, "sigmoid"),
-    "Inkling2FullAttention": (INKLING2_GATE, "sigmoid"),
-    "Inkling2LoopSlidingAttention": (INKLING2_GATE, "sigmoid"),
-    "Inkling2LoopFullAttention": (INKLING2_GATE, "sigmoid"),
-}
-# Hyper-connections: model types whose decoder layers pass several residual streams on ([B, T, N, D]) and reduce them
-# to one before the final norm with a module of their own (the attribute of the text model named here). The residual
-# state X[l] is read through it, as the model reads its last one.
-RESIDUAL_HEADS = {"deepseek_v4": "hc_head", "hy_v4": "hc_head"}
-# Model types that put learned prompt tokens before every input (CPM-Ant: `config.prompt_length` of them) and drop
-# them from the hidden states and maps they return: the residual and maps are read past them, as transformers returns
-# them, so token 0 is the input's first token.
-PROMPT_PREFIXES = {"cpmant": "prompt_length"}
-# Model types whose decoder layers carry prediction streams after the main one, `[B, (1 + n) T, D]` (ProphetNet's
-# `config.ngram` n-gram streams): the residual is read as the main stream, the first T positions, as transformers
-# returns it.
-MAIN_STREAMS = {"prophetnet": "ngram"}
-# Model types whose modules keep their states time-major, `[T, B, D]`: the einsum axes of the attention weights (i query,
-# j key, b batch, n head) and where they are in the attention module's output (XLNet's is (h, g, weights), g None
-# without a target mapping). transformers permutes both to `[B, T, D]` and `[B, H, T, T]` before returning them; the
-# capture reads them in the model's layout and permutes them the same way (and an edit of the residual goes back).
-TIME_MAJOR = {"xlnet": ("ijbn", 2)}
-# Model types whose layers are no modules: the base model holds parallel lists of per-layer modules and runs entry i of
-# each in turn (XLM: attentions, layer_norm1, ffns, layer_norm2). The list whose entry i starts layer i + 1 (its
-# attention, whose input is the layer's input) and the list whose entry i's output is that layer's output. XLM then
-# multiplies that output by its padding mask in place, as its forward goes on: the capture reduces a residual state only
-# when the next is read or the model's forward has returned, so it reads what transformers returns.
-PARALLEL_LAYERS = {"xlm": ("attentions", "layer_norm2")}
-# Model types whose decoder layers run several times in one forward while their config counts modules: the config
-# field that counts the passes (a model with one pass runs each layer once). Those that count calls need no record.
-LOOPED = {"dory": "n_recurrent_loops"}
-# Config fields that name each decoder layer's type, in order of preference.
-LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
-
+from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, NOT_SOFTMAX, OUTPUT_GATES,
+                            PACKAGE_DECLARATIONS, PARALLEL_LAYERS, REQUIRED_FIELDS, UNDECLARED, UNREADABLE, View,
+                            view_of)
 
 class LayoutError(ValueError):
     """A model whose layout cannot be read; the message is one line for the user."""
@@ -308,37 +187,32 @@ class GateSite:
 
 @dataclass
 class ModelLayout:
-    layers: nn.ModuleList | list[nn.Module]
+    """A model as the analysis reads it. Layers are 1-based (HF `layer_idx = layer - 1`)."""
+
+    # The decoder-layer calls of one forward, in order: a module that runs k times in one forward (a loop) is listed
+    # k times, each a layer of its own.
+    layers: list[nn.Module]
+    # Each layer's type as the model names it ("full_attention", "sliding_attention", "linear_attention", ...).
     layer_types: list[str]
-    full_attention_layers: list[int]  # 1-based: the layers that contain softmax attention
-    attention_modules: dict[int, nn.Module]  # 1-based attention layer -> its softmax-attention module
-    gates: dict[int, GateSite]  # 1-based attention layer -> gate site
-    # The attention returns its weights only when the model is called with `output_attentions=True` (a legacy class).
-    weights_on_request: bool = False
-    # Reduces the hyper-connection streams `[B, T, N, D]` of a residual state to `[B, T, D]` (`RESIDUAL_HEADS`).
-    residual_head: nn.Module | None = None
-    # Prompt positions before the input's tokens (`PROMPT_PREFIXES`), left out of the residual and the maps.
-    prefix: int = 0
-    # Streams the residual carries, the main one first (`MAIN_STREAMS`): 1 + ProphetNet's n-gram streams.
-    streams: int = 1
+    # Each layer that holds softmax attention -> its (first) softmax-attention module.
+    attention_modules: dict[int, nn.Module]
+    # Each attention layer with an output gate -> where its scores come from.
+    gates: dict[int, GateSite]
+    # Each layer's module as the model names it ("model.layers.3").
+    names: list[str] = field(default_factory=list)
+    # Attention blocks after the first in one layer (Longcat-Flash runs `self_attn.0`, then `self_attn.1`): layer ->
+    # (name under the layer, module) of each, in the order the layer holds and calls them. Each is a row of its own
+    # (`attention_rows`); `attention_modules` and `gates` are the first block's.
+    later_blocks: dict[int, list[tuple[str, nn.Module]]] = field(default_factory=dict)
+    # The module whose call starts each layer, its input X[layer - 1]: the layer itself but where the layer is no
+    # module (`model_records.PARALLEL_LAYERS`: XLM's attention starts it, its last norm ends it).
+    entries: list[nn.Module] = field(default_factory=list)
     # Whether a module is a declared softmax attention (`attention_in` asks it again of a layer).
     is_attention: Callable[[str, nn.Module], bool] | None = None
-    # Each decoder layer's module, as the model names it ("model.layers.3"), and its pass: the module's k-th call in
-    # one forward (1 but in a loop, where a module that runs k times is k layers).
-    names: list[str] = field(default_factory=list)
-    passes: list[int] = field(default_factory=list)
-    # Attention blocks after the first in one layer (Longcat-Flash runs `self_attn.0`, then `self_attn.1`): 1-based
-    # layer -> (name under the layer, module) of each, in the order the layer holds and calls them. Each is a row of
-    # its own (`attention_rows`); `attention_modules` and `gates` are the first block's.
-    later_blocks: dict[int, list[tuple[str, nn.Module]]] = field(default_factory=dict)
-    # The module whose call starts each decoder layer, its input X[l-1]: the layer itself but where the layer is no
-    # module (`PARALLEL_LAYERS`: XLM's attention starts it, its last norm ends it).
-    entries: list[nn.Module] = field(default_factory=list)
-    # States kept time-major (`TIME_MAJOR`): the residual `[T, B, D]`, the weights in these einsum axes at this index of
-    # the attention module's output ("bnij" at 1: `[B, H, T, T]` second, as transformers' attention modules return them).
-    time_major: bool = False
-    weights_axes: str = "bnij"
-    weights_index: int = 1
+    # The attention returns its weights only when the model is called with `output_attentions=True` (a legacy class).
+    weights_on_request: bool = False
+    # How residual states and attention weights are read (`model_records.view_of`), chosen when the layout is read.
+    view: View = field(default_factory=View)
 
     def __post_init__(self) -> None:
         if not self.entries:
@@ -348,22 +222,37 @@ class ModelLayout:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def attention_in(self, l: int) -> nn.Module | None:
-        """The softmax-attention module layer l (1-based) holds now: a model may replace it as it runs (BigBird
-        swaps its block-sparse attention for full attention at inputs too short for blocks)."""
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers that hold softmax attention, full or sliding-window, in order."""
+        return sorted(self.attention_modules)
+
+    @property
+    def passes(self) -> list[int]:
+        """Each layer's pass: its module's k-th call in one forward (1 but in a loop)."""
+        calls: dict[int, int] = {}
+        out = []
+        for module in self.layers:
+            calls[id(module)] = calls.get(id(module), 0) + 1
+            out.append(calls[id(module)])
+        return out
+
+    def attention_in(self, layer: int) -> nn.Module | None:
+        """The softmax-attention module `layer` holds now: a model may replace it as it runs (BigBird swaps its
+        block-sparse attention for full attention at inputs too short for blocks)."""
         if not self.is_attention:
-            return self.attention_modules.get(l)
-        blocks = _layer_attentions(self.layers[l - 1], self.is_attention)
+            return self.attention_modules.get(layer)
+        blocks = _layer_attentions(self.layers[layer - 1], self.is_attention)
         return blocks[0][1] if blocks else None
 
     @property
     def attention_rows(self) -> list[tuple[int, int]]:
-        """Every attention block as (1-based layer, 1-based block in the layer), in the order the model runs them."""
-        return [(f, b) for f in self.full_attention_layers for b in range(1, 2 + len(self.later_blocks.get(f, [])))]
+        """Every attention block as (layer, 1-based block in the layer), in the order the model runs them."""
+        return [(f, b) for f in self.attention_layers for b in range(1, 2 + len(self.later_blocks.get(f, [])))]
 
-    def block_name(self, l: int, b: int) -> str:
-        """Block b of layer l as the model names it: the layer's module for its first block, else the block's module."""
-        return self.names[l - 1] if b == 1 else f"{self.names[l - 1]}.{self.later_blocks[l][b - 2][0]}"
+    def block_name(self, layer: int, b: int) -> str:
+        """Block b of `layer` as the model names it: the layer's module for its first block, else the block's module."""
+        return self.names[layer - 1] if b == 1 else f"{self.names[layer - 1]}.{self.later_blocks[layer][b - 2][0]}"
 
 
 def text_config(model: nn.Module):
@@ -515,7 +404,8 @@ def _has_submodule(module: nn.Module, name: str) -> bool:
 
 
 def model_layout(model: nn.Module) -> ModelLayout:
-    """Decoder layers, softmax-attention layers (1-based), their attention modules and gate sites.
+    """Decoder layers, softmax-attention layers (1-based), their attention modules and gate sites, and the view
+    their states and maps are read through.
 
     Raises `LayoutError` (one line) when the model's declaration does not let them be found.
     """
@@ -533,37 +423,36 @@ def model_layout(model: nn.Module) -> ModelLayout:
     layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None), looped)
     is_attention = _softmax_attention(declared["attentions"])
     attention_modules, gates, later_blocks = {}, {}, {}
-    for l, layer in enumerate(layers, start=1):
-        blocks = _layer_attentions(layer, is_attention)
+    for layer, module in enumerate(layers, start=1):
+        blocks = _layer_attentions(module, is_attention)
         if not blocks:
             continue
         (where, attention), *later = blocks
-        attention_modules[l] = attention
+        attention_modules[layer] = attention
         if later:
-            later_blocks[l] = later
+            later_blocks[layer] = later
         if (site := _gate_site(config, attention)) is not None:
             site.name = f"{where}.{site.name}".strip(".")
-            gates[l] = site
-    # Per-layer config fields list the modules (in the order the model holds them), not the calls of a loop.
+            gates[layer] = site
+    paths = {id(m): n for n, m in model.named_modules()}
+    return ModelLayout(layers, _layer_types(model, config, layers, attention_modules), attention_modules, gates,
+                       names=[paths[id(module)] for module in layers], later_blocks=later_blocks,
+                       is_attention=is_attention, weights_on_request=bool(declared["legacy"]),
+                       view=view_of(_pretrained_models(model)))
+
+
+def _layer_types(model: nn.Module, config, layers: list[nn.Module], attention_modules: dict[int, nn.Module]) -> list[str]:
+    """Each layer's type as its config names it, or "full_attention" for an attention layer and the class's name for
+    another where the config names none. Per-layer config fields list the modules (in the order the model holds them),
+    not the calls of a loop."""
     position = {id(m): i for i, m in enumerate(model.modules())}
-    modules = sorted({id(layer): layer for layer in layers}.values(), key=lambda m: position[id(m)])
+    modules = sorted({id(module): module for module in layers}.values(), key=lambda m: position[id(m)])
     module_types = layer_type_names(config, len(modules))
     if module_types is not None:
         of_module = {id(m): t for m, t in zip(modules, module_types)}
-        names = [of_module[id(layer)] for layer in layers]
-    else:
-        names = ["full_attention" if l in attention_modules else type(layer).__name__ for l, layer in enumerate(layers, start=1)]
-    paths = {id(m): n for n, m in model.named_modules()}
-    calls: dict[int, int] = {}  # id of a module -> its calls so far
-    passes = []
-    for layer in layers:
-        calls[id(layer)] = calls.get(id(layer), 0) + 1
-        passes.append(calls[id(layer)])
-    axes, index = TIME_MAJOR.get(getattr(config, "model_type", None), ("bnij", 1))
-    return ModelLayout(layers, names, sorted(attention_modules), attention_modules, gates, bool(declared["legacy"]),
-                       _residual_head(model), _prefix(config), _streams(config), is_attention,
-                       [paths[id(layer)] for layer in layers], passes, later_blocks,
-                       time_major=axes != "bnij", weights_axes=axes, weights_index=index)
+        return [of_module[id(module)] for module in layers]
+    return ["full_attention" if layer in attention_modules else type(module).__name__
+            for layer, module in enumerate(layers, start=1)]
 
 
 def _parallel_layout(model: nn.Module) -> ModelLayout | None:
@@ -582,30 +471,11 @@ def _parallel_layout(model: nn.Module) -> ModelLayout | None:
         if not (isinstance(starts, nn.ModuleList) and isinstance(ends, nn.ModuleList) and len(starts) == len(ends) > 0):
             continue
         layers, n = list(ends), len(ends)
-        attention_modules = {l: starts[l - 1] for l in range(1, n + 1)}
+        attention_modules = {layer: starts[layer - 1] for layer in range(1, n + 1)}
         paths = {id(m): name for name, m in model.named_modules()}
-        return ModelLayout(layers, ["full_attention"] * n, list(range(1, n + 1)), attention_modules, {},
-                           weights_on_request=True, names=[paths[id(m)] for m in layers], passes=[1] * n,
-                           entries=list(starts))
+        return ModelLayout(layers, ["full_attention"] * n, attention_modules, {}, names=[paths[id(m)] for m in layers],
+                           entries=list(starts), weights_on_request=True)
     if recorded is not None:
         raise LayoutError(f"{type(model).__name__}: no parallel lists {recorded[0]!r} and {recorded[1]!r} of one "
                           f"length hold its layers")
-    return None
-
-
-def _prefix(config) -> int:
-    field = PROMPT_PREFIXES.get(getattr(config, "model_type", None))
-    return getattr(config, field, 0) if field else 0
-
-
-def _streams(config) -> int:
-    field = MAIN_STREAMS.get(getattr(config, "model_type", None))
-    return 1 + getattr(config, field, 0) if field else 1
-
-
-def _residual_head(model: nn.Module) -> nn.Module | None:
-    for sub in _pretrained_models(model):
-        attribute = RESIDUAL_HEADS.get(getattr(getattr(sub, "config", None), "model_type", None))
-        if attribute is not None and isinstance(getattr(sub, attribute, None), nn.Module):
-            return getattr(sub, attribute)
     return None

@@ -4,7 +4,7 @@
   transformers' class, because importing fla registers fla's models under some of the same names
   (`mamba2`) with the Auto classes; a composite model's text model saved alone (Emu3, Mllama), with
   the transformers class its config names.
-- `refuse_unreadable`: a class the analysis refuses (`layout.UNREADABLE`) is one line before anything
+- `refuse_unreadable`: a class the analysis refuses (`model_records.UNREADABLE`) is one line before anything
   loads (a whole MusicGen checkpoint maps to its decoder, whose inputs are audio codes).
 - `is_fla_model`: whether MODEL is one of flash-linear-attention's models, built inside `fla_torch_paths`
   (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
@@ -61,11 +61,11 @@ def causal_lm_class(config: dict, trust_remote_code: bool):
 
 
 def refuse_unreadable(cls) -> None:
-    """A class the analysis refuses (`layout.UNREADABLE`, by the model type of the config it takes) is one line before
+    """A class the analysis refuses (`model_records.UNREADABLE`, by the model type of the config it takes) is one line before
     anything loads. A full MusicGen checkpoint (model type "musicgen", a text-to-audio model whose weights lie under
     `decoder.`) maps to `MusicgenForCausalLM`, its decoder, whose inputs are audio codes: the refusal is that reason,
     not the missing weights its loading would report."""
-    from .layout import UNREADABLE
+    from .model_records import UNREADABLE
 
     model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
     if model_type in UNREADABLE:

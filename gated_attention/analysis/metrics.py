@@ -117,7 +117,7 @@ def peak_excess(m: np.ndarray, full_attention_layers: Sequence[int]) -> list[flo
     layers = _check_layers(m, full_attention_layers)
     out = []
     for f, block in attention_blocks(layers).items():
-        earlier = [l for l in block if l < f - 1]
+        earlier = [position for position in block if position < f - 1]
         if not earlier:
             out.append(NAN)
             continue
@@ -135,10 +135,10 @@ def _inter_spike_terms(m: np.ndarray, full_attention_layers: Sequence[int]) -> l
     terms = []
     for f, f_next in zip(layers[:-1], layers[1:]):
         p, p_next = f - 1, f_next - 1
-        between = [l for l in range(p + 1, p_next) if l not in attention]
+        between = [position for position in range(p + 1, p_next) if position not in attention]
         if not between:
             return None
-        terms += [(m[l], min(m[p], m[p_next])) for l in between]
+        terms += [(m[position], min(m[p], m[p_next])) for position in between]
     return terms
 
 

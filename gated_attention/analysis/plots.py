@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
-def _mark_attention_layers(ax, full_attention_layers) -> None:
-    for i, f in enumerate(full_attention_layers):
+def _mark_attention_layers(ax, attention_layers) -> None:
+    for i, f in enumerate(attention_layers):
         ax.axvline(f, color="tab:red", linestyle=":", linewidth=1, label="attention layer" if i == 0 else None)
 
 

@@ -128,7 +128,7 @@ def attention_by_query(model, task: BackcopyTask, rows: torch.Tensor) -> dict:
             everyone = dormant | active
             masks = [m.numpy() for m in (dormant, active, everyone)]
             counts += [m.sum() for m in masks]
-            for f in cap.layout.full_attention_layers:
+            for f in cap.layout.attention_layers:
                 a = record.attentions[f][0].float().cpu().numpy()  # [H, T, T]
                 on_first = a[:, :, 0].mean(axis=0)  # [T]: per query, mean over heads
                 sums[f] = sums.get(f, np.zeros(3)) + [on_first[m].sum() for m in masks]

@@ -229,7 +229,7 @@ def analysis_metrics(model, rows: torch.Tensor) -> dict:
             cap.clear()
             model(input_ids=x[None].to(device), use_cache=False)
             record = cap.records[-1]
-            maps = [record.attentions[f][0].float().cpu().numpy() for f in cap.layout.full_attention_layers]  # [H, T, T] each
+            maps = [record.attentions[f][0].float().cpu().numpy() for f in cap.layout.attention_layers]  # [H, T, T] each
             first_attention.append(M.first_token_attention(maps).mean(axis=1))  # [n_layers]
             residual = record.residual_stack()[:, 0].float().cpu().numpy()  # [L+1, T, D]
             max_act.append(M.m_act_per_layer(residual))  # [L+1]

@@ -141,7 +141,7 @@ def layer_metrics(model, rows: torch.Tensor) -> list[dict]:
     device = next(model.parameters()).device
     fa, m_act, first, other, gates = [], [], [], [], {}
     with Capture(model, residual=True, attentions=True, gates=True) as cap:
-        full = cap.layout.full_attention_layers
+        full = cap.layout.attention_layers
         for x in rows:
             cap.clear()
             model(input_ids=x[None].to(device), use_cache=False)

@@ -1,0 +1,285 @@
+"""The files `run_analysis` writes, each from what was measured: one writer per file.
+
+What they are written from: `InputResult` (one input, reduced as it was captured), `GateAccumulator` (the gate
+scores' sums over inputs), the per-input metric rows (`analyze.input_metrics`) and the summary rows over inputs
+(`analyze.summary_rows`).
+
+- `arrays.npz` (`write_arrays`): per-input trajectories `m_first`, `m_sink`, `m_act_layers` `[N, L+1]`,
+  `first_token_attention` `[N, n_attn, H]` (n_attn: one row per attention block, `attention_rows`),
+  `consensus_sink`, gate histograms and per-head gate stats.
+- `inputs.csv`, `layers.csv`, `peak_excess.csv`, `gates.csv`, `metrics.csv` (metric, anchor, mean and 95% bootstrap
+  CI over inputs), `intervention.csv`.
+- `summary.md` (`write_summary`), written last by `run_analysis`: a folder without it is an interrupted run.
+
+Layers are decoder-layer calls (`ModelLayout.layers`): in a model that runs some layers several times in one
+forward, each pass is its own row of every per-layer array and of `layers.csv` (`name`: the module's path,
+`pass`: its k-th call), its F-Attn read from that call's map and its M-Act from that call's output, as
+transformers' `output_attentions` / `output_hidden_states` return one per call. A layer that holds several
+attention blocks (Longcat-Flash) has a row for each later block after its own, named by the block's module, with
+its F-Attn and no residual columns: the model returns no state between its blocks.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics
+from .layout import GateSite, ModelLayout
+from .samples import Sample
+
+ANCHORS = ("consensus_sink", "first_token")
+
+
+@dataclass
+class InputResult:
+    sample: Sample
+    n_tokens: int
+    consensus_sink: int  # -1 when the model has no softmax attention
+    m_first: np.ndarray  # [L+1]
+    m_sink: np.ndarray  # [L+1], NaN when there is no consensus sink
+    m_act_layers: np.ndarray  # [L+1]
+    first_token_attention: np.ndarray  # [n_attn, H], over queries q >= 1
+    gate: dict[str, float]  # "mean", "frac_below_0.1", "frac_below_0.5" over this input's scores (NaN: no gates)
+
+
+class GateAccumulator:
+    """Per-layer `metrics.gate_summary` sums, accumulated over inputs."""
+
+    def __init__(self):
+        self.layers: dict[int, dict[str, np.ndarray]] = {}
+
+    def add(self, f: int, summary: dict[str, np.ndarray]) -> None:
+        acc = self.layers.setdefault(f, {key: np.zeros_like(value) for key, value in summary.items()})
+        for key, value in summary.items():
+            acc[key] += value
+
+    def per_head(self, f: int) -> dict[str, np.ndarray]:
+        """Layer f's `mean` and `frac_below_<t>` per head, `[H]` each."""
+        acc = self.layers[f]
+        return {"mean": acc["sum"] / acc["n"],
+                **{f"frac_below_{t:g}": acc[f"below_{t:g}"] / acc["n"] for t in metrics.GATE_THRESHOLDS}}
+
+    def table(self) -> list[dict]:
+        rows = []
+        for f in sorted(self.layers):
+            stats, n = self.per_head(f), self.layers[f]["n"]
+            for h in range(len(n)):
+                rows.append({"layer": f, "head": h, "n_scores": int(n[h]), **{key: value[h] for key, value in stats.items()}})
+        return rows
+
+
+def pad_heads(arrays: list[np.ndarray]) -> np.ndarray:
+    """Stack `[n_attn, H]` arrays whose H may differ per layer into `[N, n_attn, H_max]`, NaN-padded."""
+    n_attn = max((a.shape[0] for a in arrays), default=0)
+    heads = max((a.shape[1] for a in arrays if a.ndim == 2 and a.size), default=0)
+    out = np.full((len(arrays), n_attn, heads), np.nan)
+    for i, a in enumerate(arrays):
+        if a.size:
+            out[i, : a.shape[0], : a.shape[1]] = a
+    return out
+
+
+def _write_csv(path: Path, rows: list[dict], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: row.get(c, "") for c in columns})
+
+
+# ---------------------------------------------------------------- one writer per file
+
+
+def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator) -> None:
+    gate_layers = sorted(gates.layers)
+    heads = max((len(gates.layers[f]["n"]) for f in gate_layers), default=0)
+    per_head = {key: np.full((len(gate_layers), heads), np.nan) for key in ("mean", "frac_below_0.1", "frac_below_0.5")}
+    for i, f in enumerate(gate_layers):
+        for key, value in gates.per_head(f).items():
+            per_head[key][i, : len(value)] = value
+    np.savez(
+        out_dir / "arrays.npz",
+        # The layers that hold softmax attention, full or sliding-window (the name the hybrid paper's definitions use).
+        full_attention_layers=np.array(layout.attention_layers, dtype=np.int64),
+        attention_rows=np.array(layout.attention_rows, dtype=np.int64).reshape(-1, 2),  # (layer, block) of each n_attn row
+        layer_types=np.array(layout.layer_types),
+        layer_names=np.array(layout.names),
+        layer_passes=np.array(layout.passes, dtype=np.int64),
+        domain=np.array([r.sample.domain for r in results]),
+        source=np.array([r.sample.source for r in results]),
+        n_tokens=np.array([r.n_tokens for r in results], dtype=np.int64),
+        consensus_sink=np.array([r.consensus_sink for r in results], dtype=np.int64),
+        m_first=np.stack([r.m_first for r in results]),
+        m_sink=np.stack([r.m_sink for r in results]),
+        m_act_layers=np.stack([r.m_act_layers for r in results]),
+        first_token_attention=pad_heads([r.first_token_attention for r in results]),
+        gate_layers=np.array(gate_layers, dtype=np.int64),
+        gate_hist_edges=metrics.GATE_BINS,
+        gate_hist_counts=(np.stack([gates.layers[f]["hist"] for f in gate_layers]) if gate_layers
+                          else np.zeros((0, len(metrics.GATE_BINS) - 1))),
+        gate_mean=per_head["mean"],
+        gate_frac_below_01=per_head["frac_below_0.1"],
+        gate_frac_below_05=per_head["frac_below_0.5"],
+    )
+
+
+def write_inputs(out_dir: Path, layout: ModelLayout, results: list[InputResult], per_input: list[dict]) -> None:
+    """`inputs.csv`: one row per input, its metrics (`analyze.input_metrics`)."""
+    columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act"]
+    columns += [f"gate_{key}" for key in metrics.gate_statistics([])]
+    columns += [f"{m}_{a}" for a in ANCHORS for m in ("alignment", "isr", "a_isp")]
+    if not layout.attention_layers:  # no softmax attention: only what the residual stream defines
+        columns = ["input", "domain", "source", "n_tokens", "m_act"]
+    rows = [{"input": i, "domain": r.sample.domain, "source": r.sample.source, "n_tokens": r.n_tokens,
+             "consensus_sink": r.consensus_sink, **row}
+            for i, (r, row) in enumerate(zip(results, per_input))]
+    _write_csv(out_dir / "inputs.csv", rows, columns)
+
+
+def write_layers(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator) -> None:
+    """`layers.csv`: one row per residual state (0: the embedding) and per later attention block, averaged over
+    inputs: M-Act, the first token's and the consensus sink's largest |X|, and for attention layers F-Attn and the
+    gate's mean score."""
+    attention = set(layout.attention_layers)
+    first_attention = pad_heads([r.first_token_attention for r in results])  # [N, n_attn, H]
+    rows_of = layout.attention_rows
+    gate_means = {f: float(np.mean(gates.per_head(f)["mean"])) for f in gates.layers}
+
+    def attention_columns(layer: int, b: int) -> dict:
+        row = rows_of.index((layer, b))
+        if not first_attention.size:
+            return {}
+        return {"f_attn": float(np.nanmean(first_attention[:, row]))}
+
+    rows = []
+    for layer in range(layout.num_layers + 1):
+        row = {
+            "layer": layer,
+            "name": "embedding" if layer == 0 else layout.names[layer - 1],
+            "pass": "" if layer == 0 else layout.passes[layer - 1],
+            "layer_type": "embedding" if layer == 0 else layout.layer_types[layer - 1],
+            "is_attention": layer in attention,
+            "m_act": float(np.mean([r.m_act_layers[layer] for r in results])),
+            "m_first": float(np.mean([r.m_first[layer] for r in results])),
+            "m_sink": float(np.mean([r.m_sink[layer] for r in results])) if attention else "",
+            "gate_mean": gate_means.get(layer, ""),
+            **(attention_columns(layer, 1) if layer in attention else {}),
+        }
+        rows.append(row)
+        for b in range(2, 2 + len(layout.later_blocks.get(layer, []))):  # a later attention block: its map, no state
+            rows.append({"layer": layer, "name": layout.block_name(layer, b), "pass": row["pass"],
+                         "layer_type": row["layer_type"], "is_attention": True, **attention_columns(layer, b)})
+    _write_csv(out_dir / "layers.csv", rows, ["layer", "name", "pass", "layer_type", "is_attention", "m_act", "m_first",
+                                              "m_sink", "f_attn", "gate_mean"])
+
+
+def write_peak_excess(out_dir: Path, layout: ModelLayout, per_input: list[dict]) -> None:
+    """`peak_excess.csv`: one row per input, anchor and attention layer."""
+    rows = [{"input": i, "anchor": a, "layer": f, "peak_excess": v}
+            for i, row in enumerate(per_input) for a in ANCHORS
+            for f, v in zip(layout.attention_layers, row[f"peak_excess_{a}"])]
+    _write_csv(out_dir / "peak_excess.csv", rows, ["input", "anchor", "layer", "peak_excess"])
+
+
+def write_gates(out_dir: Path, gates: GateAccumulator) -> None:
+    """`gates.csv`: one row per gated layer and head."""
+    _write_csv(out_dir / "gates.csv", gates.table(), ["layer", "head", "mean", "frac_below_0.1", "frac_below_0.5", "n_scores"])
+
+
+def write_metrics(out_dir: Path, metric_rows: list[dict]) -> None:
+    """`metrics.csv`: each metric's mean and 95% bootstrap interval over inputs (`analyze.summary_rows`)."""
+    _write_csv(out_dir / "metrics.csv", metric_rows, ["metric", "anchor", "mean", "ci_low", "ci_high", "n"])
+
+
+def write_intervention(out_dir: Path, intervention_rows: list[dict]) -> None:
+    """`intervention.csv`: perplexity and next-token accuracy, normal and intervened (`analyze.run_interventions`)."""
+    _write_csv(out_dir / "intervention.csv", intervention_rows, list(intervention_rows[0]))
+
+
+# ---------------------------------------------------------------- summary.md
+
+
+def _count_types(types: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for t in types:
+        counts[t] = counts.get(t, 0) + 1
+    return ", ".join(f"{n} {t}" for t, n in counts.items())
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return "undefined" if math.isnan(x) else f"{x:.4g}"
+    return str(x)
+
+
+def _gate_name(site: GateSite) -> str:
+    """A gate as the model names it: its module under the decoder layer, and what makes its scores."""
+    how = {"attn_gate": "this package's gate", "q_proj": "sigmoid of each head's second half",
+           "projection": site.activation}[site.kind]
+    return f"`{site.name}`, {how}"
+
+
+def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: list[InputResult],
+                  metric_rows: list[dict], intervention_rows: list[dict], plots: list[str]) -> None:
+    fa = layout.attention_layers
+    domains: dict[str, int] = {}
+    for r in results:
+        domains[r.sample.domain] = domains.get(r.sample.domain, 0) + 1
+    lines = [
+        f"# Analysis of `{model_name}`",
+        "",
+        f"- inputs: {len(results)} ({', '.join(f'{d}: {n}' for d, n in domains.items())}), "
+        f"{sum(r.n_tokens for r in results)} tokens",
+        f"- decoder layers: {layout.num_layers} ({_count_types(layout.layer_types)}"
+        + (f"; {len(set(layout.names))} modules, some run in several passes" if max(layout.passes, default=1) > 1 else "")
+        + "); "
+        f"softmax-attention layers (1-based): {fa or 'none'}",
+    ]
+    if not fa:
+        lines.append(
+            "- the model has no softmax attention: the sink metrics (F-Attn, consensus sink, sink-spike alignment, "
+            "peak excess, ISR, A_ISP) are left out; M-Act and the residual trajectory are reported"
+        )
+    else:
+        lines += [
+            f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}"
+            + "".join(f" ({name})" for name in dict.fromkeys(_gate_name(site) for site in layout.gates.values())),
+            f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
+        ]
+    lines += [
+        "",
+        "## Metrics (mean and 95% bootstrap CI over inputs)",
+        "",
+        "| metric | anchor | mean | 95% CI | n |",
+        "|---|---|---|---|---|",
+    ]
+    for row in metric_rows:
+        interval = "" if math.isnan(row["ci_low"]) else f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
+        lines.append(f"| {row['metric']} | {row['anchor']} | {_fmt(row['mean'])} | {interval} | {row['n']} |")
+    if len(fa) == 1:
+        lines += ["", "Inter-spike retention/activation are undefined: they need at least two attention layers."]
+    elif all(f_next == f + 1 for f, f_next in zip(fa[:-1], fa[1:])):
+        lines += ["", "Inter-spike retention/activation are undefined: no linear-attention layer lies between attention layers."]
+    if intervention_rows:
+        lines += ["", f"## Intervention: {intervention_rows[0]['kind']}, k = {intervention_rows[0]['k']}", ""]
+        lines += ["| condition | perplexity | next-token accuracy | tokens |", "|---|---|---|---|"]
+        for row in intervention_rows:
+            lines.append(
+                f"| {row['condition']} | {_fmt(row['perplexity'])} | {_fmt(row['next_token_accuracy'])} | {row['n_tokens']} |"
+            )
+        row = intervention_rows[0]
+        lines += [
+            "",
+            f"Identity check (endpoints pinned only): exact on {row['identity_exact_inputs']}/{row['n_inputs']} inputs, "
+            f"max |logit diff| {row['identity_max_abs_diff']:.3g}.",
+        ]
+    files = ["arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv"]
+    files += ["intervention.csv"] if intervention_rows else []
+    lines += ["", "Files: " + ", ".join(f"`{f}`" for f in files + plots), ""]
+    (out_dir / "summary.md").write_text("\n".join(lines))
