@@ -273,7 +273,7 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     tiny_tokenizer().save_pretrained(model_dir)
 
     argv = ["analyze", str(model_dir), "--out", str(out), "--n-per-domain", "1", "--max-length", "24"]
-    assert main(argv + ["--intervene", "deletion", "--k", "2", "--bootstrap", "50"]) == 0
+    assert main(argv + ["--intervene", "deletion", "--k", "2", "--bootstrap", "50", "--sink-epsilon", "0.2"]) == 0
     for name in ("arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv",
                  "intervention.csv", "trajectory.png", "first_token_attention.png", "gate_hist.png", "summary.md"):
         assert (out / name).stat().st_size > 0, name
@@ -282,14 +282,35 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     assert arrays["full_attention_layers"].tolist() == [1, 2, 3]
     summary = (out / "summary.md").read_text()
     assert "## Intervention: deletion, k = 2" in summary and "exact on 3/3 inputs" in summary
-    for metric in ("f_attn", "m_act", "gate_mean", "gate_frac_below_0.5", "sink_spike_alignment", "inter_spike_retention"):
+    for metric in ("f_attn", "sink_rate", "m_act", "gate_mean", "gate_frac_below_0.5", "sink_spike_alignment",
+                   "inter_spike_retention"):
         assert f"| {metric} |" in summary, metric
+    assert "exceeds epsilon = 0.2" in summary
+    # The sink rate per layer: over inputs, the fraction of its heads whose attention on token 0 (all queries)
+    # exceeds --sink-epsilon, read back from the arrays the same run wrote.
+    import csv
+
+    assert float(arrays["sink_epsilon"]) == 0.2
+    importance = arrays["first_token_importance"]  # [N, n_attn, H]
+    with open(out / "layers.csv", newline="") as f:
+        layers = [row for row in csv.DictReader(f) if row["is_attention"] == "True"]
+    assert [float(row["sink_rate"]) for row in layers] == pytest.approx((importance > 0.2).mean(axis=(0, 2)).tolist())
     assert "wrote" in capsys.readouterr().out
 
     text = tmp_path / "in.txt"
     text.write_text("first paragraph of text.\n\nsecond one, with a few more words in it.\n")
     assert main(["analyze", str(model_dir), "--out", str(tmp_path / "out2"), "--text-file", str(text), "--bootstrap", "10"]) == 0
     assert np.load(tmp_path / "out2" / "arrays.npz")["domain"].tolist() == ["text-file", "text-file"]
+
+
+@pytest.mark.parametrize("epsilon", ["0", "1", "1.5", "-0.1", "nan", "x"])
+def test_a_sink_epsilon_outside_zero_to_one_is_one_line(tmp_path, capsys, epsilon):
+    with pytest.raises(SystemExit) as e:
+        main(["analyze", str(tmp_path), "--out", str(tmp_path / "out"), "--sink-epsilon", epsilon])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--sink-epsilon" in err[-1] and "between 0 and 1" in err[-1]
+    assert not (tmp_path / "out").exists()
 
 
 def test_analyze_cli_bad_model_path_is_one_line(tmp_path, capsys):

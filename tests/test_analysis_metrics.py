@@ -126,6 +126,22 @@ def test_first_token_attention_and_f_attn():
     assert math.isnan(metrics.f_attn([]))
 
 
+def test_first_token_importance_and_sink_rate():
+    # Gu et al. 2024: mean over all T = 4 queries, query 0 included, of A[q, 0]:
+    # head A (1 + 0.5 + 0.1 + 0.1) / 4 = 0.425, head B (1 + 1 + 0.5 + 0) / 4 = 0.625.
+    importance = metrics.first_token_importance([np.stack([HEAD_A, HEAD_B])])
+    np.testing.assert_allclose(importance, [[0.425, 0.625]])
+    # Head A's F-Attn (queries q >= 1) is 0.7 / 3 = 0.233, below 0.3; counting query 0 puts it above.
+    assert metrics.sink_rate(importance) == 1.0
+    assert metrics.sink_rate(importance, epsilon=0.5) == 0.5  # head B only
+    assert metrics.sink_rate(importance, epsilon=0.625) == 0.0  # "exceeds": equal is no sink
+    # The fraction per layer, averaged over layers (1/L sum_l 1/H sum_h): layer 1 has 1 of 2 heads, layer 2 (one head
+    # fewer, NaN-padded) 1 of 1: (0.5 + 1) / 2 = 0.75, not the pooled 2 of 3.
+    assert metrics.sink_rate(np.array([[0.5, 0.1], [0.9, nan]])) == 0.75
+    assert math.isnan(metrics.sink_rate(np.zeros((0, 0))))
+    assert metrics.first_token_importance([]).shape == (0, 0)
+
+
 def test_m_act():
     # residual [L+1 = 3, T = 2, D = 2]
     x = np.array([[[1, -2], [0, 1]], [[3, 0], [-4, 1]], [[0, 10], [1, 1]]], dtype=float)

@@ -222,13 +222,15 @@ def test_capture_reads_transformers_own_maps_and_layer_types(name):
     assert len(out.attentions) == len(attention_layers)
     for f, reference in zip(attention_layers, out.attentions):
         assert torch.equal(record.attentions[f], reference), f"layer {f}"
-    # The reduced capture gives the same F-Attn and received attention as the maps, in float64.
+    # The reduced capture gives the same F-Attn, first-token importance (the sink rate's score, over all queries) and
+    # received attention as the maps, in float64.
     with Capture(model, reduce=True) as cap:
         model(input_ids=ids, use_cache=False)
     reduced = cap.records[-1]
     for f, reference in zip(attention_layers, out.attentions):
         a = reference[0].double()
         torch.testing.assert_close(reduced.first_token_attention[(f, 1)][0], a[:, 1:, 0].mean(-1), rtol=0, atol=1e-12)
+        torch.testing.assert_close(reduced.first_token_importance[(f, 1)][0], a[:, :, 0].mean(-1), rtol=0, atol=1e-12)
         torch.testing.assert_close(reduced.received[(f, 1)][0], torch.tril(a, -1).sum(-2).mean(0), rtol=0, atol=1e-12)
 
 
@@ -282,6 +284,7 @@ def test_analyze_finds_a_planted_sink_and_spike(name, tokenizer, tmp_path):
     assert [r["layer_type"] for r in layers[1:]] == model_layout(model).layer_types
     assert [int(r["layer"]) for r in layers if r["is_attention"] == "True"] == attention_layers
     assert float(layers[f]["f_attn"]) >= 0.9
+    assert float(layers[f]["sink_rate"]) == 1.0  # every head of the planted layer puts >= 0.9 on token 0
     inputs = _csv(report / "inputs.csv")
     assert [int(r["consensus_sink"]) for r in inputs] == [0, 0, 0]
     arrays = np.load(report / "arrays.npz")

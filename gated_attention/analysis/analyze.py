@@ -33,8 +33,8 @@ from .samples import Sample
 from .tables import ANCHORS, GateAccumulator, InputResult, pad_heads
 
 # Metrics read from attention maps or anchored at the consensus sink: left out for a model without softmax attention.
-SINK_METRICS = ("f_attn", "sink_spike_alignment", "peak_excess", "inter_spike_retention", "inter_spike_activation",
-                "random_layer_baseline")
+SINK_METRICS = ("f_attn", "sink_rate", "sink_spike_alignment", "peak_excess", "inter_spike_retention",
+                "inter_spike_activation", "random_layer_baseline")
 Inputs = list[tuple[Sample, torch.Tensor]]  # each sample with its token ids [1, T]
 
 
@@ -91,8 +91,9 @@ def check_intervention(model: nn.Module, layout: ModelLayout, intervention: str 
 # ---------------------------------------------------------------- capture
 
 
-def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
-    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`).
+def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """Input b of a reduced Record -> (token max |X| `[L+1, T]`, consensus sink, first-token attention `[n_attn, H]`,
+    first-token importance `[n_attn, H]`).
 
     n_attn counts attention blocks (`layout.attention_rows`: a layer with two has two rows), and the consensus sink
     averages over all of them. Blocks with fewer heads than others (Inkling2's full and sliding layers differ) are
@@ -101,8 +102,10 @@ def reduce_record(record: Record, layout: ModelLayout, b: int = 0) -> tuple[np.n
     rows = layout.attention_rows
     sink = metrics.consensus_sink_of(record.received[row][b].cpu().numpy() for row in rows)
 
-    first = [record.first_token_attention[row][b].cpu().numpy()[None] for row in rows]
-    return token_max, sink, pad_heads(first)[:, 0] if rows else np.zeros((0, 0))
+    def per_head(what: dict) -> np.ndarray:
+        return pad_heads([what[row][b].cpu().numpy()[None] for row in rows])[:, 0] if rows else np.zeros((0, 0))
+
+    return token_max, sink, per_head(record.first_token_attention), per_head(record.first_token_importance)
 
 
 @torch.no_grad()
@@ -119,7 +122,7 @@ def capture_inputs(model: nn.Module, inputs: Inputs, device, layout: ModelLayout
             cap.clear()
             model(input_ids=ids.to(device), use_cache=False, **extra)
             record = cap.records[-1]
-            token_max, sink, first_attention = reduce_record(record, cap.layout)
+            token_max, sink, first_attention, importance = reduce_record(record, cap.layout)
             total: dict[str, np.ndarray] = {}
             for f, summary in record.gate_summaries.items():
                 gates.add(f, summary)
@@ -133,6 +136,7 @@ def capture_inputs(model: nn.Module, inputs: Inputs, device, layout: ModelLayout
                     m_sink=token_max[:, sink] if sink >= 0 else np.full(token_max.shape[0], np.nan),
                     m_act_layers=token_max.max(axis=1),
                     first_token_attention=first_attention,
+                    first_token_importance=importance,
                     gate=metrics.gate_statistics_of(total),
                 )
             )
@@ -142,12 +146,13 @@ def capture_inputs(model: nn.Module, inputs: Inputs, device, layout: ModelLayout
 # ---------------------------------------------------------------- metrics over inputs
 
 
-def input_metrics(result: InputResult, attention_layers: list[int]) -> dict:
-    """One input's metrics: F-Attn, M-Act, its gate statistics and the spike/plateau metrics at each
+def input_metrics(result: InputResult, attention_layers: list[int], sink_epsilon: float = metrics.SINK_EPSILON) -> dict:
+    """One input's metrics: F-Attn, the sink rate, M-Act, its gate statistics and the spike/plateau metrics at each
     anchor (`attention_layers`: 1-based, the layers that hold softmax attention)."""
     fa = attention_layers
     row = {
         "f_attn": float(np.nanmean(result.first_token_attention)) if result.first_token_attention.size else metrics.NAN,
+        "sink_rate": metrics.sink_rate(result.first_token_importance, sink_epsilon),
         "m_act": float(result.m_act_layers[1:].mean()),
         **{f"gate_{key}": value for key, value in result.gate.items()},
     }
@@ -174,6 +179,7 @@ def summary_rows(per_input: list[dict], attention_layers: list[int], n_bootstrap
 
     out = [
         ci("f_attn", "first_token", [r["f_attn"] for r in per_input]),
+        ci("sink_rate", "first_token", [r["sink_rate"] for r in per_input]),
         ci("m_act", "", [r["m_act"] for r in per_input]),
         ci("gate_mean", "", [r["gate_mean"] for r in per_input]),
         *(ci(f"gate_frac_below_{t:g}", "", [r[f"gate_frac_below_{t:g}"] for r in per_input]) for t in metrics.GATE_THRESHOLDS),
@@ -241,6 +247,7 @@ def run_analysis(
     k: int = 1,
     n_bootstrap: int = 1000,
     seed: int = 0,
+    sink_epsilon: float = metrics.SINK_EPSILON,
 ) -> list[dict]:
     """Analyse `samples` with `model`; write everything to `out_dir`; return the metric rows."""
     from .plots import plot_all
@@ -252,19 +259,19 @@ def run_analysis(
 
     device = input_device(model)
     layout, results, gates = capture_inputs(model, inputs, device, layout)
-    per_input = [input_metrics(r, layout.attention_layers) for r in results]
+    per_input = [input_metrics(r, layout.attention_layers, sink_epsilon) for r in results]
     metric_rows = summary_rows(per_input, layout.attention_layers, n_bootstrap, seed)
     intervention_rows = run_interventions(model, inputs, device, intervention, k) if intervention else []
 
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails before this leaves no empty folder
-    tables.write_arrays(out_dir, layout, results, gates)
+    tables.write_arrays(out_dir, layout, results, gates, sink_epsilon)
     tables.write_inputs(out_dir, layout, results, per_input)
-    tables.write_layers(out_dir, layout, results, gates)
+    tables.write_layers(out_dir, layout, results, gates, sink_epsilon)
     tables.write_peak_excess(out_dir, layout, per_input)
     tables.write_gates(out_dir, gates)
     tables.write_metrics(out_dir, metric_rows)
     if intervention_rows:
         tables.write_intervention(out_dir, intervention_rows)
     plots = plot_all(out_dir)
-    tables.write_summary(out_dir, model_name, layout, results, metric_rows, intervention_rows, plots)
+    tables.write_summary(out_dir, model_name, layout, results, metric_rows, intervention_rows, plots, sink_epsilon)
     return metric_rows

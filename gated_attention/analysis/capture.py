@@ -24,8 +24,9 @@ missing map that later metrics would silently skip.
 
 `reduce=True` keeps, per forward, only what the analysis tables need, reduced
 inside the hooks as each layer runs: the largest |X[l]| of every token, each
-attention layer's first-token attention per head and the attention each token
-receives from later queries, and the gate scores' sums and histogram. Memory
+attention layer's attention on the first token per head (over the queries after
+it, and over all queries) and the attention each token receives from later
+queries, and the gate scores' sums and histogram. Memory
 then grows with one layer's attention map, not with the number of layers.
 
 transformers' Qwen3-Next / Qwen3.5 / OLMo-hybrid / Kimi Linear call fla's
@@ -291,8 +292,9 @@ class Record:
 
     Reduced (`reduce=True`), every attention block keyed by (layer, b), b = 1 for a layer's first block:
     token_max: `max_j |X[l][b, t, j]|` for l = 0..L, each `[B, T]` float32. first_token_attention: `[B, H]` float64,
-    the mean attention on token 0 over queries q >= 1. received: `[B, T]` float64, the attention each token receives
-    from later queries, summed over them and averaged over heads (`metrics.received_attention`).
+    the mean attention on token 0 over queries q >= 1. first_token_importance: `[B, H]` float64, the mean attention on
+    token 0 over all queries (`metrics.first_token_importance`). received: `[B, T]` float64, the attention each token
+    receives from later queries, summed over them and averaged over heads (`metrics.received_attention`).
     gate_summaries: layer -> `metrics.gate_summary` of its scores.
     """
 
@@ -302,6 +304,7 @@ class Record:
     gates: dict[int, torch.Tensor] = field(default_factory=dict)
     token_max: list[torch.Tensor] = field(default_factory=list)
     first_token_attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    first_token_importance: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     received: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     gate_summaries: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
@@ -323,6 +326,11 @@ def first_token_attention_of(weights: torch.Tensor) -> torch.Tensor:
     if weights.shape[-1] < 2:
         return torch.full(weights.shape[:2], float("nan"), dtype=torch.float64, device=weights.device)
     return weights[:, :, 1:, 0].double().mean(-1)
+
+
+def first_token_importance_of(weights: torch.Tensor) -> torch.Tensor:
+    """`metrics.first_token_importance` on a batch of maps: `[B, H, T, T]` -> `[B, H]` float64."""
+    return weights[:, :, :, 0].double().mean(-1)
 
 
 def received_attention_of(weights: torch.Tensor) -> torch.Tensor:
@@ -501,6 +509,7 @@ class Capture:
         weights = weights.detach()
         if self.reduce:
             record.first_token_attention[(layer, b)] = first_token_attention_of(weights)
+            record.first_token_importance[(layer, b)] = first_token_importance_of(weights)
             record.received[(layer, b)] = received_attention_of(weights)
         elif b == 1:
             record.attentions[layer] = weights

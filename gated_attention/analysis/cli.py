@@ -49,6 +49,16 @@ def _device_map(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected {', '.join(DEVICE_MAPS)} or one device (cpu, cuda:N, ...), got {text!r}")
 
 
+def _epsilon(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (exclusive), got {text!r}")
+    return value
+
+
 def _text_file(text: str) -> str:
     path = Path(text).expanduser()
     if not path.is_file():
@@ -120,6 +130,10 @@ def register(subparsers) -> None:
     p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
     p.add_argument("--k", type=int, choices=(1, 2, 4), default=1,
                    help="coordinates per attention input for --intervene (default: %(default)s)")
+    p.add_argument("--sink-epsilon", type=_epsilon, default=0.3, metavar="EPS",
+                   help="the sink rate's threshold (Gu et al. 2024): a head is a sink head where its mean attention on "
+                   "the first token, over all queries, exceeds EPS; layers.csv and summary.md give the fraction of "
+                   "such heads (default: %(default)s)")
     p.add_argument("--bootstrap", type=bounded(int, 1), default=1000, metavar="N",
                    help="bootstrap resamples for the confidence intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
@@ -278,7 +292,7 @@ def _samples(args):
 
 def _print_rows(label: str, rows: list[dict]) -> None:
     for row in rows:
-        if row["metric"] in ("f_attn", "m_act", "gate_mean", "sink_spike_alignment", "inter_spike_retention"):
+        if row["metric"] in ("f_attn", "sink_rate", "m_act", "gate_mean", "sink_spike_alignment", "inter_spike_retention"):
             value = "undefined" if math.isnan(row["mean"]) else f"{row['mean']:.4g}"
             print(f"{label}{row['metric']:<24} {row['anchor']:<15} {value}")
 
@@ -328,6 +342,7 @@ def run(args) -> int:
                             k=args.k,
                             n_bootstrap=args.bootstrap,
                             seed=args.seed,
+                            sink_epsilon=args.sink_epsilon,
                         )
                     except ValueError as e:
                         raise CLIError(first_line(e)) from e

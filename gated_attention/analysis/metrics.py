@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 NAN = float("nan")
+SINK_EPSILON = 0.3  # Gu et al. 2024's threshold on a head's attention to the first token
 GATE_THRESHOLDS = (0.1, 0.5)
 GATE_BINS = np.linspace(0.0, 1.0, 51)  # gate-score histogram edges
 
@@ -179,6 +180,28 @@ def first_token_attention(attentions: Iterable[np.ndarray]) -> np.ndarray:
         a = np.asarray(a, dtype=np.float64)  # [H, T, T]
         rows.append(a[:, 1:, 0].mean(axis=-1) if a.shape[-1] > 1 else np.full(a.shape[0], NAN))
     return np.stack(rows) if rows else np.zeros((0, 0))
+
+
+def first_token_importance(attentions: Iterable[np.ndarray]) -> np.ndarray:
+    """Gu et al. 2024's importance of the first token per layer and head, `[n_layers, H]`: its mean attention
+    weight over all T queries, q = 0..T-1 (*When Attention Sink Emerges in Language Models*, alpha_h^l(1)).
+
+    Unlike `first_token_attention` this counts query 0 too, as their sink rate does: under a causal mask it attends
+    to token 0 alone, so it adds `(1 - alpha) / T` to a head's score.
+    """
+    rows = [np.asarray(a, dtype=np.float64)[:, :, 0].mean(axis=-1) for a in attentions]  # [H, T, T] -> [H]
+    return np.stack(rows) if rows else np.zeros((0, 0))
+
+
+def sink_rate(importance: np.ndarray, epsilon: float = SINK_EPSILON) -> float:
+    """Gu et al. 2024's sink rate: the fraction of heads whose `first_token_importance` exceeds `epsilon`, per
+    layer, averaged over layers (their `Sink_1^epsilon`). importance: `[n_layers, H]`, NaN where a layer has fewer
+    heads than another (left out of its layer's fraction). NaN without a layer."""
+    importance = np.asarray(importance, dtype=np.float64)
+    if importance.ndim != 2 or importance.shape[0] == 0:
+        return NAN
+    fractions = [float(np.mean(row[~np.isnan(row)] > epsilon)) for row in importance if (~np.isnan(row)).any()]
+    return float(np.mean(fractions)) if fractions else NAN
 
 
 def f_attn(attentions: Iterable[np.ndarray]) -> float:

@@ -5,8 +5,8 @@ scores' sums over inputs), the per-input metric rows (`analyze.input_metrics`) a
 (`analyze.summary_rows`).
 
 - `arrays.npz` (`write_arrays`): per-input trajectories `m_first`, `m_sink`, `m_act_layers` `[N, L+1]`,
-  `first_token_attention` `[N, n_attn, H]` (n_attn: one row per attention block, `attention_rows`),
-  `consensus_sink`, gate histograms and per-head gate stats.
+  `first_token_attention` and `first_token_importance` `[N, n_attn, H]` (n_attn: one row per attention block,
+  `attention_rows`), `consensus_sink`, gate histograms and per-head gate stats.
 - `inputs.csv`, `layers.csv`, `peak_excess.csv`, `gates.csv`, `metrics.csv` (metric, anchor, mean and 95% bootstrap
   CI over inputs), `intervention.csv`.
 - `summary.md` (`write_summary`), written last by `run_analysis`: a folder without it is an interrupted run.
@@ -16,7 +16,7 @@ forward, each pass is its own row of every per-layer array and of `layers.csv` (
 `pass`: its k-th call), its F-Attn read from that call's map and its M-Act from that call's output, as
 transformers' `output_attentions` / `output_hidden_states` return one per call. A layer that holds several
 attention blocks (Longcat-Flash) has a row for each later block after its own, named by the block's module, with
-its F-Attn and no residual columns: the model returns no state between its blocks.
+its F-Attn and sink rate and no residual columns: the model returns no state between its blocks.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class InputResult:
     m_sink: np.ndarray  # [L+1], NaN when there is no consensus sink
     m_act_layers: np.ndarray  # [L+1]
     first_token_attention: np.ndarray  # [n_attn, H], over queries q >= 1
+    first_token_importance: np.ndarray  # [n_attn, H], over all queries (`metrics.first_token_importance`)
     gate: dict[str, float]  # "mean", "frac_below_0.1", "frac_below_0.5" over this input's scores (NaN: no gates)
 
 
@@ -96,7 +97,8 @@ def _write_csv(path: Path, rows: list[dict], columns: Sequence[str]) -> None:
 # ---------------------------------------------------------------- one writer per file
 
 
-def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator) -> None:
+def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator,
+                 sink_epsilon: float) -> None:
     gate_layers = sorted(gates.layers)
     heads = max((len(gates.layers[f]["n"]) for f in gate_layers), default=0)
     per_head = {key: np.full((len(gate_layers), heads), np.nan) for key in ("mean", "frac_below_0.1", "frac_below_0.5")}
@@ -119,6 +121,8 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
         m_sink=np.stack([r.m_sink for r in results]),
         m_act_layers=np.stack([r.m_act_layers for r in results]),
         first_token_attention=pad_heads([r.first_token_attention for r in results]),
+        first_token_importance=pad_heads([r.first_token_importance for r in results]),
+        sink_epsilon=np.float64(sink_epsilon),
         gate_layers=np.array(gate_layers, dtype=np.int64),
         gate_hist_edges=metrics.GATE_BINS,
         gate_hist_counts=(np.stack([gates.layers[f]["hist"] for f in gate_layers]) if gate_layers
@@ -131,7 +135,7 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
 
 def write_inputs(out_dir: Path, layout: ModelLayout, results: list[InputResult], per_input: list[dict]) -> None:
     """`inputs.csv`: one row per input, its metrics (`analyze.input_metrics`)."""
-    columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "m_act"]
+    columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "sink_rate", "m_act"]
     columns += [f"gate_{key}" for key in metrics.gate_statistics([])]
     columns += [f"{m}_{a}" for a in ANCHORS for m in ("alignment", "isr", "a_isp")]
     if not layout.attention_layers:  # no softmax attention: only what the residual stream defines
@@ -142,12 +146,14 @@ def write_inputs(out_dir: Path, layout: ModelLayout, results: list[InputResult],
     _write_csv(out_dir / "inputs.csv", rows, columns)
 
 
-def write_layers(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator) -> None:
+def write_layers(out_dir: Path, layout: ModelLayout, results: list[InputResult], gates: GateAccumulator,
+                 sink_epsilon: float) -> None:
     """`layers.csv`: one row per residual state (0: the embedding) and per later attention block, averaged over
-    inputs: M-Act, the first token's and the consensus sink's largest |X|, and for attention layers F-Attn and the
-    gate's mean score."""
+    inputs: M-Act, the first token's and the consensus sink's largest |X|, and for attention layers F-Attn, the sink
+    rate (`metrics.sink_rate` of the layer's heads) and the gate's mean score."""
     attention = set(layout.attention_layers)
     first_attention = pad_heads([r.first_token_attention for r in results])  # [N, n_attn, H]
+    importance = pad_heads([r.first_token_importance for r in results])
     rows_of = layout.attention_rows
     gate_means = {f: float(np.mean(gates.per_head(f)["mean"])) for f in gates.layers}
 
@@ -155,7 +161,8 @@ def write_layers(out_dir: Path, layout: ModelLayout, results: list[InputResult],
         row = rows_of.index((layer, b))
         if not first_attention.size:
             return {}
-        return {"f_attn": float(np.nanmean(first_attention[:, row]))}
+        return {"f_attn": float(np.nanmean(first_attention[:, row])),
+                "sink_rate": float(np.nanmean([metrics.sink_rate(heads[None], sink_epsilon) for heads in importance[:, row]]))}
 
     rows = []
     for layer in range(layout.num_layers + 1):
@@ -176,7 +183,7 @@ def write_layers(out_dir: Path, layout: ModelLayout, results: list[InputResult],
             rows.append({"layer": layer, "name": layout.block_name(layer, b), "pass": row["pass"],
                          "layer_type": row["layer_type"], "is_attention": True, **attention_columns(layer, b)})
     _write_csv(out_dir / "layers.csv", rows, ["layer", "name", "pass", "layer_type", "is_attention", "m_act", "m_first",
-                                              "m_sink", "f_attn", "gate_mean"])
+                                              "m_sink", "f_attn", "sink_rate", "gate_mean"])
 
 
 def write_peak_excess(out_dir: Path, layout: ModelLayout, per_input: list[dict]) -> None:
@@ -226,7 +233,7 @@ def _gate_name(site: GateSite) -> str:
 
 
 def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: list[InputResult],
-                  metric_rows: list[dict], intervention_rows: list[dict], plots: list[str]) -> None:
+                  metric_rows: list[dict], intervention_rows: list[dict], plots: list[str], sink_epsilon: float) -> None:
     fa = layout.attention_layers
     domains: dict[str, int] = {}
     for r in results:
@@ -243,14 +250,16 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: 
     ]
     if not fa:
         lines.append(
-            "- the model has no softmax attention: the sink metrics (F-Attn, consensus sink, sink-spike alignment, "
-            "peak excess, ISR, A_ISP) are left out; M-Act and the residual trajectory are reported"
+            "- the model has no softmax attention: the sink metrics (F-Attn, sink rate, consensus sink, sink-spike "
+            "alignment, peak excess, ISR, A_ISP) are left out; M-Act and the residual trajectory are reported"
         )
     else:
         lines += [
             f"- gates captured in layers: {sorted(layout.gates) or 'none (model has no attention gates)'}"
             + "".join(f" ({name})" for name in dict.fromkeys(_gate_name(site) for site in layout.gates.values())),
             f"- consensus sink = first token in {sum(r.consensus_sink == 0 for r in results)}/{len(results)} inputs",
+            f"- sink rate (Gu et al. 2024): the fraction of heads whose mean attention on the first token, over all "
+            f"queries, exceeds epsilon = {sink_epsilon:g}, averaged over attention layers",
         ]
     lines += [
         "",
