@@ -16,7 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import gated_attention as ga
 from gated_attention.analysis.capture import Capture, torch_linear_attention
 from gated_attention.analysis.layout import model_layout
-from gated_attention.analysis.interventions import apply_edits, connection_edits, intervene
+from gated_attention.analysis.interventions import (apply_edits, connection_edits, first_token_mean, intervene,
+                                                    set_mean_edits)
 from gated_attention.cli import main
 
 TINY = dict(
@@ -194,10 +195,11 @@ def test_hooks_and_switches_undone_after_exit_and_exception(ids):
 
 
 @pytest.mark.parametrize("family", families("gated_attention-G1-elementwise", "qwen3_5_text", "gated_deltanet_hybrid"))
-@pytest.mark.parametrize("kind", ["deletion", "connection"])
+@pytest.mark.parametrize("kind", ["deletion", "set-mean", "connection"])
 def test_intervention_identity_check_is_exact(family, kind, ids):
     model = build(family)
-    result = intervene(model, ids, kind, k=2)
+    mean = first_token_mean(model, [ids, ids.flip(1)]) if kind == "set-mean" else None
+    result = intervene(model, ids, kind, k=2, mean=mean)
     assert result.identity_exact and result.identity_max_abs_diff == 0.0
     assert sorted(result.coordinates) == [f - 1 for f in FAMILIES[family][1]]
     assert all(len(c) == 2 for c in result.coordinates.values())
@@ -226,6 +228,27 @@ def test_edits_reach_the_residual_stream(ids):
         torch.testing.assert_close(residual[layer][0, 0, coords], values, rtol=0, atol=0)
     assert not torch.equal(residual[2][0, 0], normal[2][0, 0])  # the lowered interior was lifted
     assert torch.equal(residual[1][0, 1:], normal[1][0, 1:])  # other tokens at the first edit: untouched
+
+
+@torch.no_grad()
+def test_set_mean_sets_the_chosen_coordinates_to_their_mean_over_the_inputs(ids):
+    model = build("qwen3_5_text")
+    inputs = [ids, ids.flip(1), ids.roll(3, 1)]  # three first tokens
+    with Capture(model, attentions=False) as cap:
+        for x in inputs:
+            model(input_ids=x, use_cache=False)
+    states = torch.stack([torch.stack([x[0, 0] for x in record.residual]) for record in cap.records])  # [3, L+1, D]
+    mean = first_token_mean(model, inputs)
+    torch.testing.assert_close(mean, states.double().mean(0), rtol=0, atol=1e-12)
+    result = intervene(model, ids, "set-mean", k=2, mean=mean)
+    assert result.identity_exact
+    edits = set_mean_edits(states[0], mean, [2, 5], k=2)
+    with apply_edits(model, edits), Capture(model, attentions=False) as cap:
+        model(input_ids=ids, use_cache=False)
+    for layer, (coords, values) in edits.items():
+        assert torch.equal(cap.records[-1].residual[layer][0, 0, coords], mean[layer, coords].float())
+    with pytest.raises(ValueError, match="mean over the inputs"):
+        intervene(model, ids, "set-mean", k=2)
 
 
 def test_model_layout_of_an_fla_hybrid():
@@ -273,7 +296,7 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     tiny_tokenizer().save_pretrained(model_dir)
 
     argv = ["analyze", str(model_dir), "--out", str(out), "--n-per-domain", "1", "--max-length", "24"]
-    assert main(argv + ["--intervene", "deletion", "--k", "2", "--bootstrap", "50", "--sink-epsilon", "0.2"]) == 0
+    assert main(argv + ["--intervene", "set-mean", "--k", "2", "--bootstrap", "50", "--sink-epsilon", "0.2"]) == 0
     for name in ("arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv",
                  "intervention.csv", "trajectory.png", "first_token_attention.png", "gate_hist.png", "summary.md"):
         assert (out / name).stat().st_size > 0, name
@@ -281,7 +304,7 @@ def test_analyze_cli_end_to_end(tmp_path, capsys):
     assert arrays["m_first"].shape == (3, 4)  # prose, code, math; L + 1 = 4 positions
     assert arrays["full_attention_layers"].tolist() == [1, 2, 3]
     summary = (out / "summary.md").read_text()
-    assert "## Intervention: deletion, k = 2" in summary and "exact on 3/3 inputs" in summary
+    assert "## Intervention: set-mean, k = 2" in summary and "exact on 3/3 inputs" in summary
     for metric in ("f_attn", "sink_rate", "m_act", "gate_mean", "gate_frac_below_0.5", "sink_spike_alignment",
                    "inter_spike_retention"):
         assert f"| {metric} |" in summary, metric

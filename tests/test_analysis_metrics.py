@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gated_attention.analysis import metrics
-from gated_attention.analysis.interventions import connection_edits, deletion_edits, endpoint_edits
+from gated_attention.analysis.interventions import connection_edits, deletion_edits, endpoint_edits, set_mean_edits
 
 nan = float("nan")
 
@@ -196,6 +196,14 @@ def test_deletion_edits():
     assert _plan(deletion_edits(Z, [2, 5], k=2)) == {1: ([1, 2], [0.0, 0.0]), 4: ([0, 2], [0.0, 0.0])}
 
 
+def test_set_mean_edits():
+    # The coordinates chosen on this input's z (as deletion's), each set to its mean over the inputs.
+    mean = torch.arange(18, dtype=torch.float64).reshape(6, 3)  # [L+1, D]
+    assert _plan(set_mean_edits(Z, mean, [2, 5], k=1)) == {1: ([1], [4.0]), 4: ([2], [14.0])}
+    assert _plan(set_mean_edits(Z, mean, [2, 5], k=2)) == {1: ([1, 2], [4.0, 5.0]), 4: ([0, 2], [12.0, 14.0])}
+    assert set_mean_edits(Z, mean, [2, 5], k=1)[1][1].dtype == Z.dtype  # in z's dtype, as the model's state
+
+
 def test_connection_edits():
     # k = 1: C = {1} u {2} = {1, 2}. Endpoints keep z: p=1 -> (-5, 1), p=4 -> (1, 7).
     # Between (l = 2, 3): s = sign(z(1)) = (-1, +1), |z(1)| = (5, 1); value s * max(|z(1)|, s * z(l)):
@@ -217,4 +225,5 @@ def test_connection_edits():
 
 def test_endpoint_edits_pin_what_the_intervention_touches():
     assert _plan(endpoint_edits(Z, [2, 5], 1, "deletion")) == {1: ([1], [-5.0]), 4: ([2], [7.0])}
+    assert _plan(endpoint_edits(Z, [2, 5], 1, "set-mean")) == {1: ([1], [-5.0]), 4: ([2], [7.0])}
     assert _plan(endpoint_edits(Z, [2, 5], 1, "connection")) == {1: ([1, 2], [-5.0, 1.0]), 4: ([1, 2], [1.0, 7.0])}

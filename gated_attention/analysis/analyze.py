@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from .. import GatedAttentionWarning
 from . import metrics, tables
 from .capture import Capture, Record
-from .interventions import intervene
+from .interventions import first_token_mean, intervene
 from .layout import ModelLayout, input_device, model_layout
 from .samples import Sample
 from .tables import ANCHORS, GateAccumulator, InputResult, pad_heads
@@ -202,12 +202,15 @@ def summary_rows(per_input: list[dict], attention_layers: list[int], n_bootstrap
 
 @torch.no_grad()
 def run_interventions(model: nn.Module, inputs: Inputs, device, kind: str, k: int) -> list[dict]:
-    """Perplexity and next-token accuracy over all inputs, normal vs intervened, plus the identity check."""
+    """Perplexity and next-token accuracy over all inputs, normal vs intervened, plus the identity check.
+
+    "set-mean" sets each coordinate to its mean over these inputs (`interventions.first_token_mean`), read first."""
+    mean = first_token_mean(model, [ids.to(device) for _, ids in inputs]) if kind == "set-mean" else None
     totals = {c: {"nll": 0.0, "correct": 0, "n": 0} for c in ("normal", "intervened")}
     identity_exact, identity_diff = 0, 0.0
     for _, ids in tqdm(inputs, desc=f"{kind} k={k}", unit="input"):
         ids = ids.to(device)
-        result = intervene(model, ids, kind, k)
+        result = intervene(model, ids, kind, k, mean=mean)
         identity_exact += result.identity_exact
         identity_diff = max(identity_diff, result.identity_max_abs_diff)
         targets = ids[0, 1:]

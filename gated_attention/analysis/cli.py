@@ -27,7 +27,7 @@ from .loading import DEVICE_MAPS
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
-INTERVENTIONS = ("deletion", "connection")
+INTERVENTIONS = ("deletion", "set-mean", "connection")
 # torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
@@ -127,7 +127,12 @@ def register(subparsers) -> None:
                    "the model loads (default: what is free when the run starts)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
-    p.add_argument("--intervene", choices=INTERVENTIONS, help="also report perplexity/accuracy with this intervention")
+    p.add_argument("--intervene", choices=INTERVENTIONS,
+                   help="also report perplexity and next-token accuracy with the first token's --k largest coordinates "
+                   "at every attention layer's input set to 0 (deletion), set to their mean over the inputs (set-mean), "
+                   "or held at their spike's magnitude up to the next attention layer (connection); pinning those "
+                   "coordinates to their own values must give the normal logits bit for bit (the identity check, in "
+                   "summary.md)")
     p.add_argument("--k", type=int, choices=(1, 2, 4), default=1,
                    help="coordinates per attention input for --intervene (default: %(default)s)")
     p.add_argument("--sink-epsilon", type=_epsilon, default=0.3, metavar="EPS",

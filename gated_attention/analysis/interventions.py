@@ -1,4 +1,5 @@
-"""Deletion and connection interventions on the first token's residual stream (docs/architecture.md, "Metric definitions").
+"""Deletion, set-to-mean and connection interventions on the first token's residual stream (docs/architecture.md,
+"Metric definitions").
 
 `z[l]` is the first token's residual state X[l][0, :] from a normal pass,
 `[L+1, D]`, l = 0..L (X[0] = embedding output, X[l] = output of decoder layer
@@ -6,6 +7,10 @@ l). For the attention layers f_1 < ... < f_K (1-based) the pre-attention
 positions are p_i = f_i - 1, and `C_i` = top-k coordinates of |z[p_i]|.
 
 - Deletion: X[p_i][0, j] = 0 for j in C_i, every i.
+- Set-to-mean (locuslab's massive-activations `--reset_type set_mean`): X[p_i][0, j] = mean_z[p_i, j] for j in
+  C_i, every i, where mean_z is z averaged over a set of inputs (`first_token_mean`: the inputs analysed). Sun et
+  al. 2024 (*Massive Activations in Large Language Models*) report that this keeps LLaMA2's perplexity where
+  zeroing destroys it: the massive activation acts as a near-constant bias.
 - Connection: with C = union of the C_i, for p_i < l < p_{i+1} and j in C,
   X[l][0, j] = s * max(|z_j(p_i)|, s * z_j(l)), s = sign(z_j(p_i)) (+1 at 0):
   the coordinate is held at least at the spike's magnitude, with its sign. At
@@ -39,7 +44,7 @@ from torch import nn
 from .capture import Capture, residual_hooks, torch_linear_attention
 from .layout import model_layout
 
-KINDS = ("deletion", "connection")
+KINDS = ("deletion", "set-mean", "connection")
 Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -51,6 +56,12 @@ def select_coordinates(z: torch.Tensor, attention_layers: Sequence[int], k: int)
 def deletion_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
     coords = select_coordinates(z, attention_layers, k)
     return {p: (c, torch.zeros(len(c), dtype=z.dtype, device=z.device)) for p, c in coords.items()}
+
+
+def set_mean_edits(z: torch.Tensor, mean: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
+    """C_i chosen on this input's z, each set to its value in `mean` (`[L+1, D]`, z averaged over inputs)."""
+    coords = select_coordinates(z, attention_layers, k)
+    return {p: (c, mean[p, c].to(z.dtype)) for p, c in coords.items()}
 
 
 def _union(coords: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -79,9 +90,12 @@ def endpoint_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int, kin
     return {p: (c, z[p, c]) for p, c in coords.items()}
 
 
-def build_edits(kind: str, z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
+def build_edits(kind: str, z: torch.Tensor, attention_layers: Sequence[int], k: int,
+                mean: torch.Tensor | None = None) -> Edits:
     if kind == "deletion":
         return deletion_edits(z, attention_layers, k)
+    if kind == "set-mean":
+        return set_mean_edits(z, mean, attention_layers, k)
     if kind == "connection":
         return connection_edits(z, attention_layers, k)
     raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
@@ -173,9 +187,27 @@ class InterventionResult:
 
 
 @torch.no_grad()
-def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int) -> InterventionResult:
+def first_token_mean(model: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The first token's residual states X[0..L][0, :] averaged over `inputs` (each `[1, T]`): `[L+1, D]` float64,
+    on the CPU. What `set-mean` sets the chosen coordinates to."""
+    total = None
+    with Capture(model, attentions=False, gates=False) as cap:
+        for input_ids in inputs:
+            cap.clear()
+            model(input_ids=input_ids, use_cache=False)
+            z = torch.stack([x[0, 0].cpu().double() for x in cap.records[-1].residual])  # [L+1, D]
+            total = z if total is None else total + z
+    if total is None:
+        raise ValueError("first_token_mean needs at least one input")
+    return total / len(inputs)
+
+
+@torch.no_grad()
+def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int, *,
+              mean: torch.Tensor | None = None) -> InterventionResult:
     """Normal pass, identity check and intervened pass on one input `[1, T]`, first token anchored.
 
+    `mean` (`[L+1, D]`, `first_token_mean` over the inputs) is what "set-mean" sets the coordinates to.
     The three passes run under the model's own attention implementation (no
     switch to eager), so the identity check compares like with like.
     """
@@ -183,6 +215,8 @@ def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int) -> I
         raise ValueError(f"intervene takes one input [1, T], got shape {tuple(input_ids.shape)}")
     if kind not in KINDS:
         raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
+    if kind == "set-mean" and mean is None:
+        raise ValueError("set-mean sets each coordinate to its mean over the inputs: pass mean=first_token_mean(model, inputs)")
     with Capture(model, attentions=False, gates=False) as cap:
         logits_normal = model(input_ids=input_ids, use_cache=False).logits
     fa = cap.layout.attention_layers
@@ -190,7 +224,7 @@ def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int) -> I
 
     with apply_edits(model, endpoint_edits(z, fa, k, kind)):
         logits_identity = model(input_ids=input_ids, use_cache=False).logits
-    with apply_edits(model, build_edits(kind, z, fa, k)):
+    with apply_edits(model, build_edits(kind, z, fa, k, mean)):
         logits_intervened = model(input_ids=input_ids, use_cache=False).logits
 
     diff = (logits_identity.float() - logits_normal.float()).abs().max().item() if logits_normal.numel() else 0.0
