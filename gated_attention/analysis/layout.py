@@ -44,6 +44,7 @@ from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, NOT_
                             PACKAGE_DECLARATIONS, PARALLEL_LAYERS, REQUIRED_FIELDS, UNDECLARED, UNREADABLE, View,
                             view_of)
 
+
 class LayoutError(ValueError):
     """A model whose layout cannot be read; the message is one line for the user."""
 
