@@ -56,7 +56,7 @@ from .layout import GateSite, ModelLayout, model_layout
 logger = logging.get_logger(__name__)
 
 # transformers' torch implementations that sit behind wrappers dispatching to fla whenever fla imports
-# (module-level functions since 5.x), and the per-layer attributes older releases stored the chosen kernel in.
+# (module-level functions), and the per-layer attributes some releases store the chosen kernel in.
 FLA_WRAPPED_TORCH_FUNCTIONS = (
     "torch_chunk_gated_delta_rule",
     "torch_recurrent_gated_delta_rule",
@@ -104,8 +104,8 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     """
     from transformers import PreTrainedModel
 
-    # A class that does not call attention through transformers' interface cannot switch (Falcon before 5.25: it
-    # picks its weight-returning path itself when asked, `weights_requested`); asking would only warn.
+    # A class that does not call attention through transformers' interface cannot switch (`_can_set_attn_implementation`
+    # false: it picks its weight-returning path itself when asked, `weights_requested`); asking would only warn.
     subs = [m for m in model.modules() if isinstance(m, PreTrainedModel) and _can_switch_attention(m)]
     before = {id(config): getattr(config, "_attn_implementation", None) for config in _configs(subs)}
     if all(setting in (None, "eager") for setting in before.values()):
@@ -535,9 +535,9 @@ class Capture:
         stack = contextlib.ExitStack()
         try:
             if self.want_attentions and self.layout.weights_on_request:
-                # A legacy class picks its weight-returning path itself when asked, as transformers' flag does; one
-                # that has moved to transformers' attention interface since (Falcon in 5.25) returns weights only
-                # when eager, so it is switched too where it can be.
+                # A legacy class picks its weight-returning path itself when asked, as transformers' flag does; where
+                # the installed release's class calls transformers' attention interface instead (Falcon's, in some),
+                # it returns weights only when eager, so it is switched too where it can be.
                 stack.enter_context(weights_requested(self.model))
             if self.want_attentions:
                 stack.enter_context(eager_attention(self.model))
