@@ -214,6 +214,23 @@ def test_gdn_layer_packed_sequences_equal_one_by_one():
         torch.testing.assert_close(two_rows[1], layer(d)[0], atol=ATOL, rtol=0)
 
 
+def test_bf16_init_draws_no_dead_decay_head():
+    # A bf16 U(0, 16) is 0 one draw in 512, so 1,024 heads drawn in the ambient dtype hold a few A = 0 (A_log = -inf).
+    # from_config(dtype=bf16) runs __init__ and then _init_weights, which draws again; the layer alone is __init__'s.
+    torch.manual_seed(0)
+    config = tiny_config(num_hidden_layers=2, hybrid_ratio=None, layer_types=["linear_attention"] * 2,
+                         linear_num_key_heads=1, linear_num_value_heads=512, linear_value_head_dim=1)
+    mixers = [layer.linear_attn for layer in AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).model.layers]
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        mixers += [GatedDeltaNet(config, layer_idx=i) for i in range(2)]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for mixer in mixers:
+        assert mixer.A_log.dtype == mixer.dt_bias.dtype == torch.bfloat16
+        assert torch.isfinite(mixer.A_log).all() and torch.isfinite(mixer.dt_bias).all()
+
+
 # --- the model ----------------------------------------------------------------------------------
 
 

@@ -92,11 +92,18 @@ class GatedDeltaNet(nn.Module):
         return nn.Conv1d(channels, channels, kernel_size=k, groups=channels, padding=k - 1, bias=False)
 
     def initial_decay_parameters(self, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """fla's init: A ~ U(0, 16), A_log = log A; dt ~ logU(1e-3, 0.1), dt_bias = softplus^-1(dt)."""
-        A_log = torch.empty(self.num_v_heads, device=device).uniform_(0, 16).log()
-        dt = torch.exp(torch.rand(self.num_v_heads, device=device) * math.log(100) + math.log(1e-3)).clamp(min=1e-4)
+        """fla's init: A ~ U(0, 16), A_log = log A; dt ~ logU(1e-3, 0.1), dt_bias = softplus^-1(dt).
+
+        Drawn in fp32 whatever the ambient dtype (`from_config(..., dtype=torch.bfloat16)` sets it), then
+        returned in it: a bf16 U(0, 16) takes one of 512 values, 0 among them, and A = 0 makes A_log -inf,
+        a head that never decays and never learns.
+        """
+        fp32 = dict(device=device, dtype=torch.float32)
+        A_log = torch.empty(self.num_v_heads, **fp32).uniform_(0, 16).log()
+        dt = torch.exp(torch.rand(self.num_v_heads, **fp32) * math.log(100) + math.log(1e-3)).clamp(min=1e-4)
         dt_bias = dt + torch.log(-torch.expm1(-dt))
-        return A_log, dt_bias
+        dtype = torch.get_default_dtype()
+        return A_log.to(dtype), dt_bias.to(dtype)
 
     def _conv(self, mixed: torch.Tensor, cache: Cache | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
         """SiLU(causal depthwise conv) over [q | k | v] channels: `[B, T, D]` -> `[B, T, D]`."""
