@@ -235,6 +235,20 @@ def test_g1_matches_qwen3_5_gated_attention():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_bf16_gate_is_rounded_once():
+    # act(z) and the product in fp32, rounded once to bf16 (benchmarks/gate_precision.py): within half a bf16 ulp
+    # of the exact product (plus fp32's own rounding). Rounding the scores to bf16 first is off by up to 1.4 ulps.
+    from gated_attention.kernels.gated_sdpa.gate_activations import apply_gate
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(16384, generator=g).to(torch.bfloat16)
+    z = (torch.randn(16384, generator=g) * 2 - 1.5).to(torch.bfloat16)
+    exact = y.double() * torch.sigmoid(z.double())
+    ulp = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    worst = ((apply_gate(y, z, "sigmoid").double() - exact).abs() / ulp).max().item()
+    assert worst <= 0.5 + 2**-15, worst
+
+
 # --- generation, caching, padding ------------------------------------------------------------------
 
 

@@ -35,10 +35,13 @@ FUSED_GATE_ACTIVATIONS = ("sigmoid", "ns_sigmoid")
 
 
 def apply_gate(y: torch.Tensor, logits: torch.Tensor, activation: str, mode: str = "multiplicative") -> torch.Tensor:
-    """`y * act(logits)` (multiplicative) or `y + act(logits)` (additive), in y's dtype.
+    """`y * act(logits)` (multiplicative) or `y + act(logits)` (additive), returned in y's dtype.
 
     `logits` broadcast against `y`: `[B, T, H, D]` or `[B, T, H, 1]` against `[B, T, H, D]`, `[B, T, hidden]`
-    against the same for G5.
+    against the same for G5. The activation and the product run in fp32 and are rounded once, as Megatron-LM's
+    output gate and the fused kernel's epilogue do: in bf16 that halves the error of the logits' gradient
+    against rounding the scores first, as transformers' Qwen3.5 does (`benchmarks/gate_precision.py`, figures
+    in benchmarks/RESULTS.md). The backward keeps the fp32 scores. fp64 stays fp64.
     """
-    scores = GATE_ACTIVATION_FUNCTIONS[activation](logits).to(y.dtype)
-    return y * scores if mode == "multiplicative" else y + scores
+    scores = GATE_ACTIVATION_FUNCTIONS[activation](logits.to(torch.promote_types(logits.dtype, torch.float32)))
+    return (y * scores if mode == "multiplicative" else y + scores).to(y.dtype)
