@@ -30,6 +30,9 @@ VARIANTS = {
     "G2-value-head-shared": {"attn_gate": {"position": "value", "head_shared": True}},
     "G5-dense": {"attn_gate": {"position": "dense"}},
     "input-independent": {"attn_gate": {"position": "sdpa", "input_dependent": False}},
+    "low-rank-input-channels-bias": {"attn_gate": {"rank": 4, "input_channels": 12, "bias": True}},
+    "input-channels": {"attn_gate": {"input_channels": 12}},
+    "sinks": {"attention_sinks": True},
     "output-norm": {"attn_output_norm": "rmsnorm", "attn_output_activation": "silu"},
     "sliding-window-gqa1": {"sliding_window": 4, "num_key_value_heads": 1},
 }

@@ -108,8 +108,13 @@ def reference_attention(attn, x: torch.Tensor, theta: float) -> torch.Tensor:
     def gate(position, y, heads):
         if spec["position"] != position:
             return y
-        g = attn.attn_gate
-        logits = x @ g.weight.T + (g.bias if g.bias is not None else 0) if spec["input_dependent"] else g.logits.expand(B, T, -1)
+        g, x_in = attn.attn_gate, x[..., : spec["input_channels"] or x.shape[-1]]
+        if not spec["input_dependent"]:
+            logits = g.logits.expand(B, T, -1)
+        elif spec["rank"]:
+            logits = x_in @ g.down.weight.T @ g.up.weight.T + (g.up.bias if g.up.bias is not None else 0)
+        else:
+            logits = x_in @ g.weight.T + (g.bias if g.bias is not None else 0)
         if position == "dense":
             scores = act(logits)
         else:
@@ -127,7 +132,12 @@ def reference_attention(attn, x: torch.Tensor, theta: float) -> torch.Tensor:
     v = v.transpose(1, 2).repeat_interleave(HQ // HKV, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    y = (scores.softmax(-1) @ v).transpose(1, 2)  # [B, T, HQ, D]
+    if config.attention_sinks:  # one more logit per head in the denominator, with no value
+        sinks = attn.sinks.view(1, HQ, 1, 1).expand(B, HQ, T, 1)
+        probs = torch.cat([scores, sinks], dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    y = (probs @ v).transpose(1, 2)  # [B, T, HQ, D]
     if config.attn_output_norm == "rmsnorm":
         y = _rms(y, attn.attn_output_norm.weight, config.rms_norm_eps)
     if config.attn_output_activation == "silu":
@@ -157,6 +167,16 @@ VARIANTS = {
     "G5-input-independent": ({"attn_gate": {"position": "G5", "input_dependent": False}}, HID),
     "sdpa-rmsnorm": ({"attn_gate": None, "attn_output_norm": "rmsnorm"}, D),
     "sdpa-silu": ({"attn_gate": None, "attn_output_activation": "silu"}, 0),
+    # Issue 60's gates: low-rank, truncated input, both, and GPT-OSS's learned sink with and without the gate.
+    "G1-low-rank": ({"attn_gate": {"rank": 4}}, HID * 4 + 4 * H * D),
+    "G1-input-channels": ({"attn_gate": {"input_channels": 12}}, 12 * H * D),
+    "G1-headwise-low-rank-input-channels": (
+        {"attn_gate": {"granularity": "headwise", "rank": 2, "input_channels": 16, "bias": True}}, 16 * 2 + 2 * H + H
+    ),
+    "G1-shared-low-rank": ({"attn_gate": {"head_shared": True, "rank": 4}}, HID * 4 + 4 * D),
+    "G2-low-rank": ({"attn_gate": {"position": "G2", "rank": 4}}, HID * 4 + 4 * HKV * D),
+    "sinks": ({"attn_gate": None, "attention_sinks": True}, H),
+    "G1-sinks": ({"attn_gate": {"position": "G1"}, "attention_sinks": True}, HID * H * D + H),
 }
 
 
@@ -171,6 +191,8 @@ def test_variant_matches_reference_and_adds_the_papers_parameters(name):
     attn = model.model.layers[0].self_attn
     if "attn_gate" in dict(attn.named_children()) and not model.config.attn_gate["input_dependent"]:
         torch.nn.init.normal_(attn.attn_gate.logits)  # the zero init would hide a wrong broadcast
+    if model.config.attention_sinks:
+        torch.nn.init.normal_(attn.sinks, std=2.0)  # near 0 a sink barely shows
     x = torch.randn(2, 9, HID)
     positions = torch.arange(9)[None]
     cos_sin = model.model.rotary_emb(x, positions)
@@ -247,6 +269,75 @@ def test_bf16_gate_is_rounded_once():
     ulp = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
     worst = ((apply_gate(y, z, "sigmoid").double() - exact).abs() / ulp).max().item()
     assert worst <= 0.5 + 2**-15, worst
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_sinks_match_gpt_oss_attention(attn_implementation):
+    """`attention_sinks` against transformers' GPT-OSS attention with the same weights (biases, sinks), a padded
+    row and a causal one, outputs and the sinks' gradient. GPT-OSS runs eager (it has no SDPA path)."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    theirs_config = GptOssConfig(hidden_size=HID, num_attention_heads=H, num_key_value_heads=HKV, head_dim=D,
+                                 num_hidden_layers=1, layer_types=["full_attention"], rope_parameters=rope,
+                                 attention_bias=True, attn_implementation="eager")
+    theirs = GptOssAttention(theirs_config, layer_idx=0)
+    model = tiny_model(head_dim=D, attn_gate=None, attention_sinks=True, attention_bias=True, rope_parameters=rope,
+                       attn_implementation=attn_implementation)
+    ours = model.model.layers[0].self_attn
+    with torch.no_grad():
+        for p in theirs.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+        theirs.sinks.mul_(10)  # logits of a few units: the sink takes a visible share of each row
+        ours.load_state_dict(theirs.state_dict(), strict=True)
+
+    x = torch.randn(2, 7, HID)
+    positions = torch.arange(7)[None]
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[0, :3] = False  # row 0 left-padded: its real queries must not see the padding
+    allowed = torch.ones(7, 7, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]  # [B, 1, T, T]
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    expected = theirs(x, position_embeddings=GptOssRotaryEmbedding(theirs_config)(x, positions),
+                      attention_mask=additive)[0]
+    mask = additive if attn_implementation == "eager" else allowed  # what transformers' mask builders give each
+    got = ours(x, position_embeddings=model.model.rotary_emb(x, positions), attention_mask=mask)[0]
+    real = keep[:, :, None]  # padded queries' outputs are never read
+    # fp32, the same softmax with its sink column written two ways: a few ulps.
+    torch.testing.assert_close(got * real, expected * real, rtol=1e-5, atol=1e-5)
+    (expected * real).square().sum().backward()
+    (got * real).square().sum().backward()
+    torch.testing.assert_close(ours.sinks.grad, theirs.sinks.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("window", [None, 4], ids=["full", "sliding-window"])
+def test_sinks_generate_with_cache_equals_recomputation(attn_implementation, window):
+    model = tiny_model(attn_gate=None, attention_sinks=True, eos_token_id=None, sliding_window=window,
+                       attn_implementation=attn_implementation)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 2)
+    prompt = torch.randint(3, TINY["vocab_size"], (1, 6))
+    with torch.no_grad():
+        cached = model.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=True)
+        ids = prompt
+        for _ in range(6):
+            ids = torch.cat([ids, model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, ids)
+
+
+@pytest.mark.parametrize("implementation", ["gated_triton", "flat_engine"])
+def test_sinks_refuse_an_attention_that_would_drop_them(implementation):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register("flat_engine", sdpa_attention_forward)  # an engine's own function: no s_aux
+    model = tiny_model(attention_sinks=True)
+    model.set_attn_implementation(implementation)
+    with pytest.raises(ValueError, match=rf"^attention_sinks=true cannot run with attn_implementation="
+                                         rf"'{implementation}', which would ignore the sinks; use 'eager', 'sdpa'"):
+        model(torch.randint(0, TINY["vocab_size"], (1, 5)))
 
 
 # --- generation, caching, padding ------------------------------------------------------------------

@@ -44,11 +44,26 @@ def test_aliases(alias, position):
         ({"position": "G5", "granularity": "headwise"}, "need a per-head position"),
         ({"position": "dense", "head_shared": True}, "need a per-head position"),
         ({"input_dependent": False, "bias": True}, "bias=true needs input_dependent=true"),
+        ({"rank": 0}, "attn_gate.rank=0 is not allowed; allowed values: null or a positive int"),
+        ({"rank": True}, "attn_gate.rank=True is not allowed; allowed values: null or a positive int"),
+        ({"input_channels": "12"}, "attn_gate.input_channels='12' is not allowed; allowed values: null or a positive"),
+        ({"input_dependent": False, "rank": 4}, "attn_gate.rank=4 needs input_dependent=true"),
+        ({"input_dependent": False, "input_channels": 8}, "attn_gate.input_channels=8 needs input_dependent=true"),
+        # The default config: hidden 2048, 16 heads of 128.
+        ({"input_channels": 4096}, "attn_gate.input_channels=4096 is more than the 2048 channels of the layer input"),
+        ({"rank": 2048}, "attn_gate.rank=2048 is not below 2048, the rank of the full gate (2048 scores from 2048 "),
+        ({"granularity": "headwise", "rank": 16}, "attn_gate.rank=16 is not below 16, the rank of the full gate (16 "
+                                                  "scores from 2048 input channels); use rank null for the full gate"),
     ],
 )
 def test_bad_specs_raise_naming_key_and_allowed_values(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         GatedAttentionConfig(attn_gate=spec)
+
+
+def test_attention_sinks_is_a_flag():
+    with pytest.raises(ValueError, match="^attention_sinks='yes' is not allowed; allowed values: true, false$"):
+        GatedAttentionConfig(attention_sinks="yes")
 
 
 def test_non_dict_spec():

@@ -218,9 +218,11 @@ def logits_and_grads(model, implementation, ids, attention_mask=None):
         {"position": "G1", "granularity": "elementwise"},
         {"position": "G1", "granularity": "headwise", "head_shared": True, "activation": "ns_sigmoid"},
         {"position": "G1", "granularity": "elementwise", "input_dependent": False},
+        {"position": "G1", "rank": 4, "input_channels": 24},
         None,
     ],
-    ids=["G1-elementwise", "G1-headwise-shared-ns_sigmoid", "G1-input-independent", "no-gate"],
+    ids=["G1-elementwise", "G1-headwise-shared-ns_sigmoid", "G1-input-independent", "G1-low-rank-input-channels",
+         "no-gate"],
 )
 def test_model_gated_triton_matches_sdpa(kernel_calls, attn_gate):
     """fp32 model: fused-kernel logits and every parameter gradient equal the "sdpa" ones (1e-5 relative)."""

@@ -392,12 +392,12 @@ def test_moe_mlp_reports_router_losses():
 
 
 def test_remote_code_bundle_loads_without_the_package(tmp_path, run_without_package):
-    model = tiny_model()
+    # Attention with issue 60's gate (low-rank, truncated input) and sinks: their code travels in the bundle too.
+    model = tiny_model(attn_gate={"rank": 4, "input_channels": 16}, attention_sinks=True)
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    assert {"kernels_gated_delta_rule_chunk.py", "modeling_gated_deltanet.py", "modeling_gated_deltanet_hybrid.py"} <= {
-        p.name for p in folder.glob("*.py")
-    }
+    assert {"kernels_gated_delta_rule_chunk.py", "modeling_gated_deltanet.py", "modeling_gated_deltanet_hybrid.py",
+            "modeling_attention_sinks.py"} <= {p.name for p in folder.glob("*.py")}
     ids = torch.randint(0, TINY["vocab_size"], (1, 10))
     with torch.no_grad():
         torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "expected.pt")

@@ -96,8 +96,9 @@ def test_gate_parameters_get_their_own_learning_rate():
         assert by_lr[id(p)] == (1e-3 if "attn_gate" in name else 1e-5), name
 
 
-def test_gate_meter_reads_exact_init_gates_as_one_half():
-    model = _tiny({"position": "G1"})
+@pytest.mark.parametrize("gate", [{"position": "G1"}, {"position": "G1", "rank": 2}], ids=["full", "low-rank"])
+def test_gate_meter_reads_exact_init_gates_as_one_half(gate):
+    model = _tiny(gate)
     for name, p in model.named_parameters():
         if "attn_gate" in name:
             torch.nn.init.zeros_(p)  # the converter's exact init: every score is sigmoid(0) = 0.5

@@ -47,7 +47,8 @@ def randomize(model):
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "attn_gate" in name or "attn_output_norm" in name or name.endswith(("q_norm.weight", "k_norm.weight")):
+            if ("attn_gate" in name or "attn_output_norm" in name or name.endswith(("q_norm.weight", "k_norm.weight"))
+                    or name.endswith(".sinks")):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1 if "norm" in name else 0))
     return model
 

@@ -12,10 +12,17 @@ aliases resolved. Position names follow the Gated Attention paper's Figure 1:
 
 `gate_score_shape` is the one place that works out how many scores a spec
 makes; the model, the converter and the export all call it.
+
+Two keys shape the projection rather than the scores: `rank` (a low-rank gate,
+`act(X W_down^T W_up^T)` with `W_down` `[rank, d]` and `W_up` `[scores, rank]`)
+and `input_channels` (the gate reads only the first d channels of X, as
+marin's 1/16-truncated gate and modded-nanogpt's 12-channel gate do).
+`check_gate_shape` checks them against the model's widths.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 GATE_POSITIONS = ("sdpa", "value", "key", "query", "dense")
@@ -34,6 +41,8 @@ DEFAULT_GATE_SPEC: dict[str, Any] = {
     "activation": "sigmoid",
     "input_dependent": True,
     "bias": False,
+    "rank": None,
+    "input_channels": None,
 }
 NO_GATE_SPEC: dict[str, Any] = {**DEFAULT_GATE_SPEC, "position": None}
 
@@ -48,6 +57,12 @@ def _choice(key: str, value: Any, allowed: tuple) -> Any:
 def _flag(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"attn_gate.{key}={value!r} is not allowed; allowed values: true, false")
+    return value
+
+
+def _width(key: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"attn_gate.{key}={value!r} is not allowed; allowed values: null or a positive int")
     return value
 
 
@@ -76,6 +91,8 @@ def normalize_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
     _choice("activation", out["activation"], GATE_ACTIVATION_NAMES)
     for key in ("head_shared", "input_dependent", "bias"):
         _flag(key, out[key])
+    for key in ("rank", "input_channels"):
+        _width(key, out[key])
 
     # The paper pairs SiLU (unbounded) with additive gating and sigmoid (in [0, 1])
     # with multiplicative gating; the other two pairings are not gates.
@@ -98,6 +115,9 @@ def normalize_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
         raise ValueError(
             "attn_gate.bias=true needs input_dependent=true (an input-independent gate is itself a learned constant)"
         )
+    for key in ("rank", "input_channels"):
+        if out[key] is not None and not out["input_dependent"]:
+            raise ValueError(f"attn_gate.{key}={out[key]} needs input_dependent=true (an input-independent gate has no projection)")
     return out
 
 
@@ -120,6 +140,33 @@ def gate_score_shape(
         return (hidden_size,)
     heads = 1 if spec["head_shared"] else (num_key_value_heads if spec["position"] in ("key", "value") else num_heads)
     return (heads, head_dim if spec["granularity"] == "elementwise" else 1)
+
+
+def gate_input_width(spec: dict[str, Any], hidden_size: int) -> int:
+    """How many channels of the layer input X the gate's projection reads: `input_channels`, or all of them."""
+    return spec["input_channels"] or hidden_size
+
+
+def check_gate_shape(
+    spec: dict[str, Any], hidden_size: int, num_heads: int, num_key_value_heads: int, head_dim: int
+) -> None:
+    """One-line `ValueError`s for `rank` and `input_channels` that do not fit the model's widths."""
+    if not gate_enabled(spec):
+        return
+    if spec["input_channels"] is not None and spec["input_channels"] > hidden_size:
+        raise ValueError(
+            f"attn_gate.input_channels={spec['input_channels']} is more than the {hidden_size} channels of the layer "
+            f"input (hidden_size)"
+        )
+    rank = spec["rank"]
+    if rank is not None:
+        scores = math.prod(gate_score_shape(spec, hidden_size, num_heads, num_key_value_heads, head_dim))
+        full = min(gate_input_width(spec, hidden_size), scores)
+        if rank >= full:
+            raise ValueError(
+                f"attn_gate.rank={rank} is not below {full}, the rank of the full gate ({scores} scores from "
+                f"{gate_input_width(spec, hidden_size)} input channels); use rank null for the full gate"
+            )
 
 
 def validate_attn_output_ablations(norm: str | None, activation: str | None) -> None:

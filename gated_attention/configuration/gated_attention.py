@@ -5,8 +5,9 @@ Qwen3 `config.json` maps onto this config key for key (see `convert/`). On top
 of them: `qkv_bias` (Qwen2: bias on q/k/v but not on o_proj, whereas
 `attention_bias` is Llama's bias on all four), `qk_norm` (Qwen3),
 `sliding_window` (Mistral/Qwen2; None = off) with Qwen2/Qwen3's flag
-`use_sliding_window` beside it, the gate spec `attn_gate` (see `gate_spec.py`)
-and the paper's two non-gate ablations on the SDPA output.
+`use_sliding_window` beside it, the gate spec `attn_gate` (see `gate_spec.py`),
+the paper's two non-gate ablations on the SDPA output, and `attention_sinks`
+(GPT-OSS's learned per-head sink logit, the baseline the gate is compared with).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..compat import CACHE_NAME  # isort: skip
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
-from .gate_spec import DEFAULT_GATE_SPEC, normalize_gate_spec, validate_attn_output_ablations
+from .gate_spec import DEFAULT_GATE_SPEC, check_gate_shape, normalize_gate_spec, validate_attn_output_ablations
 from .presets import from_preset
 from .tensor_parallel import tensor_parallel_plan
 
@@ -31,9 +32,10 @@ class GatedAttentionConfig(PreTrainedConfig):
     r"""Dense decoder-only LM with gated softmax attention.
 
     `attn_gate` is the gate spec dict (`position`, `granularity`,
-    `head_shared`, `mode`, `activation`, `input_dependent`, `bias`); omitted
-    keys take their defaults, so `{}` is the paper's G1 elementwise sigmoid
-    gate and `None` (or `{"position": None}`) is the ungated baseline.
+    `head_shared`, `mode`, `activation`, `input_dependent`, `bias`, `rank`,
+    `input_channels`); omitted keys take their defaults, so `{}` is the
+    paper's G1 elementwise sigmoid gate and `None` (or `{"position": None}`)
+    is the ungated baseline.
 
     ```python
     >>> from gated_attention import GatedAttentionConfig
@@ -80,6 +82,8 @@ class GatedAttentionConfig(PreTrainedConfig):
     attn_gate: dict[str, Any] | None = field(default_factory=lambda: dict(DEFAULT_GATE_SPEC))
     attn_output_norm: str | None = None
     attn_output_activation: str | None = None
+    # GPT-OSS's learned sink: one logit per query head in its softmax's denominator (`self_attn.sinks`).
+    attention_sinks: bool = False
     pad_token_id: int | None = None
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -106,7 +110,10 @@ class GatedAttentionConfig(PreTrainedConfig):
             kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
             self.layer_types = [kind] * self.num_hidden_layers
         self.attn_gate = normalize_gate_spec(self.attn_gate)
+        check_gate_shape(self.attn_gate, self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim)
         validate_attn_output_ablations(self.attn_output_norm, self.attn_output_activation)
+        if not isinstance(self.attention_sinks, bool):
+            raise ValueError(f"attention_sinks={self.attention_sinks!r} is not allowed; allowed values: true, false")
         if any(t not in self.allowed_layer_types for t in self.layer_types):
             raise ValueError(f"layer_types entries must be one of {self.allowed_layer_types}, got {self.layer_types}")
         # Before the base class's __post_init__, which adds the tied embedding's rule to it (transformers 5.17).

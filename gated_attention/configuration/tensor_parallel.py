@@ -18,6 +18,13 @@ Qwen3-Next (Gated DeltaNet layers), and adds what only our layers have:
   transformers, which has none for this). A head-shared headwise gate has one
   score, too few to split: it stays whole, its output's gradient summed the
   same way (`REPLICATED_SUM_OUTPUT_GRAD`).
+- A low-rank gate (`rank`) shards its second factor `attn_gate.up` as above and
+  keeps `attn_gate.down` whole: each rank computes the same `rank` values, and
+  the styles on `up` sum the gradient of its input across ranks, so `down`'s
+  gradient is one process's without a rule of its own.
+- A learned sink (`attention_sinks`) has one logit per query head: sharded with
+  the heads ("colwise" on the bare parameter, as transformers' GraniteSWA); the
+  attention reads this rank's slice.
 - The G5 ("dense") gate acts on o_proj's output, which is whole on every rank
   after the rowwise all-reduce: it holds a shard of its weights and gathers its
   scores ("colwise_gather_output"), so it costs each rank 1/tp of its bytes.
@@ -87,7 +94,9 @@ def tensor_parallel_plan(config) -> dict[str, str]:
         if config.attn_output_norm is not None:
             rules["self_attn.attn_output_norm"] = REPLICATED_SUM_PARAM_GRAD
         if (style := gate_rule(config.attn_gate)) is not None:
-            rules["self_attn.attn_gate"] = style
+            rules["self_attn.attn_gate.up" if config.attn_gate["rank"] else "self_attn.attn_gate"] = style
+        if config.attention_sinks:
+            rules["self_attn.sinks"] = "colwise"
     if "linear_attention" in config.layer_types:
         rules |= _GATED_DELTANET
         if not config.linear_output_gate:

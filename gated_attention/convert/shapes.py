@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import register_auto_classes
-from ..configuration.gate_spec import gate_enabled, gate_score_shape
+from ..configuration.gate_spec import gate_enabled, gate_input_width, gate_score_shape
 from ..configuration.gated_attention import GatedAttentionConfig
 
 
@@ -32,6 +32,8 @@ def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
     spec = config.attn_gate
     for i in range(config.num_hidden_layers):
         attn = f"model.layers.{i}.self_attn."
+        if config.attention_sinks:  # the attention's own parameter: before its children's
+            shapes[f"{attn}sinks"] = (heads,)
         for proj, rows, bias in (("q_proj", heads * head_dim, qkv_bias), ("k_proj", kv_heads * head_dim, qkv_bias),
                                  ("v_proj", kv_heads * head_dim, qkv_bias), ("o_proj", hidden, config.attention_bias)):
             shapes[f"{attn}{proj}.weight"] = (rows, heads * head_dim if proj == "o_proj" else hidden)
@@ -41,12 +43,18 @@ def dense_shapes(config: GatedAttentionConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}q_norm.weight"] = shapes[f"{attn}k_norm.weight"] = (head_dim,)
         if gate_enabled(spec):  # `AttentionGate`: one score per (head, channel) or per head
             width = math.prod(gate_score_shape(spec, hidden, heads, kv_heads, head_dim))
-            if spec["input_dependent"]:
-                shapes[f"{attn}attn_gate.weight"] = (width, hidden)
+            reads = gate_input_width(spec, hidden)
+            if not spec["input_dependent"]:
+                shapes[f"{attn}attn_gate.logits"] = (width,)
+            elif spec["rank"]:  # `LowRankAttentionGate`
+                shapes[f"{attn}attn_gate.down.weight"] = (spec["rank"], reads)
+                shapes[f"{attn}attn_gate.up.weight"] = (width, spec["rank"])
+                if spec["bias"]:
+                    shapes[f"{attn}attn_gate.up.bias"] = (width,)
+            else:
+                shapes[f"{attn}attn_gate.weight"] = (width, reads)
                 if spec["bias"]:
                     shapes[f"{attn}attn_gate.bias"] = (width,)
-            else:
-                shapes[f"{attn}attn_gate.logits"] = (width,)
         if config.attn_output_norm == "rmsnorm":
             shapes[f"{attn}attn_output_norm.weight"] = (head_dim,)
         mlp = f"model.layers.{i}.mlp."

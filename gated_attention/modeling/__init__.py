@@ -1,8 +1,12 @@
 """The models: gated softmax attention, the MoE block, the Gated DeltaNet mixer and the three families.
 
 - `attention`: `GatedAttention`, Llama's attention (Qwen3's with `qk_norm`) with
-  the gate at any position G1..G5 as its own module `attn_gate`
-  (`AttentionGate`), and the paper's two non-gate ablations.
+  the gate at any position G1..G5 as its own module `attn_gate` (full,
+  low-rank or constant; reading all of its input or its first channels), and
+  the paper's two non-gate ablations.
+- `attention_sinks`: GPT-OSS's learned per-head sink logit (`self_attn.sinks`),
+  the attention function that applies it per `attn_implementation`, and the
+  refusal for one that would drop it.
 - `base`: what every family shares: `GatedPreTrainedModel` (the gate's init,
   the remote-code bundle written by `save_pretrained`, the tensor-parallel
   shape check at load) and `GatedForCausalLM`, the causal-LM head over a

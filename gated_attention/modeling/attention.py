@@ -8,7 +8,13 @@ from the same normed hidden states X that feed q/k/v:
 
 Y is the tensor at the spec's position (G1..G5, see `gate_spec.py`). q/k gates
 (G4/G3) act after the projection (and q/k norm) and before RoPE; v/k gates act
-before the cache, so cached keys and values are already gated.
+before the cache, so cached keys and values are already gated. The projection
+W is full (`AttentionGate`), low-rank (`LowRankAttentionGate`, spec key `rank`)
+or absent (`ConstantAttentionGate`, learned constant logits), and reads the
+first `input_channels` channels of X when the spec says so.
+
+With `config.attention_sinks` each query head also has GPT-OSS's learned sink
+logit, `self_attn.sinks` (see `attention_sinks.py`).
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 
-from ..configuration.gate_spec import gate_enabled, gate_score_shape
+from ..configuration.gate_spec import gate_enabled, gate_input_width, gate_score_shape
 from ..kernels.gated_sdpa.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
 from ..kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS, apply_gate
+from .attention_sinks import local_sinks, sink_attention
 
 
 def fusable_gate(config) -> bool:
@@ -103,14 +110,37 @@ class AttentionGate(nn.Linear):
     A plain `nn.Linear`, so that tensor parallelism in transformers and vLLM
     shards it as it shards q_proj. `gate_scores` is the arithmetic that turns
     its output into scores (hooks read it: analysis, the training meter).
+    `in_features` is the gate's input width (the spec's `input_channels`).
     """
 
-    def __init__(self, gate_scores: GateScores, hidden_size: int, bias: bool):
-        super().__init__(hidden_size, gate_scores.out_features, bias=bias)
+    def __init__(self, gate_scores: GateScores, in_features: int, bias: bool):
+        super().__init__(in_features, gate_scores.out_features, bias=bias)
         self.gate_scores = gate_scores
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self.gate_scores!r}"
+
+
+class LowRankAttentionGate(nn.Module):
+    """A low-rank gate projection: flat logits `up(down(X))`, `[B, T, out_features]`, through `rank` values.
+
+    Two plain `nn.Linear`s (`down` `[rank, in_features]`, `up` `[out_features, rank]` with the spec's bias), so
+    tensor parallelism shards `up` as it would the full gate and keeps `down` whole. Like `AttentionGate`, its
+    output is the logits and `gate_scores` turns them into scores.
+    """
+
+    def __init__(self, gate_scores: GateScores, in_features: int, rank: int, bias: bool):
+        super().__init__()
+        self.gate_scores = gate_scores
+        self.in_features, self.out_features = in_features, gate_scores.out_features
+        self.down = nn.Linear(in_features, rank, bias=False)
+        self.up = nn.Linear(rank, gate_scores.out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+    def extra_repr(self) -> str:
+        return repr(self.gate_scores)
 
 
 class ConstantAttentionGate(nn.Module):
@@ -164,21 +194,31 @@ class GatedAttention(nn.Module):
 
         spec = config.attn_gate
         self.gate_position = spec["position"] if gate_enabled(spec) else None
+        self.gate_input_channels = spec["input_channels"]  # None: all of X
         if self.gate_position is not None:
             self.gate_scores = GateScores(spec, hidden, self.num_heads, self.num_key_value_heads, self.head_dim)
-            if spec["input_dependent"]:
-                self.attn_gate = AttentionGate(self.gate_scores, hidden, bias=spec["bias"])
-            else:
+            width = gate_input_width(spec, hidden)
+            if not spec["input_dependent"]:
                 self.attn_gate = ConstantAttentionGate(self.gate_scores, hidden)
+            elif spec["rank"] is not None:
+                self.attn_gate = LowRankAttentionGate(self.gate_scores, width, spec["rank"], bias=spec["bias"])
+            else:
+                self.attn_gate = AttentionGate(self.gate_scores, width, bias=spec["bias"])
+        if config.attention_sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads))  # one logit per query head, as GPT-OSS
         if config.attn_output_norm == "rmsnorm":
             self.attn_output_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.attn_output_act = F.silu if config.attn_output_activation == "silu" else None
         self.fusable_gate = fusable_gate(config)
 
+    def _gate_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Flat gate logits `[B, T, out_features]` from the layer input `[B, T, hidden]`."""
+        return self.attn_gate(x if self.gate_input_channels is None else x[..., : self.gate_input_channels])
+
     def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.gate_position != position:
             return y
-        return self.gate_scores.combine(y, self.attn_gate(x))
+        return self.gate_scores.combine(y, self._gate_logits(x))
 
     def forward(
         self,
@@ -207,12 +247,14 @@ class GatedAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
 
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        fused_gate = self.fusable_gate and self.config._attn_implementation == GATED_TRITON
+        implementation = self.config._attn_implementation
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if self.config.attention_sinks:
+            attention_interface = sink_attention(implementation, attention_interface)
+            kwargs = {**kwargs, "s_aux": local_sinks(self.sinks)}  # [HQ]: this rank's heads
+        fused_gate = self.fusable_gate and implementation == GATED_TRITON
         if fused_gate:  # hand the gate logits to the kernel, which applies act() in its epilogue
-            logits = self.gate_scores.to_heads(self.attn_gate(x))  # [B, T, HQ or 1, D or 1]
+            logits = self.gate_scores.to_heads(self._gate_logits(x))  # [B, T, HQ or 1, D or 1]
             logits = logits.expand(*input_shape, q.shape[1], logits.shape[-1])  # q: [B, HQ, T, D], this rank's HQ
             gate = logits[..., 0] if logits.shape[-1] == 1 else logits  # [B, T, HQ] or [B, T, HQ, D]
             kwargs = {**kwargs, "gate": gate, "gate_activation": self.gate_scores.activation}

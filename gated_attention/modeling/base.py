@@ -17,7 +17,7 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 
 from ..compat import CACHE_NAME, accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
-from .attention import AttentionGate, ConstantAttentionGate
+from .attention import AttentionGate, ConstantAttentionGate, GatedAttention
 from .tensor_parallel import check_distributed_config  # importing registers the plan's own style
 
 try:
@@ -61,6 +61,8 @@ class GatedPreTrainedModel(PreTrainedModel):
                 zeros_(module.bias)
         elif isinstance(module, ConstantAttentionGate):
             zeros_(module.logits)
+        elif isinstance(module, GatedAttention) and self.config.attention_sinks:
+            normal_(module.sinks, mean=0.0, std=self.config.initializer_range)  # as GPT-OSS
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
         bundle = write_remote_code is not None and self._auto_class is None

@@ -81,9 +81,13 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int, min_ratio: fl
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+# The modules whose output is the gate's logits (modeling/attention.py), by name: a remote-code copy has its own classes.
+GATE_MODULES = ("AttentionGate", "LowRankAttentionGate", "ConstantAttentionGate")
+
+
 def gate_modules(model: nn.Module) -> list[nn.Module]:
     """The gate modules of a model (ours or a remote-code copy of it; PEFT copies included)."""
-    return [m for m in model.modules() if type(m).__name__ in ("AttentionGate", "ConstantAttentionGate")]
+    return [m for m in model.modules() if type(m).__name__ in GATE_MODULES]
 
 
 def gate_parameters_snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -93,7 +97,7 @@ def gate_parameters_snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 class GateScoreMeter(contextlib.AbstractContextManager):
     """Averages the gate scores of every forward pass while active.
 
-    Hooks every gate module (`AttentionGate`, `ConstantAttentionGate`); `pop()` returns the mean score since the last
+    Hooks every gate module (`GATE_MODULES`); `pop()` returns the mean score since the last
     call (NaN when no gate ran: an ungated model). The hooks are removed on exit.
     """
 
