@@ -127,6 +127,27 @@ def test_headwise_exact_and_bias_init_close_but_not_exact(converted, tmp_path, c
     assert diff < 1e-3 * expected.abs().max().item()
 
 
+def test_low_rank_truncated_gate_converts_exactly_and_learns(converted, tmp_path, capsys):
+    src, _, _ = converted["qwen3", "float32"]
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    assert main(["convert", str(src), str(tmp_path / "dst"), "--gate-rank", "4", "--gate-input-channels", "12"]) == 0
+    result = AutoModelForCausalLM.from_pretrained(tmp_path / "dst")
+    assert result.config.attn_gate["rank"] == 4 and result.config.attn_gate["input_channels"] == 12
+    gate = result.model.layers[0].self_attn.attn_gate
+    assert torch.equal(gate.down.weight, torch.eye(4, 12)) and not gate.up.weight.any()
+    with torch.no_grad():
+        assert torch.equal(result.eval()(PROMPT).logits, source(PROMPT).logits)  # up = 0: sigmoid(0), exact
+    result.train()(PROMPT, labels=PROMPT).loss.backward()
+    assert gate.up.weight.grad.abs().max() > 0  # down reads 4 channels, so up learns from the first step
+
+    capsys.readouterr()
+    assert main(["convert", str(src), str(tmp_path / "too-wide"), "--gate-rank", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("attn_gate.rank=64 is not below 64, the rank of the full gate (128 scores from 64 input "
+                        "channels); use rank null for the full gate (--gate-rank, --gate-input-channels)"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "too-wide").exists()
+
+
 def test_phi3_fused_projections_are_split_into_ours(converted):
     """Phi-3's qkv_proj is q rows, then k, then v; its gate_up_proj is gate rows, then up (Phi3MLP's `chunk(2)`)."""
     src, dst, _ = converted["phi3", "float32"]

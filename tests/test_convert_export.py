@@ -31,6 +31,7 @@ VARIANTS = {
     "head-shared": {"attn_gate": {"head_shared": True}},
     "gate-bias": {"attn_gate": {"bias": True}, "attention_bias": True},
     "qwen2-bias-tied": {"qkv_bias": True, "tie_word_embeddings": True},
+    "input-channels": {"attn_gate": {"input_channels": 12}},  # zero columns after the 12 the gate reads
 }
 
 
@@ -63,8 +64,11 @@ def test_native_qwen3_5_gives_the_gated_logits(tmp_path, variant):
         ({"attn_gate": {"mode": "additive", "activation": "silu"}}, "multiplicative sigmoid"),
         ({"sliding_window": 4}, "no sliding window"),
         ({"attn_gate": {"bias": True}}, "attention_bias=false"),
+        ({"attn_gate": {"rank": 4}}, "this model's has rank 4, and multiplying its two factors out rounds"),
+        ({"attention_sinks": True}, "Qwen3.5's attention has no learned sinks"),
     ],
-    ids=["no-qk-norm", "G2", "additive-silu", "sliding-window", "gate-bias-without-attention-bias"],
+    ids=["no-qk-norm", "G2", "additive-silu", "sliding-window", "gate-bias-without-attention-bias", "low-rank",
+         "sinks"],
 )
 def test_export_refuses_what_has_no_exact_mapping(tmp_path, capsys, overrides, reason):
     gated_model(tmp_path / "gated", **overrides)

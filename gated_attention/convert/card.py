@@ -43,6 +43,14 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
             f"- Every attention layer got a sigmoid output gate (G1, {gate}: {granularity}), "
             "`self_attn.attn_gate`, computed from the same normed hidden states as q/k/v."
         )
+        rank, channels = config.attn_gate["rank"], config.attn_gate["input_channels"]
+        if rank is not None:
+            options["--gate-rank"] = rank
+            changed.append(f"- The gate is low-rank: `attn_gate.up(attn_gate.down(x))` through {rank} values; `down` "
+                           f"starts as the first {rank} rows of the identity, `up` at 0.")
+        if channels is not None:
+            options["--gate-input-channels"] = channels
+            changed.append(f"- The gate reads only the first {channels} channels of its input.")
         if init == "exact":
             changed.append(
                 "- Exact init: gate weight 0, so every gate score is sigmoid(0) = 0.5 exactly, and `o_proj` "

@@ -125,6 +125,13 @@ def register(subparsers) -> None:
                    help="gate granularity: one score per channel or per head (default: elementwise; for the Gated "
                    "Attention paper's own checkpoints, their own gate, kept as trained, and none for their baseline)")
     p.add_argument("--init", choices=["exact", "bias"], default="exact", help=_INIT_HELP)
+    p.add_argument("--gate-rank", type=bounded(int, 1), metavar="R",
+                   help="a low-rank gate, sigmoid(W_up W_down x) through R values (spec key attn_gate.rank); "
+                        "--init exact starts W_up at 0 (every score sigmoid(0) = 0.5, exact) and W_down at the first "
+                        "R rows of the identity, so W_up learns from the start")
+    p.add_argument("--gate-input-channels", type=bounded(int, 1), metavar="D",
+                   help="the gate reads only the first D channels of the layer input (attn_gate.input_channels); "
+                        "exact like the full gate")
     p.add_argument("--allow-pickle", action="store_true", help="read SRC's pytorch_model*.bin (when it has no safetensors) with torch.load(weights_only=True)")
     _add_rope(p)
     p.set_defaults(func=run_convert)
@@ -203,6 +210,8 @@ def run_convert(args) -> int:
         args.dst,
         gate=args.gate,
         init=args.init,
+        gate_rank=args.gate_rank,
+        gate_input_channels=args.gate_input_channels,
         dtype=args.dtype,
         rope=rope,
         overwrite=args.overwrite,

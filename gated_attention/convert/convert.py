@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..configuration.gate_spec import DEFAULT_GATE_SPEC
+from ..configuration.gate_spec import DEFAULT_GATE_SPEC, check_gate_shape
 from ..hub.gguf import read_record
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
@@ -34,29 +34,53 @@ __all__ = ["VERIFY_ATTENTION", "Result", "conversion_gate_spec", "convert_checkp
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def conversion_gate_spec(gate: str, init: str) -> dict:
-    """The gate a conversion adds for `--gate` and `--init`: G1 sigmoid, a bias only for `--init bias`."""
+def conversion_gate_spec(gate: str, init: str, rank: int | None = None, input_channels: int | None = None) -> dict:
+    """The gate a conversion adds for `--gate`, `--init`, `--gate-rank` and `--gate-input-channels`: G1 sigmoid,
+    a bias only for `--init bias`."""
     if gate not in ("elementwise", "headwise"):
         raise ConversionError(f"--gate {gate!r} is not supported; choose elementwise or headwise")
     if init not in ("exact", "bias"):
         raise ConversionError(f"--init {init!r} is not supported; choose exact or bias")
+    for flag, value in (("--gate-rank", rank), ("--gate-input-channels", input_channels)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConversionError(f"{flag} {value!r} is not allowed; give a positive int")
     # Exact init needs no bias (score = sigmoid(0) from a zero weight); the bias init is the bias.
-    return {**DEFAULT_GATE_SPEC, "position": "sdpa", "granularity": gate, "bias": init == "bias"}
+    return {**DEFAULT_GATE_SPEC, "position": "sdpa", "granularity": gate, "bias": init == "bias", "rank": rank,
+            "input_channels": input_channels}
 
 
-def planned_gate(family, src_config, gate: str | None, init: str) -> tuple[dict | None, str]:
+def _gated_config(src_config, family, gate_spec: dict):
+    """`target_config` for SRC, its gate's rank and input width checked against SRC's widths first: a wrong
+    flag is the flag's error, not SRC's."""
+    if gate_spec is None or (gate_spec.get("rank") is None and gate_spec.get("input_channels") is None):
+        return target_config(src_config, family, gate_spec)
+    config = target_config(src_config, family, {**gate_spec, "rank": None, "input_channels": None})
+    try:
+        check_gate_shape(gate_spec, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                         config.head_dim)
+    except ValueError as e:
+        raise ConversionError(f"{e} (--gate-rank, --gate-input-channels)") from None
+    return target_config(src_config, family, gate_spec)
+
+
+def planned_gate(family, src_config, gate: str | None, init: str, rank: int | None = None,
+                 input_channels: int | None = None) -> tuple[dict | None, str]:
     """The gate DST gets, and the plan's init for it.
 
-    A source without a gate of its own gets `--gate` (elementwise when not given) with `--init`. A source with
-    one (the paper's checkpoints, `Family.gate`) keeps it as trained, its weights copied: a `--gate` that
-    names another granularity, or `--init bias`, is refused. One whose own gate is none (the paper's baseline)
-    stays ungated unless `--gate` asks for one, which then starts exactly as any conversion's.
+    A source without a gate of its own gets `--gate` (elementwise when not given) with `--init`, `--gate-rank`
+    and `--gate-input-channels`. A source with one (the paper's checkpoints, `Family.gate`) keeps it as trained,
+    its weights copied: a `--gate` that names another granularity, `--init bias` or a new gate's shape is
+    refused. One whose own gate is none (the paper's baseline) stays ungated unless `--gate` asks for one, which
+    then starts exactly as any conversion's.
     """
     if family.gate is None:
-        return conversion_gate_spec(gate or "elementwise", init), init
+        return conversion_gate_spec(gate or "elementwise", init, rank, input_channels), init
     own = family.gate(src_config)
     if own is None:
-        return (conversion_gate_spec(gate, init), init) if gate else (None, "copy")
+        return (conversion_gate_spec(gate, init, rank, input_channels), init) if gate else (None, "copy")
+    if rank is not None or input_channels is not None:
+        raise ConversionError(f"--gate-rank and --gate-input-channels shape a new gate, and SRC has its own "
+                              f"{own['granularity']} gate, which is kept as trained; leave them out")
     if gate is not None and gate != own["granularity"]:
         raise ConversionError(f"--gate {gate} contradicts SRC's own {own['granularity']} gate ({family}); "
                               "leave --gate out to keep it")
@@ -107,6 +131,8 @@ def convert_checkpoint(
     *,
     gate: str | None = None,
     init: str = "exact",
+    gate_rank: int | None = None,
+    gate_input_channels: int | None = None,
     dtype: str | None = None,
     rope: RopeChange = RopeChange(),
     overwrite: bool = False,
@@ -126,15 +152,15 @@ def convert_checkpoint(
     (checked when `verify`, after every layer), in the source dtype or in `dtype`.
     The check runs within `max_memory` bytes (default: what is free when it starts).
     """
-    conversion_gate_spec(gate or "elementwise", init)  # a wrong --gate or --init, before anything is read
+    conversion_gate_spec(gate or "elementwise", init, gate_rank, gate_input_channels)  # a wrong flag, before anything is read
     requested = _requested_dtype(dtype)
 
     def prepare(folder: Path, dst: Path) -> ConversionPlan:
         family = detect_family(read_config_dict(folder))
         ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
         src_config = load_source_config(folder, family)
-        gate_spec, plan_init = planned_gate(family, src_config, gate, init)
-        config = target_config(src_config, family, gate_spec)
+        gate_spec, plan_init = planned_gate(family, src_config, gate, init, gate_rank, gate_input_channels)
+        config = _gated_config(src_config, family, gate_spec)
         rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
         outputs = plan_weights(ckpt, target_shapes(config), config, init=plan_init, dtype=requested,

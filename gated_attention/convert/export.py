@@ -87,6 +87,11 @@ def check_exportable(config) -> None:
         refuse(f"Qwen3.5's gate is a multiplicative sigmoid; this model's is {spec['mode']} {spec['activation']}")
     if not spec["input_dependent"]:
         refuse("Qwen3.5's gate is input-dependent; this model's gate is a learned constant")
+    if spec["rank"] is not None:
+        refuse(f"Qwen3.5's gate is a full block of q_proj; this model's has rank {spec['rank']}, and multiplying its "
+               "two factors out rounds")
+    if config.attention_sinks:
+        refuse("Qwen3.5's attention has no learned sinks; this model has attention_sinks=true")
     if spec["bias"] and not config.attention_bias:
         refuse("the gate has a bias, but Qwen3.5 keeps gate and query in one q_proj, which has no bias here (attention_bias=false)")
     if not config.qk_norm:
@@ -170,7 +175,10 @@ def _q_with_gate(ckpt: SourceCheckpoint, names: list[str | None], config) -> tor
     else:
         # A headwise score (one per head) or a head-shared one is the elementwise gate with repeated rows.
         scores = gate_score_shape(config.attn_gate, config.hidden_size, H, config.num_key_value_heads, D)  # (heads, width)
-        g = ckpt.read(gate_name).to(q.dtype).view(*scores, *trailing).expand(H, D, *trailing)
+        g = ckpt.read(gate_name).to(q.dtype)
+        if trailing and g.shape[-1] < trailing[0]:  # a gate reading X's first `input_channels`: zeros for the rest
+            g = torch.nn.functional.pad(g, (0, trailing[0] - g.shape[-1]))
+        g = g.view(*scores, *trailing).expand(H, D, *trailing)
     out = torch.cat([q.view(H, D, *trailing), g], dim=1)  # [H, 2D, ...]
     return out.reshape(H * 2 * D, *trailing)
 

@@ -45,7 +45,7 @@ class Planned:
 
     SRC's tensors `sources`, their bytes one after the other (fused experts), or only `rows` of the one
     source (a `Split` part), times `scale` (a power of two: exact); with no sources, a new tensor whose
-    every element is `fill`."""
+    every element is `fill`, or, with `identity`, the first rows of the identity matrix."""
 
     name: str
     shape: tuple[int, ...]
@@ -54,6 +54,7 @@ class Planned:
     rows: slice | tuple[int, ...] | None = None  # a `Split` part's rows, or a `SplitRows` part's
     scale: float = 1.0
     fill: float | None = None
+    identity: bool = False
 
     @property
     def origin(self) -> str:
@@ -236,8 +237,9 @@ class AddGate(Rule):
     unless SRC has it already, and, with `--init exact`, the projection doubled.
 
     Exact: weight 0 and bias 0, every score sigmoid(0) = 0.5, times 2 W = W. Bias: the projection as it is,
-    bias `GATE_BIAS_INIT`. The paths are suffixes (any module path a target model has, not only ours); the
-    gate's shapes are the target model's."""
+    bias `GATE_BIAS_INIT`. A low-rank gate's `up` is the weight above and its `down` the first rows of the
+    identity (it reads the first `rank` channels), so `up`'s gradient is not 0 from the first step. The paths
+    are suffixes (any module path a target model has, not only ours); the gate's shapes are the target model's."""
 
     output: str = "self_attn.o_proj.weight"
     gate: str = "self_attn.attn_gate"
@@ -252,9 +254,11 @@ class AddGate(Rule):
                 continue
             planned.append(replace(t, scale=t.scale * 2.0) if target.init == "exact" else t)
             prefix = t.name.removesuffix(self.output) + self.gate + "."
-            for name, value in ((prefix + "weight", 0.0), (prefix + "bias", bias)):
+            for part, init in (("weight", {"fill": 0.0}), ("bias", {"fill": bias}), ("down.weight", {"identity": True}),
+                               ("up.weight", {"fill": 0.0}), ("up.bias", {"fill": bias})):
+                name = prefix + part
                 if name in target.expected and name not in present:
-                    planned.append(Planned(name, target.expected[name], t.dtype, fill=value))
+                    planned.append(Planned(name, target.expected[name], t.dtype, **init))
         return planned
 
     def key_mapping(self, source, num_layers: int) -> dict[str, str]:
@@ -309,6 +313,10 @@ def _full(shape: tuple[int, ...], dtype: torch.dtype, value: float) -> torch.Ten
     return torch.full(shape, value, dtype=dtype)
 
 
+def _identity(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.eye(*shape, dtype=dtype)
+
+
 def _out_dtype(source: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
     return requested if requested is not None and source.is_floating_point else source
 
@@ -322,6 +330,8 @@ def _output(t: Planned, ckpt: SourceCheckpoint, requested: torch.dtype | None) -
     """What the writer makes of a planned tensor: read, cut, cast and scaled one tensor at a time, or, for a
     safetensors tensor kept as it is, its bytes copied from file to file."""
     dtype = _out_dtype(t.dtype, requested)
+    if t.identity:
+        return OutputTensor(t.name, t.shape, dtype, partial(_identity, t.shape, dtype))
     if not t.sources:
         zeros = t.fill == 0.0 and math.copysign(1.0, t.fill) > 0
         return OutputTensor(t.name, t.shape, dtype, partial(_full, t.shape, dtype, t.fill), zeros=zeros)
