@@ -106,6 +106,12 @@ VARIANTS = {
     "G5-input-independent": {"attn_gate": {"position": "G5", "input_dependent": False}},
     "sdpa-rmsnorm": {"attn_gate": None, "attn_output_norm": "rmsnorm"},
     "sdpa-silu": {"attn_gate": None, "attn_output_activation": "silu"},
+    # issue 60's gates: low-rank, truncated input (hidden 128: the first 8 channels, marin's 1/16), learned sinks
+    "G1-low-rank": {"attn_gate": {"rank": 8}},
+    "G1-input-channels": {"attn_gate": {"input_channels": 8}},
+    "G1-headwise-low-rank-input-channels": {"attn_gate": {"granularity": "headwise", "rank": 2, "input_channels": 8}},
+    "sinks": {"attn_gate": None, "attention_sinks": True},
+    "G1-sinks": {"attn_gate": {"position": "G1"}, "attention_sinks": True},
 }
 
 
@@ -149,6 +155,8 @@ def _randomize(model, seed: int = 1):
         for name, p in model.named_parameters():
             if "attn_gate" in name or "attn_output_norm" in name:
                 p.normal_(0, 0.5)
+            elif name.endswith(".sinks"):
+                p.normal_(0, 2)  # a sink logit of a few units takes a visible share of each row
     return model
 
 
@@ -381,6 +389,9 @@ def constraint(route: Route, config: dict) -> str | None:
         if "full_attention" in layer_types or not layer_types:
             if head_dim not in VLLM_CPU_HEAD_SIZES:
                 return f"vLLM's CPU attention takes head dims {VLLM_CPU_HEAD_SIZES}, this model has {head_dim}"
+        if route.model_impl == "transformers" and config.get("attention_sinks"):
+            return ("vLLM's attention function takes no sinks, and the model refuses an attention that would drop "
+                    "them: it stops with one line saying so")
         gate = config.get("attn_gate") or {}
         if (route.tensor_parallel_size > 1 and gate.get("position") not in (None, "dense")
                 and not gate.get("input_dependent", True) and not gate.get("head_shared")):

@@ -6,6 +6,7 @@ import argparse
 import csv
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -107,13 +108,15 @@ def test_backcopy_preset_smoke_end_to_end(tmp_path, capsys):
     from gated_attention.recipes import cli
 
     out = tmp_path / "backcopy"
-    # through quickstart's dispatch, as `gated-attention quickstart --preset backcopy --smoke` runs it
-    assert cli.run(_args(out)) == 0
+    # through quickstart's dispatch, as `gated-attention quickstart --preset backcopy --smoke --compare-gates` runs it
+    assert cli.run(_args(out, compare_gates=True)) == 0
     printed = capsys.readouterr().out
     assert "F-Attn dormant" in printed and "control: F-Attn at dormant queries" in printed
 
     results = _read(out / "results.csv")
-    assert [r["model"] for r in results] == ["control", "gated"]
+    assert [r["model"] for r in results] == ["control", "gated", "low-rank", "truncated", "sinks"]
+    sink_share = float(results[-1]["sink_dormant"])  # what the learned sink takes at dormant queries
+    assert 0 < sink_share < 1 and all(math.isnan(float(r["sink_dormant"])) for r in results[:-1])
     for column in ("steps", "heldout_loss", "f_attn_dormant", "f_attn_active", "m_act", "first_token_norm_ratio",
                    "gate_mean", "sink_layer", "optimal_loss"):
         assert column in results[0], column
@@ -125,7 +128,8 @@ def test_backcopy_preset_smoke_end_to_end(tmp_path, capsys):
     assert math.isnan(float(results[0]["gate_mean"])) and 0 < float(results[1]["gate_mean"]) < 1
     training = _read(out / "training.csv")
     control = [r["batch"] for r in training if r["model"] == "control"]
-    assert control == [r["batch"] for r in training if r["model"] == "gated"]  # the same batches, step by step
+    for name in ("gated", "low-rank", "sinks"):
+        assert control == [r["batch"] for r in training if r["model"] == name]  # the same batches, step by step
     probes = _read(out / "probes.csv")
     assert sorted({int(r["step"]) for r in probes}) == [0, 3, 6]  # at the start, then every 3 steps
     maps = np.load(out / "attention_maps.npz")
@@ -144,6 +148,21 @@ def test_the_pair_starts_from_the_same_weights():
     for n, p in control.named_parameters():
         assert torch.equal(p, g[n]), n
     assert all("attn_gate" in n for n in set(g) - set(dict(control.named_parameters())))
+
+
+def test_compared_gates_start_from_the_controls_weights():
+    s = settings.BackcopySettings(**settings.BACKCOPY_SMOKE, compare_gates=True)
+    models = backcopy.build_models(s, BackcopyTask(), SimpleNamespace(log=lambda msg: None,
+                                                                      placement=SimpleNamespace(device="cpu")))
+    assert list(models) == ["control", "gated", "low-rank", "truncated", "sinks"]
+    spec = {name: m.config.attn_gate for name, m in models.items()}
+    assert (spec["low-rank"]["rank"], spec["truncated"]["input_channels"]) == (2, 2)  # hidden 32 / 16
+    assert spec["sinks"]["position"] is None and models["sinks"].config.attention_sinks
+    control = dict(models["control"].named_parameters())
+    for name, model in models.items():
+        params = dict(model.named_parameters())
+        assert all(torch.equal(p, params[n]) for n, p in control.items()), name
+        assert all("attn_gate" in n or n.endswith(".sinks") for n in set(params) - set(control)), name
 
 
 def test_backcopy_flags_reach_the_settings_and_others_are_refused():

@@ -223,9 +223,12 @@ LLAMA = {"model_type": "gated_attention", "hidden_size": 576, "num_attention_hea
      "(LALL, A = attention) has no such interval"),
     (dict(engine="mlx-lm", label="native Qwen3.5"), MLX, None),
     (dict(engine="mlx-lm", label="native Qwen3.5", dtype="bfloat16"), MLX, None),
+    (dict(engine="vllm", label="transformers backend", model_impl="transformers"), {**LLAMA, "attention_sinks": True},
+     "takes no sinks"),
 ], ids=["hybrid-backend", "gdn-head-dim", "gdn-fp32", "attention-head-dim", "gguf-remote-code",
         "no-qk-norm-vllm-native", "no-qk-norm-gguf", "no-qk-norm-mlx", "no-qk-norm-backend", "ok-vllm", "ok-gguf",
-        "mlx-text-layout", "mlx-remote-code", "mlx-all-attention", "mlx-irregular", "ok-mlx", "ok-mlx-bf16"])
+        "mlx-text-layout", "mlx-remote-code", "mlx-all-attention", "mlx-irregular", "ok-mlx", "ok-mlx-bf16",
+        "sinks-backend"])
 def test_the_check_names_what_an_engine_cannot_run(route, config, says):
     why = serving_check.constraint(serving_check.Route(**route), config)
     assert (why is None) if says is None else (says in why and "\n" not in why), why

@@ -13,7 +13,10 @@ close instead, so it needs no sink.
 The pair: an ungated `GatedAttentionForCausalLM` ("control") and the same model
 with the G1 gate ("gated"), from the same initial weights (`ARMS`, built by `common.model_arms`),
 trained on the same pool of sequences in the same order (the batch of step k
-depends only on (seed, k)), with the same rates. Reported, in `--out`:
+depends only on (seed, k)), with the same rates. `--compare-gates` adds, from
+the same weights, the gates G1 is compared with (`COMPARED`): "low-rank" (rank
+hidden/16), "truncated" (the gate reads the first hidden/16 channels, as
+marin's) and "sinks" (GPT-OSS's learned sink logit, no gate). Reported, in `--out`:
 
 - `results.csv`: one row per model: steps, held-out loss (nats per token, on
   `eval_sequences` held-out sequences from another sample seed), the best
@@ -22,7 +25,8 @@ depends only on (seed, k)), with the same rates. Reported, in `--out`:
   strongest (`sink_layer`): `f_attn_dormant`, `f_attn_active`, `f_attn_all`
   (mean over heads and the queries of that kind), the first token's max
   |hidden| over the other tokens' (`first_token_norm_ratio`, that layer's
-  output), `m_act` (mean over layers of max |hidden|) and `gate_mean`;
+  output), `m_act` (mean over layers of max |hidden|), `gate_mean` and
+  `sink_dormant` (the attention a learned sink takes at dormant queries);
 - `layers.csv` the same per layer, `probes.csv` F-Attn per layer and query kind
   every `probe_every` steps, `training.csv` the loss per step;
 - `attention_maps.npz` both models' maps on the first held-out sequence (and its
@@ -49,6 +53,12 @@ SINK_THRESHOLD = 0.3  # the control's dormant-query F-Attn that counts as a sink
 ARMS = {
     "control": {"attn_gate": None},
     "gated": {"attn_gate": {"position": "G1"}},
+}
+# --compare-gates: the gates G1 is compared with (issue 60), their widths from the settings
+COMPARED = {
+    "low-rank": lambda s: {"attn_gate": {"position": "G1", "rank": max(1, s.hidden_size // 16)}},
+    "truncated": lambda s: {"attn_gate": {"position": "G1", "input_channels": max(1, s.hidden_size // 16)}},
+    "sinks": lambda s: {"attn_gate": None, "attention_sinks": True},
 }
 
 
@@ -88,8 +98,11 @@ def prepare_data(s: BackcopySettings, job: Job) -> tuple[BackcopyTask, Data]:
 
 
 def build_models(s: BackcopySettings, task: BackcopyTask, job: Job) -> dict:
-    """The `ARMS` on the job's device (only the control with `ungated_only`)."""
-    models = model_arms(s, task, {"control": ARMS["control"]} if s.ungated_only else ARMS)
+    """The `ARMS` on the job's device (only the control with `ungated_only`; `COMPARED` too with `compare_gates`)."""
+    arms = {"control": ARMS["control"]} if s.ungated_only else dict(ARMS)
+    if s.compare_gates:
+        arms |= {name: fields(s) for name, fields in COMPARED.items()}
+    models = model_arms(s, task, arms)
     job.log(f"models: {s.num_hidden_layers} layer(s), width {s.hidden_size}, {s.num_attention_heads} head(s), RoPE, "
             "the same initial weights; parameters: "
             + ", ".join(f"{name} {sum(p.numel() for p in m.parameters()):,}" for name, m in models.items()))
@@ -134,7 +147,7 @@ def measure(models: dict, trained: dict[str, Trained], s: BackcopySettings, task
             "sink_layer": sink, "f_attn_dormant": at_sink["f_attn_dormant"], "f_attn_active": at_sink["f_attn_active"],
             "f_attn_all": at_sink["f_attn_all"], "m_act": m["m_act"],
             "first_token_norm_ratio": at_sink["first_token_norm_ratio"], "gate_mean": m["gate_mean"],
-            "train_minutes": trained[name].minutes,
+            "sink_dormant": at_sink["sink_dormant"], "train_minutes": trained[name].minutes,
         })
         maps.update({f"{name}_layer{f}": a for f, a in m["maps"].items()})  # [H, T, T]
     maps["tokens"] = d.valid[0].numpy()
@@ -157,10 +170,11 @@ RESULT_COLUMNS = [
     ("m_act", "M-Act", "{:.2f}"),
     ("first_token_norm_ratio", "max|x| tok0/others", "{:.2f}"),
     ("gate_mean", "gate", "{:.3f}"),
+    ("sink_dormant", "sink dormant", "{:.3f}"),
     ("train_minutes", "minutes", "{:.1f}"),
 ]
 LAYER_COLUMNS = ["model", "layer", "f_attn_dormant", "f_attn_active", "f_attn_all", "first_token_norm_ratio", "m_act",
-                 "gate_mean"]
+                 "gate_mean", "sink_dormant"]
 PROBE_COLUMNS = ["model", "step", "minutes", "loss", "layer", "f_attn_dormant", "f_attn_active", "f_attn_all",
                  "first_token_norm_ratio"]
 TRAINING_COLUMNS = ["model", "step", "loss", "gate_score", "lr", "gate_lr", "batch", "seconds"]

@@ -107,16 +107,20 @@ def attention_by_query(model, task: BackcopyTask, rows: torch.Tensor) -> dict:
     """Per attention layer (1-based), attention on the first token at dormant and at active queries, mean over
     heads and queries of `rows` `[N, T]`; and the residual statistics.
 
-    Returns `{"layers": [{layer, f_attn_dormant, f_attn_active, f_attn_all, first_token_norm_ratio}...], "m_act",
+    Returns `{"layers": [{layer, f_attn_dormant, f_attn_active, f_attn_all, first_token_norm_ratio, sink_dormant}...],
+    "m_act",
     "gate_mean", "maps": {layer: [H, T, T] of rows[0]}}`: M-Act is the mean over decoder layers l = 1..L of the
     largest |X[l]|, mean over sequences; a layer's `first_token_norm_ratio` is the first token's max |X[l]| over the
-    largest of the other tokens', in that layer's output, mean over sequences.
+    largest of the other tokens', in that layer's output, mean over sequences. `sink_dormant` is the attention a
+    learned sink (`attention_sinks`) takes at dormant queries, what the tokens' weights leave of 1 (NaN without).
     """
     from ..analysis.capture import Capture
 
     model.eval()
     device = next(model.parameters()).device
     sums: dict[int, np.ndarray] = {}  # layer -> [3]: dormant, active, all (sums of per-query means over heads)
+    sink_sums: dict[int, float] = {}  # layer -> the learned sink's share at dormant queries, summed
+    sinks = getattr(model.config, "attention_sinks", False)
     counts = np.zeros(3)
     m_act, ratio, gates, maps = [], [], [], {}
     with Capture(model, residual=True, attentions=True, gates=True) as cap:
@@ -132,6 +136,7 @@ def attention_by_query(model, task: BackcopyTask, rows: torch.Tensor) -> dict:
                 a = record.attentions[f][0].float().cpu().numpy()  # [H, T, T]
                 on_first = a[:, :, 0].mean(axis=0)  # [T]: per query, mean over heads
                 sums[f] = sums.get(f, np.zeros(3)) + [on_first[m].sum() for m in masks]
+                sink_sums[f] = sink_sums.get(f, 0.0) + float((1 - a.sum(axis=-1).mean(axis=0))[masks[0]].sum())
                 if i == 0:
                     maps[f] = a
             token_max = record.residual_stack()[:, 0].abs().amax(dim=-1).float().cpu().numpy()[1:]  # [L, T]: X[1..L]
@@ -140,7 +145,8 @@ def attention_by_query(model, task: BackcopyTask, rows: torch.Tensor) -> dict:
             gates += [g.float().cpu().numpy().ravel() for g in record.gates.values()]
     ratio = np.mean(ratio, axis=0)  # [L]
     layers = [{"layer": f, "f_attn_dormant": s[0] / max(counts[0], 1), "f_attn_active": s[1] / counts[1] if counts[1]
-               else math.nan, "f_attn_all": s[2] / max(counts[2], 1), "first_token_norm_ratio": float(ratio[f - 1])}
+               else math.nan, "f_attn_all": s[2] / max(counts[2], 1), "first_token_norm_ratio": float(ratio[f - 1]),
+               "sink_dormant": sink_sums[f] / max(counts[0], 1) if sinks else math.nan}
               for f, s in sorted(sums.items())]
     return {
         "layers": layers, "m_act": float(np.mean(m_act)),

@@ -115,6 +115,9 @@ def register(subparsers) -> None:
          "training, by masking attention to the first token in the source's sink layers (F-Attn >= 0.3), for "
          "training and evaluation alike; reports the held-out loss right after the removal and its recovery at every "
          "probe (trained_recovery.png)")
+    flag("--compare-gates", action="store_true", default=None, shown="default: off", what="also train, from the "
+         "control's weights, the gates compared with G1: low-rank (rank hidden/16), truncated input (the first "
+         "hidden/16 channels) and GPT-OSS's learned sinks without a gate; their rows join the table")
     flag("--architecture", choices=ARCHITECTURES, what="dense, or a Gated DeltaNet hybrid 3:1 (then `analyze` runs on "
          "both models)")
     flag("--corpus", choices=CORPORA, what="training corpus: embedded (Python's docs and sources) or packages (the "

@@ -189,6 +189,7 @@ class BackcopySettings:
     probe_sequences: int = 8
     seed: int = 0
     ungated_only: bool = False  # the settings search decides by the control alone (benchmarks/backcopy_search.py)
+    compare_gates: bool = False  # also train the gates compared with G1: low-rank, truncated input, learned sinks
 
 
 BACKCOPY_SMOKE = dict(hidden_size=32, intermediate_size=64, seq_len=32, batch_size=8, steps=6, train_sequences=64,
@@ -298,6 +299,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "lrs": (STABILITY,),
     "dtype": (STABILITY,),
     "arms": (STABILITY,),
+    "compare_gates": (BACKCOPY,),
     # no quickstart flag: the searches' scripts set them (benchmarks/sink_search.py, backcopy_search.py)
     "corpus_chars": (SINKS,),
     "probe_every": (SINKS, BACKCOPY),
