@@ -414,6 +414,16 @@ def test_dense_preset_has_the_papers_size():
     assert gated.model.layers[0].self_attn.attn_gate.weight.shape == (2048, 2048)
 
 
+def test_compared_gate_presets_add_their_few_parameters_to_the_baseline():
+    with torch.device("meta"):
+        baseline = parameter_counts(GatedAttentionForCausalLM(GatedAttentionConfig.from_preset("dense-1.7b-baseline")))[0]
+        extra = {name: parameter_counts(GatedAttentionForCausalLM(GatedAttentionConfig.from_preset(name)))[0] - baseline
+                 for name in ("dense-1.7b-low-rank", "dense-1.7b-truncated", "dense-1.7b-sinks")}
+    # 28 layers: rank 128 between 2048 inputs and 2048 scores; 128 inputs to 2048 scores; one sink per head (16).
+    assert extra == {"dense-1.7b-low-rank": 28 * 2 * 128 * 2048, "dense-1.7b-truncated": 28 * 128 * 2048,
+                     "dense-1.7b-sinks": 28 * 16}
+
+
 def test_moe_preset_has_the_papers_size():
     config = GatedAttentionMoeConfig.from_preset("moe-15b-a2.5b")
     with torch.device("meta"):

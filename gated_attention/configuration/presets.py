@@ -52,6 +52,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # layer = 116M (5472 = 6144 - 672, the multiple of 32 closest to the 683 that would balance exactly).
         "dense-1.7b": {**_QWEN3_1_7B, "intermediate_size": 5472, "attn_gate": {"position": "sdpa"}},
         "dense-1.7b-baseline": {**_QWEN3_1_7B, "attn_gate": None},
+        # The gates the paper's is compared with (issue 60), on the baseline's shape: their few parameters (0.5M
+        # and 0.26M per layer, 0.8% and 0.4% of a layer) are not paid for with a narrower FFN. Rank 128 and the
+        # first 128 channels are 1/16 of the width, as marin's truncated gate; the sinks are GPT-OSS's, ungated.
+        "dense-1.7b-low-rank": {**_QWEN3_1_7B, "attn_gate": {"position": "sdpa", "rank": 128}},
+        "dense-1.7b-truncated": {**_QWEN3_1_7B, "attn_gate": {"position": "sdpa", "input_channels": 128}},
+        "dense-1.7b-sinks": {**_QWEN3_1_7B, "attn_gate": None, "attention_sinks": True},
     },
     "gated_attention_moe": {
         # 128 experts, top-8 and the losses are the Gated Attention paper's. The rest is Qwen3-MoE: 24 layers, hidden 2048,
