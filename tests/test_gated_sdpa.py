@@ -36,13 +36,17 @@ def make_inputs(B, T, S, HQ, HKV, D, gate, seed=0):
     return q, k, v, logits[gate]
 
 
-def naive_gated_attention(q, k, v, gate, allowed, scale):
-    """softmax over the allowed keys, written out; `allowed` [T, S] bool; rows with no allowed key give 0."""
+def naive_gated_attention(q, k, v, gate, allowed, scale, sinks=None):
+    """softmax over the allowed keys (and a sink column, dropped after), written out; `allowed` [T, S] bool; rows with
+    no allowed key give 0."""
     group = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # [B, S, HQ, D]
     scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: NaN -> 0
+    if sinks is not None:
+        sink_column = sinks.view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sink_column.to(scores.dtype)], dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., : k.shape[1]]  # fully masked rows: NaN -> 0
     out = torch.einsum("bhts,bshd->bthd", probs, v)
     if gate is not None:
         out = out * (torch.sigmoid(gate) if gate.dim() == 4 else torch.sigmoid(gate)[..., None])
@@ -70,6 +74,17 @@ def test_reference_matches_explicit_softmax(T, S, causal, HKV, gate):
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)  # fp64: only rounding differs
     if causal and T > S:
         assert not got[:, : T - S].any()
+
+
+@pytest.mark.parametrize("T,S,causal", [(7, 7, True), (3, 9, True), (6, 4, True), (5, 5, False)],
+                         ids=["T=S", "T<S-bottom-right", "T>S-empty-rows", "non-causal"])
+def test_reference_sinks_are_one_more_softmax_column(T, S, causal):
+    q, k, v, g = (x.double() for x in make_inputs(2, T, S, 4, 2, 8, "elementwise"))
+    sinks = torch.tensor([2.0, -1.0, 0.5, 4.0], dtype=torch.float64)
+    allowed = causal_mask(T, S) if causal else torch.ones(T, S, dtype=torch.bool)
+    expected = naive_gated_attention(q, k, v, g, allowed, scale=8**-0.5, sinks=sinks)
+    got = gated_sdpa(q, k, v, g, causal=causal, backend="torch", sinks=sinks)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)  # fp64: only rounding differs
 
 
 def test_reference_packed_sequences_attend_only_to_themselves():

@@ -75,11 +75,11 @@ def cancellation_floor(inputs, grad_out, scale=None) -> float:
     return D * torch.finfo(torch.float32).eps * scale * q_or_k * do * v
 
 
-def assert_matches(kernel_results, dtype, inputs, grad_out, **kwargs):
+def assert_matches(kernel_results, dtype, inputs, grad_out, reference=gated_sdpa_reference, **kwargs):
     """The module docstring's tolerance, for the output and every gradient."""
-    ref = run(gated_sdpa_reference, inputs, grad_out, torch.float32, **kwargs)
+    ref = run(reference, inputs, grad_out, torch.float32, **kwargs)
     floor = cancellation_floor(inputs, grad_out, kwargs.get("scale"))
-    same = ref if dtype == torch.float32 else run(gated_sdpa_reference, inputs, grad_out, dtype, **kwargs)
+    same = ref if dtype == torch.float32 else run(reference, inputs, grad_out, dtype, **kwargs)
     assert len(kernel_results) == len(ref)
     for name, got, r, s in zip(NAMES, kernel_results, ref, same):
         assert got.dtype == dtype and got.shape == r.shape, name
@@ -155,6 +155,46 @@ def test_kernel_decode_against_a_cache(T, HKV, gate, dtype_name):
     assert_matches(results, dtype, inputs, grad_out)
 
 
+# --- learned sinks (GPT-OSS's): one more term in each row's softmax, no value ------------------------------
+
+SINK_CASES = {
+    # id: B, T, S, HQ, HKV, D, gate, causal
+    "T70-gqa2-elementwise-causal": (2, 70, 70, 4, 2, 32, "elementwise", True),
+    "T45-mha-nogate-noncausal": (1, 45, 45, 2, 2, 16, None, False),
+    "T9-S4-mqa-headwise-causal-empty-rows": (1, 9, 4, 2, 1, 16, "headwise", True),
+    "T3-S200-gqa2-elementwise-decode": (1, 3, 200, 4, 2, 16, "elementwise", True),  # the split-KV path
+}
+SINK_PARAMS = [pytest.param(case, "fp32", id=f"{case}-fp32") for case in SINK_CASES] + [
+    pytest.param("T70-gqa2-elementwise-causal", "bf16", id="T70-gqa2-elementwise-causal-bf16")]
+
+
+def with_sinks(fn):
+    """`fn` taking the sinks as its fifth positional input, so that `run` differentiates them too."""
+    return lambda q, k, v, g, sinks, **kw: fn(q, k, v, g, sinks=sinks, **kw)
+
+
+@pytest.mark.parametrize("case,dtype_name", SINK_PARAMS)
+def test_kernel_with_sinks_matches_reference(case, dtype_name):
+    B, T, S, HQ, HKV, D, gate, causal = SINK_CASES[case]
+    dtype = DTYPES[dtype_name]
+    inputs, grad_out = make_inputs(B, T, S, HQ, HKV, D, gate)
+    inputs.append(torch.randn(HQ, generator=torch.Generator().manual_seed(1)) * 2)  # logits of a few units
+    assert (kernels.decode_splits(inputs[0].to(DEVICE), inputs[1].to(DEVICE), None) > 1) == case.endswith("decode")
+    results = run(with_sinks(triton_sdpa), inputs, grad_out, dtype, causal=causal)
+    assert_matches(results, dtype, inputs, grad_out, reference=with_sinks(gated_sdpa_reference), causal=causal)
+    if causal and T > S:  # a row that sees no key keeps only the sink: output 0
+        assert not results[0][:, : T - S].any()
+
+
+def test_kernel_with_sinks_packed_sequences():
+    cu_seqlens = torch.tensor([0, 1, 16, 116], dtype=torch.int32, device=DEVICE)
+    inputs, grad_out = make_inputs(1, 116, 116, 2, 1, 16, "elementwise")
+    inputs.append(torch.tensor([1.5, -2.0]))
+    results = run(with_sinks(triton_sdpa), inputs, grad_out, torch.float32, cu_seqlens=cu_seqlens)
+    assert_matches(results, torch.float32, inputs, grad_out, reference=with_sinks(gated_sdpa_reference),
+                   cu_seqlens=cu_seqlens)
+
+
 def test_unsupported_head_dim_falls_back():
     inputs, _ = make_inputs(1, 5, 5, 2, 1, 24, "elementwise")
     q, k, v, g = (x.to(DEVICE) for x in inputs)
@@ -186,8 +226,13 @@ TINY = dict(
 )  # head_dim 16
 
 
-def tiny_model(attn_gate) -> GatedAttentionForCausalLM:
-    return GatedAttentionForCausalLM(GatedAttentionConfig(**TINY, attn_gate=attn_gate)).to(DEVICE)
+def tiny_model(attn_gate, **fields) -> GatedAttentionForCausalLM:
+    model = GatedAttentionForCausalLM(GatedAttentionConfig(**TINY, attn_gate=attn_gate, **fields)).to(DEVICE)
+    if model.config.attention_sinks:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0, 2)  # near 0 a sink barely shows
+    return model
 
 
 @pytest.fixture
@@ -219,14 +264,16 @@ def logits_and_grads(model, implementation, ids, attention_mask=None):
         {"position": "G1", "granularity": "headwise", "head_shared": True, "activation": "ns_sigmoid"},
         {"position": "G1", "granularity": "elementwise", "input_dependent": False},
         {"position": "G1", "rank": 4, "input_channels": 24},
+        {"position": "G1", "sinks": True},
         None,
     ],
     ids=["G1-elementwise", "G1-headwise-shared-ns_sigmoid", "G1-input-independent", "G1-low-rank-input-channels",
-         "no-gate"],
+         "G1-sinks", "no-gate"],
 )
 def test_model_gated_triton_matches_sdpa(kernel_calls, attn_gate):
     """fp32 model: fused-kernel logits and every parameter gradient equal the "sdpa" ones (1e-5 relative)."""
-    model = tiny_model(attn_gate)
+    sinks = attn_gate is not None and attn_gate.pop("sinks", False)
+    model = tiny_model(attn_gate, attention_sinks=sinks)
     ids = torch.randint(0, TINY["vocab_size"], (2, 21), device=DEVICE)
     logits, grads = logits_and_grads(model, "sdpa", ids)
     fused_logits, fused_grads = logits_and_grads(model, "gated_triton", ids)
@@ -237,9 +284,10 @@ def test_model_gated_triton_matches_sdpa(kernel_calls, attn_gate):
         torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5 * grad.abs().max().item(), msg=name)
 
 
-def test_model_left_padding_falls_back_to_sdpa(kernel_calls):
+@pytest.mark.parametrize("sinks", [False, True], ids=["gate", "gate-sinks"])
+def test_model_left_padding_falls_back_to_sdpa(kernel_calls, sinks):
     """A padded batch needs a mask: "gated_triton" runs transformers' SDPA + gate, so results equal "sdpa"."""
-    model = tiny_model({"position": "G1"})
+    model = tiny_model({"position": "G1"}, attention_sinks=sinks)
     ids = torch.randint(0, TINY["vocab_size"], (2, 12), device=DEVICE)
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # left padding

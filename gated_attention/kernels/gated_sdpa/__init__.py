@@ -9,6 +9,9 @@
   sequences and a split-KV decode path, with the gate fused into the epilogue.
 - `gate_activations`: the gate's activation functions by name (`sigmoid`,
   `ns_sigmoid`, `silu`) and the ones the fused kernels take.
+- `sinks`: `sdpa_with_sinks`, transformers' SDPA with GPT-OSS's learned sinks
+  (one more all-zero key whose logit is the sink), the torch path beside the
+  kernels' own sinks.
 - `attention_interface`: registers `attn_implementation="gated_triton"` with
   transformers' attention and mask interfaces (on import, so it is not
   imported here).

@@ -7,7 +7,8 @@ it `create_causal_mask` hands a custom implementation no mask at all).
 The attention function takes the G1 gate logits as `gate` (`[B, T, HQ, D]` or
 `[B, T, HQ]`) and applies `act(gate)` in the kernel's epilogue; the attention
 module then skips its own gate multiply (see `GatedAttention` in
-modeling/attention.py). Which path runs:
+modeling/attention.py). Learned sinks come as `s_aux` (`[HQ]`, as transformers
+passes GPT-OSS's) and go into the kernel's softmax. Which path runs:
 
 - plain causal attention with no padding, whose T queries are the last T of the
   S keys (training, prefill, decode with `DynamicCache`): the mask builder
@@ -18,8 +19,8 @@ modeling/attention.py). Which path runs:
   transformers' flash-attention path does;
 - anything else needing a mask (padding, packing given by position_ids alone, a
   sliding window, a static cache) or dropout: transformers' SDPA with sdpa's
-  explicit boolean mask, then the gate, i.e. exactly the "sdpa" computation.
-  This fallback is logged once.
+  explicit boolean mask (`sinks.sdpa_with_sinks` with sinks), then the gate,
+  i.e. exactly the "sdpa" computation. This fallback is logged once.
 
 `gated_sdpa` itself runs its torch reference where the kernels cannot run
 (CPU tensors without TRITON_INTERPRET=1, unsupported head dims), so
@@ -27,6 +28,8 @@ modeling/attention.py). Which path runs:
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -36,6 +39,7 @@ from transformers.utils import logging
 
 from .dispatch import gated_sdpa
 from .gate_activations import apply_gate
+from .sinks import sdpa_with_sinks
 
 logger = logging.get_logger(__name__)
 
@@ -84,6 +88,7 @@ def gated_triton_attention_forward(
     sliding_window: int | None = None,
     gate: torch.Tensor | None = None,
     gate_activation: str = "sigmoid",
+    s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """query `[B, HQ, T, D]`, key/value `[B, HKV, S, D]` (transformers' layout) -> (`[B, T, HQ, D]`, None)."""
@@ -106,6 +111,7 @@ def gated_triton_attention_forward(
             scale=scaling,
             cu_seqlens=cu_seqlens.to(torch.int32) if packed else None,
             gate_activation=gate_activation,
+            sinks=s_aux,
         )
         return out, None
 
@@ -113,7 +119,8 @@ def gated_triton_attention_forward(
         "gated_triton: this batch needs an attention mask (padding, packing, sliding window or static cache) "
         "or dropout; running transformers' SDPA and the gate instead of the fused kernel"
     )
-    out, _ = sdpa_attention_forward(
+    sdpa = sdpa_attention_forward if s_aux is None else partial(sdpa_with_sinks, s_aux=s_aux)
+    out, _ = sdpa(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, sliding_window=sliding_window,
         **kwargs,
     )  # [B, T, HQ, D]

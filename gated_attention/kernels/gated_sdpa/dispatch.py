@@ -1,4 +1,4 @@
-"""`gated_sdpa`: gated softmax attention, `softmax(q k^T * scale) v * act(gate)`.
+"""`gated_sdpa`: gated softmax attention, `softmax(q k^T * scale) v * act(gate)`, optionally with learned sinks.
 
 The Triton kernels (`triton.py`) run on CUDA tensors, and on CPU
 tensors when TRITON_INTERPRET=1 (triton's interpreter, slow, for tests); the
@@ -38,7 +38,7 @@ def _log_once(log, message: str) -> None:
         log(message)
 
 
-def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend) -> None:
+def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend, sinks=None) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not allowed; allowed values: {', '.join(map(repr, BACKENDS))}")
     if gate_activation not in FUSED_GATE_ACTIVATIONS:
@@ -52,6 +52,8 @@ def _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend) -> None:
         raise ValueError(f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)}: need the same B and D and HQ % HKV == 0")
     if gate is not None and tuple(gate.shape) not in ((B, T, HQ, D), (B, T, HQ)):
         raise ValueError(f"gate must be [B, T, HQ, D] = {(B, T, HQ, D)} or [B, T, HQ]; got {tuple(gate.shape)}")
+    if sinks is not None and tuple(sinks.shape) != (HQ,):
+        raise ValueError(f"sinks must be [HQ] = {(HQ,)}; got {tuple(sinks.shape)}")
     if cu_seqlens is not None and (B != 1 or k.shape[1] != T or cu_seqlens.dim() != 1):
         raise ValueError("with cu_seqlens, q/k/v hold packed sequences: B must be 1, S == T, cu_seqlens 1-D [N+1]")
 
@@ -67,6 +69,7 @@ def gated_sdpa(
     cu_seqlens: torch.Tensor | None = None,
     gate_activation: str = "sigmoid",
     backend: str = "auto",
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gated scaled-dot-product attention; differentiable in q, k, v and gate.
 
@@ -82,12 +85,14 @@ def gated_sdpa(
         gate_activation: "sigmoid" or "ns_sigmoid" (0.5 + 0.5 * sigmoid).
         backend: "auto" (Triton when the kernels can run the inputs, else torch),
             "triton" (raise if they cannot), "torch" (the reference).
+        sinks: `[HQ]` learned sink logits (GPT-OSS's): one more term in each
+            row's softmax denominator, with no value; differentiable.
 
     Returns:
         `[B, T, HQ, D]` in q's dtype.
     """
-    _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend)
-    kwargs = dict(causal=causal, scale=scale, cu_seqlens=cu_seqlens, gate_activation=gate_activation)
+    _check_inputs(q, k, v, gate, cu_seqlens, gate_activation, backend, sinks)
+    kwargs = dict(causal=causal, scale=scale, cu_seqlens=cu_seqlens, gate_activation=gate_activation, sinks=sinks)
     if backend != "torch":
         kernel, reason = _triton_kernel(q, k, v, gate_activation)
         if kernel is not None:

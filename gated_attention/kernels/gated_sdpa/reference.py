@@ -2,6 +2,11 @@
 
     o = softmax(q k^T * scale + mask) v * act(gate)
 
+With `sinks` (`[HQ]`, GPT-OSS's learned per-head logit s_h, one more term in
+every row's softmax denominator with no value) the attention output is scaled
+by `sigmoid(lse_t - s_h)`, the share of the row the keys keep, with lse the
+row's log-sum-exp over the keys it sees.
+
 Shapes: q `[B, T, HQ, D]`, k/v `[B, S, HKV, D]` with HQ a multiple of HKV (query
 head h reads key/value head `h // (HQ / HKV)`), gate `[B, T, HQ, D]`
 (elementwise) or `[B, T, HQ]` (headwise) holding pre-activation logits; output
@@ -51,6 +56,22 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale
     return torch.cat([out[:, :first], o.transpose(1, 2)], dim=1)
 
 
+def _sink_share(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """`sigmoid(lse - s_h)` per row, `[B, T, HQ, 1]`: what the keys keep of each row's softmax beside the sink."""
+    T, S = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    logits = torch.einsum("bthd,bshd->bhts", q, k) * scale  # [B, HQ, T, S]
+    if causal:
+        logits = logits.masked_fill(~causal_mask(T, S, q.device), float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # [B, HQ, T]; -inf where a row sees no key (its output is 0 anyway)
+    return torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None]).transpose(1, 2)[..., None]
+
+
+def _attend(q, k, v, causal: bool, scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    out = _sdpa(q, k, v, causal, scale)
+    return out if sinks is None else out * _sink_share(q, k, causal, scale, sinks).to(out.dtype)
+
+
 def gated_sdpa_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -61,14 +82,15 @@ def gated_sdpa_reference(
     scale: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
     gate_activation: str = "sigmoid",
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gated SDPA in plain torch; arguments as `gated_attention.kernels.gated_sdpa`."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cu_seqlens is None:
-        out = _sdpa(q, k, v, causal, scale)
+        out = _attend(q, k, v, causal, scale, sinks)
     else:
         bounds = cu_seqlens.tolist()
-        pieces = [_sdpa(q[:, a:b], k[:, a:b], v[:, a:b], causal, scale) for a, b in zip(bounds[:-1], bounds[1:])]
+        pieces = [_attend(q[:, a:b], k[:, a:b], v[:, a:b], causal, scale, sinks) for a, b in zip(bounds[:-1], bounds[1:])]
         out = torch.cat(pieces, dim=1) if pieces else q.new_zeros(q.shape)
     if gate is None:
         return out

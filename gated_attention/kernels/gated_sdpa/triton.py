@@ -1,4 +1,4 @@
-"""Triton kernels for gated SDPA: `o = softmax(q k^T * scale) v * act(gate)`.
+"""Triton kernels for gated SDPA: `o = softmax(q k^T * scale) v * act(gate)`, optionally with sinks.
 
 FlashAttention-2-style tiling with the gate fused into the epilogue. Shapes are
 the public ones: q `[B, T, HQ, D]`, k/v `[B, S, HKV, D]`, gate `[B, T, HQ, D]`
@@ -10,6 +10,13 @@ key/value head `h // (HQ / HKV)`.
 Causal masking is bottom-right aligned: query i of T sees keys j <= i + S - T,
 so a few new queries against a cache see the whole cache. Rows that see no key
 (T > S) give zeros and a zero gradient, never NaN.
+
+Sinks (GPT-OSS's learned per-head logit `s_h`, `[HQ]`): one more term in each
+row's softmax denominator, with no value. The forward starts every row's online
+softmax from it (m = s_h, l = 1) instead of from nothing, so the stored
+log-sum-exp includes it and the dq/dk/dv kernels need no change; its gradient,
+`-sum_t exp(s_h - lse_t) * delta_t`, is summed in torch from those two tensors.
+A row that sees no key then has a finite lse (the sink's) and still outputs 0.
 
 Numerics, the same as FlashAttention-2: scores and softmax statistics in fp32
 (log2 units, `exp2`), the probabilities rounded to the input dtype before the
@@ -214,7 +221,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, o
 @triton.autotune(configs=FWD_CONFIGS, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "S"])
 def fwd_kernel(
-    Q, K, V, G, O, OU, LSE, CU_SEQLENS,
+    Q, K, V, G, O, OU, LSE, CU_SEQLENS, SINKS,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -223,8 +230,8 @@ def fwd_kernel(
     stride_lb, stride_lh,
     T, S, HQ, GROUP, qk_scale, T_BUCKET, S_BUCKET,
     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, GATE_MODE: tl.constexpr,
-    ACT: tl.constexpr, STORE_UNGATED: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, STORE_UNGATED: tl.constexpr, HAS_SINKS: tl.constexpr, DOT: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -259,8 +266,12 @@ def fwd_kernel(
     q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     q = q.to(DOT)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:  # the sink's term exp2(s - m) = 1 with m = s (log2 units), and no value
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + i_h)
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     causal_shift = S - T  # bottom-right alignment: query i sees keys j <= i + S - T
     if IS_CAUSAL:
@@ -341,15 +352,15 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_combine_kernel(
-    OP, LSEP, G, O, OU, LSE,
+    OP, LSEP, G, O, OU, LSE, SINKS,
     stride_gb, stride_gt, stride_gh,
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lh,
     T, HKV, GROUP, num_splits,
     HEAD_DIM: tl.constexpr, GATE_MODE: tl.constexpr, ACT: tl.constexpr, STORE_UNGATED: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    HAS_SINKS: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Merge the key slices by their log-sum-exp, then apply the gate once."""
+    """Merge the key slices by their log-sum-exp (and the sink, a slice with no value), then apply the gate once."""
     pid_bh = tl.program_id(0)
     b = (pid_bh // HKV).to(tl.int64)
     i_kvh = pid_bh % HKV
@@ -363,9 +374,14 @@ def _decode_combine_kernel(
     lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for i_split in range(0, num_splits):
         lse_max = tl.maximum(lse_max, tl.load(LSEP + first + i_split * BLOCK_M + offs_r))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + head, mask=row_ok, other=0.0)
+        lse_max = tl.maximum(lse_max, sink)
     lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     weight = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        weight += tl.math.exp2(sink - lse_max_safe)
     for i_split in range(0, num_splits):
         part = first + i_split * BLOCK_M
         w = tl.math.exp2(tl.load(LSEP + part + offs_r) - lse_max_safe)
@@ -698,8 +714,9 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor | N
     return max(1, min(triton.cdiv(S, DECODE_MIN_KEYS_PER_SPLIT), fill, DECODE_MAX_SPLITS))
 
 
-def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_ungated):
-    """Returns (out, o_ungated, lse); o_ungated is out when there is no gate, None when not stored."""
+def _forward(q, k, v, gate, sinks, causal, scale, cu_seqlens, max_seqlen, act, store_ungated):
+    """Returns (out, o_ungated, lse); o_ungated is out when there is no gate, None when not stored.
+    `sinks`: None, or fp32 `[HQ]` in log2 units."""
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
     group = HQ // HKV
@@ -710,7 +727,8 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
     g = gate if gate is not None else out  # a dummy pointer when there is no gate
     qk_scale = scale * LOG2E
     meta = dict(HEAD_DIM=D, IS_CAUSAL=causal, GATE_MODE=gate_mode, ACT=ACTIVATION_CODES[act],
-                STORE_UNGATED=store_ungated, DOT=_dot_dtype(q.dtype))
+                STORE_UNGATED=store_ungated, HAS_SINKS=sinks is not None, DOT=_dot_dtype(q.dtype))
+    sink_ptr = sinks if sinks is not None else lse  # a dummy pointer when there are none
 
     splits = decode_splits(q, k, cu_seqlens)
     if splits > 1:
@@ -727,9 +745,10 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
             BLOCK_M=rows, BLOCK_N=block_n, num_warps=4,
         )
         _decode_combine_kernel[(B * HKV,)](
-            o_part, lse_part, g, out, o_u, lse, *_gate_strides(gate), *out.stride()[:3], *lse.stride()[:2],
+            o_part, lse_part, g, out, o_u, lse, sink_ptr, *_gate_strides(gate), *out.stride()[:3], *lse.stride()[:2],
             T, HKV, group, splits,
-            HEAD_DIM=D, GATE_MODE=gate_mode, ACT=meta["ACT"], STORE_UNGATED=store_ungated, BLOCK_M=rows, num_warps=4,
+            HEAD_DIM=D, GATE_MODE=gate_mode, ACT=meta["ACT"], STORE_UNGATED=store_ungated,
+            HAS_SINKS=meta["HAS_SINKS"], BLOCK_M=rows, num_warps=4,
         )
     else:
         n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -737,7 +756,7 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
         keys = S if cu_seqlens is None else max_seqlen
         grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]), n_seq * HQ)  # noqa: E731
         fwd_kernel[grid](
-            q, k, v, g, out, o_u, lse, cu_seqlens,
+            q, k, v, g, out, o_u, lse, cu_seqlens, sink_ptr,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_gate_strides(gate), *out.stride()[:3],
             *lse.stride()[:2], T, S, HQ, group, qk_scale, seq_bucket(rows), seq_bucket(keys),
             IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(q.dtype), **meta,
@@ -745,7 +764,7 @@ def _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_un
     return out, (o_u if store_ungated or gate_mode == GATE_NONE else None), lse
 
 
-def _backward(do, q, k, v, gate, o_u, lse, causal, scale, cu_seqlens, max_seqlen, act):
+def _backward(do, q, k, v, gate, sinks, o_u, lse, causal, scale, cu_seqlens, max_seqlen, act):
     B, T, HQ, D = q.shape
     S, HKV = k.shape[1], k.shape[2]
     group = HQ // HKV
@@ -766,6 +785,8 @@ def _backward(do, q, k, v, gate, o_u, lse, causal, scale, cu_seqlens, max_seqlen
     )
     if do_eff.stride() != o_u.stride():  # the dq/dk/dv kernels read dO_eff with O's (contiguous) layout
         do_eff = do_eff.contiguous()
+    # d/ds_h: the sink's probability exp(s_h - lse_t) times -delta_t (d O_u / d s_h = -p_sink O_u), summed over rows.
+    dsinks = None if sinks is None else -(torch.exp2(sinks[None, :, None] - lse) * delta).sum(dim=(0, 2))
 
     dq = torch.empty((B, T, HQ, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, S, HKV, D), dtype=k.dtype, device=k.device)
@@ -784,15 +805,16 @@ def _backward(do, q, k, v, gate, o_u, lse, causal, scale, cu_seqlens, max_seqlen
         q, k, v, do_eff, lse, delta, dk, dv, cu_seqlens, *strides, *dk.stride()[:3],
         T, S, HKV, group, *scalars, **common,
     )
-    return dq, dk, dv, dgate
+    return dq, dk, dv, dgate, dsinks
 
 
 class GatedSDPAFunction(torch.autograd.Function):
     """Differentiable gated SDPA on the Triton kernels; see the module docstring for shapes."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gate, causal: bool, scale: float, cu_seqlens, act: str, needs_grad: bool):
+    def forward(ctx, q, k, v, gate, sinks, causal: bool, scale: float, cu_seqlens, act: str, needs_grad: bool):
         q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+        sinks_log2 = None if sinks is None else sinks.detach().float().contiguous() * LOG2E
         if gate is not None:
             # dgate is written with the gate's strides; an expanded (input-independent) gate is materialised.
             gate = gate.contiguous()
@@ -800,22 +822,26 @@ class GatedSDPAFunction(torch.autograd.Function):
         if cu_seqlens is not None:
             cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.numel() > 1 else 0
-        out, o_u, lse = _forward(q, k, v, gate, causal, scale, cu_seqlens, max_seqlen, act, store_ungated=needs_grad)
+        out, o_u, lse = _forward(q, k, v, gate, sinks_log2, causal, scale, cu_seqlens, max_seqlen, act,
+                                 store_ungated=needs_grad)
         if needs_grad:
-            ctx.save_for_backward(q, k, v, gate, o_u, lse, cu_seqlens)
+            ctx.save_for_backward(q, k, v, gate, sinks_log2, o_u, lse, cu_seqlens)
             ctx.causal, ctx.scale, ctx.max_seqlen, ctx.act = causal, scale, max_seqlen, act
+            ctx.sinks_dtype = None if sinks is None else sinks.dtype
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, gate, o_u, lse, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv, dgate = _backward(do, q, k, v, gate, o_u, lse, ctx.causal, ctx.scale, cu_seqlens, ctx.max_seqlen,
-                                      ctx.act)
-        return dq, dk, dv, dgate, None, None, None, None, None
+        q, k, v, gate, sinks_log2, o_u, lse, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv, dgate, dsinks = _backward(do, q, k, v, gate, sinks_log2, o_u, lse, ctx.causal, ctx.scale,
+                                              cu_seqlens, ctx.max_seqlen, ctx.act)
+        dsinks = None if dsinks is None else dsinks.to(ctx.sinks_dtype)
+        return dq, dk, dv, dgate, dsinks, None, None, None, None, None
 
 
-def gated_sdpa_triton(q, k, v, gate=None, *, causal=True, scale=None, cu_seqlens=None, gate_activation="sigmoid"):
+def gated_sdpa_triton(q, k, v, gate=None, *, causal=True, scale=None, cu_seqlens=None, gate_activation="sigmoid",
+                      sinks=None):
     """The Triton path of `gated_sdpa` (inputs already validated by the dispatcher)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, gate))
-    return GatedSDPAFunction.apply(q, k, v, gate, causal, scale, cu_seqlens, gate_activation, needs_grad)
+    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, gate, sinks))
+    return GatedSDPAFunction.apply(q, k, v, gate, sinks, causal, scale, cu_seqlens, gate_activation, needs_grad)
