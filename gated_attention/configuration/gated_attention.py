@@ -75,7 +75,7 @@ class GatedAttentionConfig(PreTrainedConfig):
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
-    # Qwen2/Qwen3's flag. None (configs saved before it existed) follows sliding_window; False turns a given
+    # Qwen2/Qwen3's flag. None (a config.json without it) follows sliding_window; False turns a given
     # window off, as in Qwen2; afterwards it always reads `sliding_window is not None`.
     use_sliding_window: bool | None = None
     layer_types: list[str] | None = None
