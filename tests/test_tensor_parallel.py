@@ -121,10 +121,16 @@ def pick(results: dict, mode: str) -> dict:
     return {name: r for name, r in results.items() if name.endswith(f"[{mode}]")}
 
 
+# Variants that shard as another one does (the gate's input is sliced before its projection; sinks shard alike
+# with and without a gate): left out here, each tested through the other.
+SHARDED_ALIKE = {"G1-input-channels": "G1-headwise-low-rank-input-channels", "G1-sinks": "sinks"}
+TP_VARIANTS = {name: v for name, v in VARIANTS.items() if name not in SHARDED_ALIKE}
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("tp2")
-    cases = [case(dense(work / f"variant-{name}", **overrides)) for name, (overrides, _) in VARIANTS.items()]
+    cases = [case(dense(work / f"variant-{name}", **overrides)) for name, (overrides, _) in TP_VARIANTS.items()]
     cases.append(case(dense(work / "qk_norm-G2", qk_norm=True, attn_gate={"position": "G2"})))
     cases += [case(converted(work / family, family), roundtrip=True) for family in ("llama", "mistral", "qwen2", "qwen3")]
     experts = moe(work / "moe")
@@ -143,7 +149,7 @@ def two_ranks(tmp_path_factory) -> dict:
 
 def test_every_family_and_gate_variant_shards_exactly_over_two_ranks(two_ranks):
     results = pick(two_ranks, "tp")
-    assert len(results) == len(VARIANTS) + 1 + 4 + 3 + 3
+    assert len(results) == len(TP_VARIANTS) + 1 + 4 + 3 + 3
     assert_exact(results)
 
 
@@ -200,7 +206,7 @@ def test_each_rank_holds_no_larger_share_than_transformers_peer(two_ranks):
     peer = {"moe": share["peer-qwen3_moe[tp]"], "hybrid": share["peer-qwen3_5[tp]"], "": share["peer-qwen3[tp]"]}
     # A low-rank gate keeps its `down` factor whole on each rank (configuration/tensor_parallel.py): the half of its
     # fp32 bytes a split would have saved is allowed on top.
-    for name, (overrides, _) in VARIANTS.items():
+    for name, (overrides, _) in TP_VARIANTS.items():
         gate = (overrides.get("attn_gate") or {})
         if gate.get("rank"):
             down = SHAPE["num_hidden_layers"] * gate["rank"] * (gate.get("input_channels") or SHAPE["hidden_size"]) * 4
