@@ -164,8 +164,8 @@ SINK_CASES = {
     "T9-S4-mqa-headwise-causal-empty-rows": (1, 9, 4, 2, 1, 16, "headwise", True),
     "T3-S200-gqa2-elementwise-decode": (1, 3, 200, 4, 2, 16, "elementwise", True),  # the split-KV path
 }
-SINK_PARAMS = [pytest.param(case, "fp32", id=f"{case}-fp32") for case in SINK_CASES] + [
-    pytest.param("T70-gqa2-elementwise-causal", "bf16", id="T70-gqa2-elementwise-causal-bf16")]
+# fp32 only: the sinks change where each row's softmax starts, in fp32 statistics whatever the input dtype.
+SINK_PARAMS = [pytest.param(case, "fp32", id=f"{case}-fp32") for case in SINK_CASES]
 
 
 def with_sinks(fn):
