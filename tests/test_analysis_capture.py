@@ -59,6 +59,12 @@ FAMILIES = {
     ),
     "gated_attention-G5-dense": (dict(model_type="gated_attention", attn_gate={"position": "dense"}), [1, 2, 3, 4, 5], "attn_gate"),
     "gated_attention-ungated": (dict(model_type="gated_attention", attn_gate=None), [1, 2, 3, 4, 5], None),
+    "gated_attention-low-rank-truncated": (
+        dict(model_type="gated_attention", attn_gate={"rank": 4, "input_channels": 16}), [1, 2, 3, 4, 5], "attn_gate"
+    ),
+    "gated_attention-sinks": (dict(model_type="gated_attention", attn_gate=None, attention_sinks=True), [1, 2, 3, 4, 5],
+                              "sinks"),
+    "gpt_oss": (dict(model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2), [1, 2, 3, 4, 5], "sinks"),
     "gated_attention_moe": (
         dict(model_type="gated_attention_moe", **MOE, shared_expert_intermediate_size=16), [1, 2, 3, 4, 5], "attn_gate"
     ),
@@ -155,6 +161,22 @@ def test_q_proj_gate_scores_are_the_models_gate(ids):
     assert scores.shape == (1, 9, H, D)
     torch.testing.assert_close(o_inputs[0], o_inputs[1] * 2 * scores.reshape(1, 9, H * D), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(cap.records[1].gates[2], torch.full_like(scores, 0.5), rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_learned_sinks_are_read_as_the_share_the_keys_keep(ids):
+    # A sink takes its share of each row and leaves the keys the rest: the rows of the map sum to that, which is
+    # the gate the sink amounts to, sigmoid(lse - s_h). Large sinks make it far from 1.
+    model = build("gated_attention-sinks")
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.sinks, std=3.0)
+    with Capture(model) as cap:
+        model(input_ids=ids, use_cache=False)
+    record = cap.records[-1]
+    for f, weights in record.attentions.items():
+        kept = weights.sum(-1, dtype=torch.float32).transpose(1, 2)[..., None]  # [B, T, H, 1]
+        torch.testing.assert_close(record.gates[f], kept, rtol=0, atol=0)
+    assert min(scores.min() for scores in record.gates.values()) < 0.5
 
 
 @torch.no_grad()

@@ -346,6 +346,12 @@ def gate_scores(site: GateSite, module: nn.Module, output: torch.Tensor) -> torc
     """The gate's scores from its module's output: `[B, T, H, D or 1]`, or `[B, T, hidden]` for G5."""
     if site.kind == "attn_gate":
         return module.gate_scores.to_heads(module.gate_scores(output))
+    if site.kind == "sinks":  # the attention's (output, weights): what the T keys keep of each row, [B, T, H, 1]
+        weights = output[1]
+        if weights is None:
+            raise CaptureError(f"{type(module).__name__} returned no attention weights: its sinks' share is read "
+                               "from them (capture with attentions)")
+        return weights[..., : weights.shape[-2]].sum(-1, dtype=torch.float32).transpose(1, 2)[..., None]
     if site.kind == "projection":  # [B, T, H * W] -> [B, T, H, W], activated as the model does, in float32
         scores = GATE_ACTIVATIONS[site.activation](output.float())
         return scores.view(*scores.shape[:-1], site.num_heads, site.head_dim)

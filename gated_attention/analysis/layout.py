@@ -175,6 +175,9 @@ class GateSite:
     `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
     output gate, the second half of each head's q_proj output, `sigmoid`-ed. kind "projection": a linear
     map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]` or `[B, T, H * W]`).
+    kind "sinks": no gate module but a learned sink logit per head (our `attention_sinks`, GPT-OSS's
+    `sinks`): the attention module itself, whose weights leave the sink its share of each row; the score is
+    what the keys keep, `sigmoid(lse - s_h)`, a headwise gate the attention computes itself.
     `name`: the gate's module under the decoder layer, as the model names its parameters.
     """
 
@@ -394,6 +397,9 @@ def _gate_site(config, attention: nn.Module) -> GateSite | None:
         return None  # the model was built without its gate (Lfm3's `use_attention_gate=False`)
     if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
         return GateSite("q_proj", q_proj, num_heads, head_dim, name="q_proj")
+    sinks = getattr(attention, "sinks", None)
+    if isinstance(sinks, nn.Parameter) and sinks.dim() == 1:  # only where no gate module is: that one is the gate
+        return GateSite("sinks", attention, sinks.numel(), 1, name="sinks")
     return None
 
 

@@ -228,7 +228,8 @@ def _fmt(x) -> str:
 def _gate_name(site: GateSite) -> str:
     """A gate as the model names it: its module under the decoder layer, and what makes its scores."""
     how = {"attn_gate": "this package's gate", "q_proj": "sigmoid of each head's second half",
-           "projection": site.activation}[site.kind]
+           "projection": site.activation,
+           "sinks": "what a learned sink leaves the keys, sigmoid(lse - sink)"}[site.kind]
     return f"`{site.name}`, {how}"
 
 
