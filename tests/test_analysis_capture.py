@@ -16,8 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import gated_attention as ga
 from gated_attention.analysis.capture import Capture, torch_linear_attention
 from gated_attention.analysis.layout import model_layout
-from gated_attention.analysis.interventions import (apply_edits, connection_edits, first_token_mean, intervene,
-                                                    set_mean_edits)
+from gated_attention.analysis.interventions import apply_edits, connection_edits, intervene, set_mean_edits, token_means
 from gated_attention.cli import main
 
 TINY = dict(
@@ -220,13 +219,27 @@ def test_hooks_and_switches_undone_after_exit_and_exception(ids):
 @pytest.mark.parametrize("kind", ["deletion", "set-mean", "connection"])
 def test_intervention_identity_check_is_exact(family, kind, ids):
     model = build(family)
-    mean = first_token_mean(model, [ids, ids.flip(1)]) if kind == "set-mean" else None
+    mean = token_means(model, [ids, ids.flip(1)]) if kind == "set-mean" else None
     result = intervene(model, ids, kind, k=2, mean=mean)
     assert result.identity_exact and result.identity_max_abs_diff == 0.0
-    assert sorted(result.coordinates) == [f - 1 for f in FAMILIES[family][1]]
-    assert all(len(c) == 2 for c in result.coordinates.values())
+    assert list(result.coordinates) == [0]  # the first token, by default
+    assert sorted(result.coordinates[0]) == [f - 1 for f in FAMILIES[family][1]]
+    assert all(len(c) == 2 for c in result.coordinates[0].values())
     if kind == "deletion":
         assert (result.logits_intervened - result.logits_normal).abs().max() > 1e-4
+    assert count_hooks(model) == 0
+
+
+@pytest.mark.parametrize("kind", ["deletion", "set-mean"])
+def test_intervention_at_chosen_layers_and_tokens_passes_the_identity_check(kind, ids):
+    # X[0] (the embedding output), X[3] (a linear-attention layer's output) and X[5] (the last, before the final norm),
+    # on tokens 0 and 4 of the hybrid.
+    model = build("qwen3_5_text")
+    mean = token_means(model, [ids, ids.flip(1)], tokens=[0, 4]) if kind == "set-mean" else None
+    result = intervene(model, ids, kind, k=2, mean=mean, positions=[5, 0, 3], tokens=[4, 0])
+    assert result.identity_exact and result.identity_max_abs_diff == 0.0
+    assert {t: sorted(c) for t, c in result.coordinates.items()} == {0: [0, 3, 5], 4: [0, 3, 5]}
+    assert not torch.equal(result.logits_intervened, result.logits_normal)
     assert count_hooks(model) == 0
 
 
@@ -241,7 +254,7 @@ def test_edits_reach_the_residual_stream(ids):
     # Push the first token's trajectory down between the spikes so that connection must act.
     z_low = z.clone()
     z_low[2:4] *= 0.01
-    edits = connection_edits(z_low, [2, 5], k=1)
+    edits = connection_edits(z_low, [1, 4], k=1)  # the inputs of attention layers 2 and 5
     assert sorted(edits) == [1, 2, 3, 4]
     with apply_edits(model, edits), Capture(model, attentions=False) as cap:
         model(input_ids=ids, use_cache=False)
@@ -259,18 +272,79 @@ def test_set_mean_sets_the_chosen_coordinates_to_their_mean_over_the_inputs(ids)
     with Capture(model, attentions=False) as cap:
         for x in inputs:
             model(input_ids=x, use_cache=False)
-    states = torch.stack([torch.stack([x[0, 0] for x in record.residual]) for record in cap.records])  # [3, L+1, D]
-    mean = first_token_mean(model, inputs)
-    torch.testing.assert_close(mean, states.double().mean(0), rtol=0, atol=1e-12)
+    states = torch.stack([torch.stack([x[0] for x in record.residual]) for record in cap.records])  # [3, L+1, T, D]
+    mean = token_means(model, inputs, tokens=[0, 1, 4])
+    for t in (0, 1, 4):
+        torch.testing.assert_close(mean[t], states[:, :, t].double().mean(0), rtol=0, atol=1e-12)
     result = intervene(model, ids, "set-mean", k=2, mean=mean)
     assert result.identity_exact
-    edits = set_mean_edits(states[0], mean, [2, 5], k=2)
+    edits = set_mean_edits(states[0, :, 0], mean[0], [1, 4], k=2)
     with apply_edits(model, edits), Capture(model, attentions=False) as cap:
         model(input_ids=ids, use_cache=False)
     for layer, (coords, values) in edits.items():
-        assert torch.equal(cap.records[-1].residual[layer][0, 0, coords], mean[layer, coords].float())
+        assert torch.equal(cap.records[-1].residual[layer][0, 0, coords], mean[0][layer, coords].float())
     with pytest.raises(ValueError, match="mean over the inputs"):
         intervene(model, ids, "set-mean", k=2)
+    with pytest.raises(ValueError, match="mean over the inputs"):  # a mean of other tokens than the ones edited
+        intervene(model, ids, "set-mean", k=2, mean=mean, tokens=[2])
+
+
+@torch.no_grad()
+def test_set_mean_at_chosen_layers_and_tokens_changes_exactly_those_coordinates(ids):
+    # Set-mean at X[2] and X[5] (outputs of decoder layers 2 and 5) on tokens 1 and 4: read back under the edits, the
+    # chosen coordinates of those states hold each token's mean over the inputs; the states before X[2], every other
+    # coordinate of X[2], and token 0 everywhere (causal: it reads no later token) are the normal pass's.
+    model = build("qwen3_5_text")
+    inputs = [ids, ids.flip(1), ids.roll(3, 1)]
+    mean = token_means(model, inputs, tokens=[1, 4])
+    with Capture(model, attentions=False) as cap:
+        model(input_ids=ids, use_cache=False)
+    normal = torch.stack([x[0] for x in cap.records[-1].residual])  # [L+1, T, D]
+    chosen = {t: set_mean_edits(normal[:, t], mean[t], [2, 5], k=2) for t in (1, 4)}
+
+    hooks = count_hooks(model)
+    result = intervene(model, ids, "set-mean", k=2, mean=mean, positions=[2, 5], tokens=[1, 4])
+    assert result.identity_exact and count_hooks(model) == hooks
+    assert result.coordinates == {t: {p: c.tolist() for p, (c, _) in plan.items()} for t, plan in chosen.items()}
+    with apply_edits(model, chosen[1], token=1), apply_edits(model, chosen[4], token=4), \
+            Capture(model, attentions=False) as cap:
+        logits = model(input_ids=ids, use_cache=False).logits
+    edited = torch.stack([x[0] for x in cap.records[-1].residual])  # [L+1, T, D]
+    torch.testing.assert_close(logits, result.logits_intervened, rtol=0, atol=0)  # what intervene measured
+    changed = torch.zeros_like(normal[2], dtype=torch.bool)  # [T, D]
+    for t, plan in chosen.items():
+        for p, (coords, values) in plan.items():
+            assert torch.equal(edited[p, t, coords], mean[t][p, coords].float())
+        changed[t, plan[2][0]] = True
+    assert torch.equal(edited[:2], normal[:2])
+    assert torch.equal(edited[2][~changed], normal[2][~changed])
+    assert (edited[2][changed] != normal[2][changed]).all()
+    assert torch.equal(edited[:, 0], normal[:, 0])
+
+
+def test_a_model_without_attention_takes_set_mean_at_the_residual_positions_it_is_given(tmp_path):
+    # Mamba has no attention layer whose input to act at: the default is refused, a residual position is not.
+    from transformers import MambaConfig
+
+    from gated_attention.analysis.analyze import run_analysis
+    from gated_attention.analysis.samples import builtin_samples
+
+    torch.manual_seed(0)
+    config = MambaConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=4, expand=2, conv_kernel=2)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    samples, tokenizer = builtin_samples(1), tiny_tokenizer()
+    with pytest.raises(ValueError, match=r"MambaForCausalLM has no softmax attention \(--intervene-layers chooses"):
+        run_analysis(model, tokenizer, samples, tmp_path / "refused", max_length=12, intervention="set-mean")
+    assert not (tmp_path / "refused").exists()
+    run_analysis(model, tokenizer, samples, tmp_path / "out", max_length=12, intervention="set-mean",
+                 intervene_layers=[1], intervene_tokens=[3], n_bootstrap=10)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "On token 3 at X[l] for l = 1 " in summary and "exact on 3/3 inputs" in summary
+    import csv
+
+    with open(tmp_path / "out" / "intervention.csv", newline="") as f:
+        normal, intervened = (float(row["perplexity"]) for row in csv.DictReader(f))
+    assert normal != intervened  # token 3 differs between the inputs: its mean is none of its states
 
 
 def test_model_layout_of_an_fla_hybrid():

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gated_attention.analysis import metrics
-from gated_attention.analysis.interventions import connection_edits, deletion_edits, endpoint_edits, set_mean_edits
+from gated_attention.analysis.interventions import (attention_inputs, connection_edits, deletion_edits, endpoint_edits,
+                                                    set_mean_edits)
 
 nan = float("nan")
 
@@ -174,7 +175,7 @@ def test_bootstrap_ci():
     assert all(math.isnan(v) for v in metrics.bootstrap_ci([nan]))
 
 
-# First-token trajectory z[l] for L = 5, attention layers 2 and 5 -> p = 1, 4.
+# First-token trajectory z[l] for L = 5, attention layers 2 and 5 -> p = 1, 4 (`attention_inputs`).
 Z = torch.tensor(
     [
         [0.0, 0.0, 0.0],
@@ -192,16 +193,25 @@ def _plan(edits):
 
 
 def test_deletion_edits():
-    assert _plan(deletion_edits(Z, [2, 5], k=1)) == {1: ([1], [0.0]), 4: ([2], [0.0])}
-    assert _plan(deletion_edits(Z, [2, 5], k=2)) == {1: ([1, 2], [0.0, 0.0]), 4: ([0, 2], [0.0, 0.0])}
+    assert _plan(deletion_edits(Z, [1, 4], k=1)) == {1: ([1], [0.0]), 4: ([2], [0.0])}
+    assert _plan(deletion_edits(Z, [1, 4], k=2)) == {1: ([1, 2], [0.0, 0.0]), 4: ([0, 2], [0.0, 0.0])}
 
 
 def test_set_mean_edits():
     # The coordinates chosen on this input's z (as deletion's), each set to its mean over the inputs.
     mean = torch.arange(18, dtype=torch.float64).reshape(6, 3)  # [L+1, D]
-    assert _plan(set_mean_edits(Z, mean, [2, 5], k=1)) == {1: ([1], [4.0]), 4: ([2], [14.0])}
-    assert _plan(set_mean_edits(Z, mean, [2, 5], k=2)) == {1: ([1, 2], [4.0, 5.0]), 4: ([0, 2], [12.0, 14.0])}
-    assert set_mean_edits(Z, mean, [2, 5], k=1)[1][1].dtype == Z.dtype  # in z's dtype, as the model's state
+    assert _plan(set_mean_edits(Z, mean, [1, 4], k=1)) == {1: ([1], [4.0]), 4: ([2], [14.0])}
+    assert _plan(set_mean_edits(Z, mean, [1, 4], k=2)) == {1: ([1, 2], [4.0, 5.0]), 4: ([0, 2], [12.0, 14.0])}
+    assert set_mean_edits(Z, mean, [1, 4], k=1)[1][1].dtype == Z.dtype  # in z's dtype, as the model's state
+
+
+def test_edits_at_chosen_residual_positions():
+    # X[l] for l = 2 and 3, not the attention inputs: top-1 of |z[2]| = |(1, -2, 0)| is 1, of |z[3]| = |(4, -6, 2)| is 1.
+    mean = torch.arange(18, dtype=torch.float64).reshape(6, 3)
+    assert attention_inputs([5, 2, 2]) == [1, 4]  # p = f - 1, ascending, once each
+    assert _plan(set_mean_edits(Z, mean, [3, 2, 3], k=1)) == {2: ([1], [7.0]), 3: ([1], [10.0])}
+    assert _plan(deletion_edits(Z, [3, 2], k=2)) == {2: ([0, 1], [0.0, 0.0]), 3: ([0, 1], [0.0, 0.0])}
+    assert _plan(endpoint_edits(Z, [3, 2], 1, "set-mean")) == {2: ([1], [-2.0]), 3: ([1], [-6.0])}
 
 
 def test_connection_edits():
@@ -209,7 +219,7 @@ def test_connection_edits():
     # Between (l = 2, 3): s = sign(z(1)) = (-1, +1), |z(1)| = (5, 1); value s * max(|z(1)|, s * z(l)):
     #   l=2, z = (-2, 0): (-max(5, 2), max(1, 0)) = (-5, 1)     (held at the spike's floor)
     #   l=3, z = (-6, 2): (-max(5, 6), max(1, 2)) = (-6, 2)     (already beyond the floor: unchanged)
-    assert _plan(connection_edits(Z, [2, 5], k=1)) == {
+    assert _plan(connection_edits(Z, [1, 4], k=1)) == {
         1: ([1, 2], [-5.0, 1.0]),
         4: ([1, 2], [1.0, 7.0]),
         2: ([1, 2], [-5.0, 1.0]),
@@ -217,13 +227,13 @@ def test_connection_edits():
     }
     # k = 3 adds coordinate 0, whose spike z_0(1) = 0 takes s = +1: max(0, z_0(l)) = 1 at l=2, 4 at l=3.
     # (With s = -1 it would be -max(0, -1) = 0 at l=2.)
-    plan = _plan(connection_edits(Z, [2, 5], k=3))
+    plan = _plan(connection_edits(Z, [1, 4], k=3))
     assert plan[2] == ([0, 1, 2], [1.0, -5.0, 1.0]) and plan[3] == ([0, 1, 2], [4.0, -6.0, 2.0])
     # A single attention layer has no interval: connection only pins the endpoint.
-    assert _plan(connection_edits(Z, [5], k=1)) == {4: ([2], [7.0])}
+    assert _plan(connection_edits(Z, [4], k=1)) == {4: ([2], [7.0])}
 
 
 def test_endpoint_edits_pin_what_the_intervention_touches():
-    assert _plan(endpoint_edits(Z, [2, 5], 1, "deletion")) == {1: ([1], [-5.0]), 4: ([2], [7.0])}
-    assert _plan(endpoint_edits(Z, [2, 5], 1, "set-mean")) == {1: ([1], [-5.0]), 4: ([2], [7.0])}
-    assert _plan(endpoint_edits(Z, [2, 5], 1, "connection")) == {1: ([1, 2], [-5.0, 1.0]), 4: ([1, 2], [1.0, 7.0])}
+    assert _plan(endpoint_edits(Z, [1, 4], 1, "deletion")) == {1: ([1], [-5.0]), 4: ([2], [7.0])}
+    assert _plan(endpoint_edits(Z, [1, 4], 1, "set-mean")) == {1: ([1], [-5.0]), 4: ([2], [7.0])}
+    assert _plan(endpoint_edits(Z, [1, 4], 1, "connection")) == {1: ([1, 2], [-5.0, 1.0]), 4: ([1, 2], [1.0, 7.0])}

@@ -718,11 +718,12 @@ def test_hyper_connection_streams_are_read_as_the_model_reduces_them(name):
     layout = model_layout(model)
     assert layout.view.head is model.model.hc_head  # chosen once, when the layout is read
     # An edit of one state cannot be written back into several streams: refused, with the reason, before any input.
-    with pytest.raises(ValueError, match="several residual streams"):
-        check_intervention(model, layout, "deletion")
+    ids = torch.randint(3, 200, (1, 12))
+    for layers in (None, [0, 2]):  # at the attention layers' inputs, or at any residual position
+        with pytest.raises(ValueError, match="several residual streams"):
+            check_intervention(model, layout, "deletion", [(None, ids)], layers)
     with pytest.raises(ValueError, match="several residual streams"), apply_edits(model, {}):
         pass
-    ids = torch.randint(3, 200, (1, 12))
     with torch_linear_attention(model):
         model.set_attn_implementation("eager")
         out = model.model(input_ids=ids, output_attentions=True, use_cache=False)
@@ -782,7 +783,7 @@ def test_a_layer_that_runs_twice_in_one_forward_is_one_line_not_the_last_pass():
     from gated_attention.analysis.capture import CaptureError
 
     model = tiny("llama", num_key_value_heads=2)
-    with Capture(model) as cap:
+    with Capture(model):
         model.config.num_hidden_layers = 4  # the model now runs its two layers twice (a loop from layer 1)
         model.model.layers = nn.ModuleList([*model.model.layers, *model.model.layers])
         with pytest.raises(CaptureError, match=r"^LlamaForCausalLM layer 1 ran again in one forward \(the model runs its layers in a loop\)"):

@@ -274,6 +274,54 @@ def test_a_rerun_replaces_an_earlier_analysis_whole(model_dir, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left beside it
 
 
+def _intervention_rows(out: Path) -> list[dict]:
+    with open(out / "intervention.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_an_intervention_at_chosen_layers_and_tokens(model_dir, tmp_path):
+    """--intervene-layers and --intervene-tokens name residual positions X[l] (0: the embedding output, l: the output of
+    decoder layer l) and token positions; their defaults, the inputs of the attention layers (X[0] and X[1] of the
+    two attention layers) and the first token, give the same file as naming them."""
+    runs = {"default": [], "named": ["--intervene-layers", "1", "0", "--intervene-tokens", "0"],
+            "chosen": ["--intervene-layers", "2", "--intervene-tokens", "5", "3"]}
+    for name, argv in runs.items():
+        assert _analyze_main(str(model_dir), "--out", str(tmp_path / name), "--n-per-domain", "1",
+                             "--intervene", "set-mean", *argv) == 0
+    assert (tmp_path / "default" / "intervention.csv").read_bytes() == (tmp_path / "named" / "intervention.csv").read_bytes()
+    default, chosen = _intervention_rows(tmp_path / "default"), _intervention_rows(tmp_path / "chosen")
+    assert [(r["intervene_layers"], r["intervene_tokens"]) for r in default] == [("0 1", "0")] * 2
+    assert [(r["intervene_layers"], r["intervene_tokens"]) for r in chosen] == [("2", "3 5")] * 2
+    assert all(r["identity_exact_inputs"] == r["n_inputs"] == "3" for r in default + chosen)
+    assert default[0]["perplexity"] == chosen[0]["perplexity"]  # the normal pass
+    assert default[1]["perplexity"] != chosen[1]["perplexity"]
+    summary = (tmp_path / "chosen" / "summary.md").read_text()
+    assert "On token 3, 5 at X[l] for l = 2 (X[0] the embedding output, X[l] the output of decoder layer l)." in summary
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--intervene-tokens", "1"], "--intervene-tokens is for --intervene, which is not given"),
+    (["--intervene", "connection", "--intervene-layers", "1"],
+     "--intervene-layers is for deletion and set-mean: connection holds the spike"),
+    (["--intervene", "set-mean", "--intervene-layers", "1", "3"],
+     "--intervene-layers 3: GatedAttentionForCausalLM's residual positions are 0 (the embedding output) to 2 (the "
+     "output of decoder layer 2)"),
+    (["--intervene", "deletion", "--intervene-tokens", "0", "12"],
+     "--intervene-tokens 12: the shortest input has 12 tokens (positions 0 to 11)"),
+    (["--intervene", "deletion", "--intervene-tokens", "-1"], "argument --intervene-tokens: expected an integer >= 0"),
+], ids=["tokens-without-intervene", "connection-layers", "layer-past-the-last", "token-past-the-shortest", "negative"])
+def test_an_intervention_where_the_model_or_inputs_have_no_state_is_one_line(model_dir, tmp_path, capsys, argv, expected):
+    capsys.readouterr()
+    try:
+        code = _analyze_main(str(model_dir), "--out", str(tmp_path / "out"), "--n-per-domain", "1", *argv)
+    except SystemExit as e:  # argparse's usage error
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gated-attention analyze: error: ") and expected in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_interrupted_rerun_leaves_the_earlier_analysis_as_it_was(model_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert _analyze_main(str(model_dir), "--out", str(out), "--n-per-domain", "2") == 0
@@ -527,3 +575,11 @@ def test_the_help_says_the_budget_is_the_whole_process_and_its_split_is_printed(
     text = " ".join(capsys.readouterr().out.split())
     assert "the whole process may hold, Python, torch and the libraries included" in text
     assert "the split is printed once, at the start, before the model loads" in text
+
+
+def test_the_help_says_how_the_intervention_layers_are_counted(capsys):
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "X[0] is the embedding output, X[L] the output of decoder layer L (counted from 1" in text
+    assert "(default: the inputs of the attention layers, X[f-1] for each attention layer f)" in text

@@ -13,7 +13,7 @@
 - `metrics`: the definitions of docs/architecture.md ("Metric definitions") on
   plain arrays.
 - `interventions`: `intervene`, deletion, set-to-mean and connection on the
-  first token, with the identity check.
+  first token (or chosen tokens and residual positions), with the identity check.
 - `samples`: the built-in inputs (prose, code and math-like text that ships
   with Python), `--text-file` reading and `--dataset` inputs per domain.
 - `plots`: PNGs drawn from the written `arrays.npz`, never from live tensors.

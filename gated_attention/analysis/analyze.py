@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from .. import GatedAttentionWarning
 from . import metrics, tables
 from .capture import Capture, Record
-from .interventions import first_token_mean, intervene
+from .interventions import attention_inputs, intervene, token_means
 from .layout import ModelLayout, input_device, model_layout
 from .samples import Sample
 from .tables import ANCHORS, GateAccumulator, InputResult, pad_heads
@@ -76,16 +76,30 @@ def checked_inputs(model: nn.Module, tokenizer, samples: Sequence[Sample], max_l
     return inputs
 
 
-def check_intervention(model: nn.Module, layout: ModelLayout, intervention: str | None) -> None:
-    """An intervention the model cannot take is a `ValueError` (one line), before any input runs."""
+def check_intervention(model: nn.Module, layout: ModelLayout, intervention: str | None, inputs: Inputs,
+                       layers: Sequence[int] | None = None, tokens: Sequence[int] = (0,)) -> None:
+    """An intervention the model or the inputs cannot take is a `ValueError` (one line), before any input runs:
+    `layers` (residual positions X[l], l = 0..L; None: the attention layers' inputs) past the model's depth,
+    `tokens` past the shortest input, a model whose residual state cannot be edited."""
     if not intervention:
         return
-    if not layout.attention_layers:
-        raise ValueError(f"--intervene acts at the inputs of attention layers, and {type(model).__name__} has no "
-                         f"softmax attention")
+    name = type(model).__name__
+    if layers is None and not layout.attention_layers:
+        hint = "" if intervention == "connection" else " (--intervene-layers chooses other residual positions)"
+        raise ValueError(f"--intervene acts at the inputs of attention layers, and {name} has no softmax attention{hint}")
+    depth = layout.num_layers
+    outside = sorted(p for p in layers or () if not 0 <= p <= depth)
+    if outside:
+        raise ValueError(f"--intervene-layers {' '.join(map(str, outside))}: {name}'s residual positions are 0 (the "
+                         f"embedding output) to {depth} (the output of decoder layer {depth})")
+    shortest = min(ids.shape[1] for _, ids in inputs)
+    past = sorted(t for t in tokens if not 0 <= t < shortest)
+    if past:
+        raise ValueError(f"--intervene-tokens {' '.join(map(str, past))}: the shortest input has {shortest} tokens "
+                         f"(positions 0 to {shortest - 1})")
     if layout.view.edit_refusal:
-        raise ValueError(f"--intervene edits the first token's residual state, and {type(model).__name__} cannot have "
-                         f"it edited: {layout.view.edit_refusal}")
+        raise ValueError(f"--intervene edits the residual state, and {name} cannot have it edited: "
+                         f"{layout.view.edit_refusal}")
 
 
 # ---------------------------------------------------------------- capture
@@ -201,16 +215,19 @@ def summary_rows(per_input: list[dict], attention_layers: list[int], n_bootstrap
 
 
 @torch.no_grad()
-def run_interventions(model: nn.Module, inputs: Inputs, device, kind: str, k: int) -> list[dict]:
-    """Perplexity and next-token accuracy over all inputs, normal vs intervened, plus the identity check.
+def run_interventions(model: nn.Module, inputs: Inputs, device, kind: str, k: int, positions: Sequence[int],
+                      tokens: Sequence[int] = (0,)) -> list[dict]:
+    """Perplexity and next-token accuracy over all inputs, normal vs intervened at residual `positions` (l = 0..L)
+    on `tokens`, plus the identity check.
 
-    "set-mean" sets each coordinate to its mean over these inputs (`interventions.first_token_mean`), read first."""
-    mean = first_token_mean(model, [ids.to(device) for _, ids in inputs]) if kind == "set-mean" else None
+    "set-mean" sets each coordinate to its mean over these inputs (`interventions.token_means`), read first."""
+    positions, tokens = sorted(set(positions)), sorted(set(tokens))
+    mean = token_means(model, [ids.to(device) for _, ids in inputs], tokens) if kind == "set-mean" else None
     totals = {c: {"nll": 0.0, "correct": 0, "n": 0} for c in ("normal", "intervened")}
     identity_exact, identity_diff = 0, 0.0
     for _, ids in tqdm(inputs, desc=f"{kind} k={k}", unit="input"):
         ids = ids.to(device)
-        result = intervene(model, ids, kind, k, mean=mean)
+        result = intervene(model, ids, kind, k, mean=mean, positions=positions, tokens=tokens)
         identity_exact += result.identity_exact
         identity_diff = max(identity_diff, result.identity_max_abs_diff)
         targets = ids[0, 1:]
@@ -223,6 +240,8 @@ def run_interventions(model: nn.Module, inputs: Inputs, device, kind: str, k: in
         {
             "kind": kind,
             "k": k,
+            "intervene_layers": " ".join(map(str, positions)),
+            "intervene_tokens": " ".join(map(str, tokens)),
             "condition": condition,
             "perplexity": math.exp(t["nll"] / t["n"]),
             "next_token_accuracy": t["correct"] / t["n"],
@@ -248,23 +267,32 @@ def run_analysis(
     max_length: int = 128,
     intervention: str | None = None,
     k: int = 1,
+    intervene_layers: Sequence[int] | None = None,
+    intervene_tokens: Sequence[int] = (0,),
     n_bootstrap: int = 1000,
     seed: int = 0,
     sink_epsilon: float = metrics.SINK_EPSILON,
 ) -> list[dict]:
-    """Analyse `samples` with `model`; write everything to `out_dir`; return the metric rows."""
+    """Analyse `samples` with `model`; write everything to `out_dir`; return the metric rows.
+
+    `intervention` ("deletion", "set-mean", "connection") acts on the `intervene_tokens` (0-based) at the residual
+    positions `intervene_layers` (X[l], l = 0..L: X[0] the embedding output, X[l] the output of decoder layer l;
+    None: the inputs of the attention layers, X[f-1])."""
     from .plots import plot_all
 
     out_dir = Path(out_dir)
     layout = model_layout(model)  # first: a model it refuses (its inputs no text tokens) is one line, before any input
     inputs = checked_inputs(model, tokenizer, samples, max_length, model_name)
-    check_intervention(model, layout, intervention)
+    check_intervention(model, layout, intervention, inputs, intervene_layers, intervene_tokens)
 
     device = input_device(model)
     layout, results, gates = capture_inputs(model, inputs, device, layout)
     per_input = [input_metrics(r, layout.attention_layers, sink_epsilon) for r in results]
     metric_rows = summary_rows(per_input, layout.attention_layers, n_bootstrap, seed)
-    intervention_rows = run_interventions(model, inputs, device, intervention, k) if intervention else []
+    intervention_rows = []
+    if intervention:
+        positions = attention_inputs(layout.attention_layers) if intervene_layers is None else intervene_layers
+        intervention_rows = run_interventions(model, inputs, device, intervention, k, positions, intervene_tokens)
 
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails before this leaves no empty folder
     tables.write_arrays(out_dir, layout, results, gates, sink_epsilon)

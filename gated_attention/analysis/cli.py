@@ -128,13 +128,21 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default: %(default)s)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     p.add_argument("--intervene", choices=INTERVENTIONS,
-                   help="also report perplexity and next-token accuracy with the first token's --k largest coordinates "
-                   "at every attention layer's input set to 0 (deletion), set to their mean over the inputs (set-mean), "
+                   help="also report perplexity and next-token accuracy with the --k largest coordinates of the first "
+                   "token's residual state at every attention layer's input (or where --intervene-layers and "
+                   "--intervene-tokens say) set to 0 (deletion), set to their mean over the inputs (set-mean), "
                    "or held at their spike's magnitude up to the next attention layer (connection); pinning those "
                    "coordinates to their own values must give the normal logits bit for bit (the identity check, in "
                    "summary.md)")
     p.add_argument("--k", type=int, choices=(1, 2, 4), default=1,
-                   help="coordinates per attention input for --intervene (default: %(default)s)")
+                   help="coordinates per edited state for --intervene, chosen on each input (default: %(default)s)")
+    p.add_argument("--intervene-layers", type=bounded(int, 0), nargs="+", metavar="L",
+                   help="deletion and set-mean at the residual states X[L] instead: X[0] is the embedding output, "
+                   "X[L] the output of decoder layer L (counted from 1; transformers' layer_idx L-1), which is the "
+                   "input of layer L+1 (default: the inputs of the attention layers, X[f-1] for each attention layer f)")
+    p.add_argument("--intervene-tokens", type=bounded(int, 0), nargs="+", metavar="T",
+                   help="--intervene on these token positions (0-based, each below the shortest input's length) "
+                   "instead of the first token; set-mean takes each token's own mean over the inputs (default: 0)")
     p.add_argument("--sink-epsilon", type=_epsilon, default=0.3, metavar="EPS",
                    help="the sink rate's threshold (Gu et al. 2024): a head is a sink head where its mean attention on "
                    "the first token, over all queries, exceeds EPS; layers.csv and summary.md give the fraction of "
@@ -163,6 +171,16 @@ def _check_inputs(args) -> None:
         raise CLIError(f"{'--text-field' if fields else '--domain-field'} is for --dataset, which is not given")
     if args.dataset and len(fields) not in (0, 1, len(args.dataset)):
         raise CLIError(f"--text-field is given {len(fields)} times for {len(args.dataset)} --dataset: give it once, or once per --dataset")
+
+
+def _check_intervention(args) -> None:
+    """--intervene-layers and --intervene-tokens qualify --intervene; connection acts between attention layers only."""
+    for flag, value in (("--intervene-layers", args.intervene_layers), ("--intervene-tokens", args.intervene_tokens)):
+        if value and not args.intervene:
+            raise CLIError(f"{flag} is for --intervene, which is not given")
+    if args.intervene_layers and args.intervene == "connection":
+        raise CLIError("--intervene-layers is for deletion and set-mean: connection holds the spike from each "
+                       "attention layer's input to the next")
 
 
 # What an earlier analysis leaves in DIR: a folder holding one of them may be replaced whole.
@@ -310,6 +328,7 @@ def run(args) -> int:
 
     _check_names(args)
     _check_inputs(args)
+    _check_intervention(args)
     _check_out(args)
     where = {name: _resolve(name) for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
     for model in args.model:
@@ -345,6 +364,8 @@ def run(args) -> int:
                             max_length=args.max_length,
                             intervention=args.intervene,
                             k=args.k,
+                            intervene_layers=args.intervene_layers,
+                            intervene_tokens=args.intervene_tokens or (0,),
                             n_bootstrap=args.bootstrap,
                             seed=args.seed,
                             sink_epsilon=args.sink_epsilon,

@@ -1,26 +1,28 @@
-"""Deletion, set-to-mean and connection interventions on the first token's residual stream (docs/architecture.md,
-"Metric definitions").
+"""Deletion, set-to-mean and connection interventions on the residual stream (docs/architecture.md, "Metric
+definitions").
 
-`z[l]` is the first token's residual state X[l][0, :] from a normal pass,
-`[L+1, D]`, l = 0..L (X[0] = embedding output, X[l] = output of decoder layer
-l). For the attention layers f_1 < ... < f_K (1-based) the pre-attention
-positions are p_i = f_i - 1, and `C_i` = top-k coordinates of |z[p_i]|.
+`z[l]` is one token t's residual state X[l][t, :] from a normal pass, `[L+1, D]`, l = 0..L (X[0] = embedding
+output, X[l] = output of decoder layer l). The interventions act at residual positions p_1 < ... < p_K: by
+default the inputs of the attention layers f_1 < ... < f_K (1-based), p_i = f_i - 1 (`attention_inputs`), and
+on token t = 0, the first token; `intervene` takes other positions and tokens. `C_i` = top-k coordinates of
+|z[p_i]|, chosen on each input's own z.
 
-- Deletion: X[p_i][0, j] = 0 for j in C_i, every i.
-- Set-to-mean (locuslab's massive-activations `--reset_type set_mean`): X[p_i][0, j] = mean_z[p_i, j] for j in
-  C_i, every i, where mean_z is z averaged over a set of inputs (`first_token_mean`: the inputs analysed). Sun et
-  al. 2024 (*Massive Activations in Large Language Models*) report that this keeps LLaMA2's perplexity where
-  zeroing destroys it: the massive activation acts as a near-constant bias.
+- Deletion: X[p_i][t, j] = 0 for j in C_i, every i.
+- Set-to-mean (locuslab's massive-activations `--reset_type set_mean`): X[p_i][t, j] = mean_z[p_i, j] for j in
+  C_i, every i, where mean_z is token t's z averaged over a set of inputs (`token_means`: the inputs analysed).
+  Sun et al. 2024 (*Massive Activations in Large Language Models*) report that this keeps LLaMA2's perplexity
+  where zeroing destroys it: the massive activation acts as a near-constant bias.
 - Connection: with C = union of the C_i, for p_i < l < p_{i+1} and j in C,
-  X[l][0, j] = s * max(|z_j(p_i)|, s * z_j(l)), s = sign(z_j(p_i)) (+1 at 0):
+  X[l][t, j] = s * max(|z_j(p_i)|, s * z_j(l)), s = sign(z_j(p_i)) (+1 at 0):
   the coordinate is held at least at the spike's magnitude, with its sign. At
-  every p_i, X[p_i][0, j] = z_j(p_i) for j in C. Unselected coordinates follow
+  every p_i, X[p_i][t, j] = z_j(p_i) for j in C. Unselected coordinates follow
   the intervened computation.
 - Identity check: pinning only the endpoints (the coordinates the intervention
   touches at each p_i, set to their normal-pass values) must give the normal
   logits bit for bit. `intervene` runs it every time and reports it.
 
-An edit plan is `{l: (coords [n] long, values [n])}`: set X[l][0, coords] = values.
+An edit plan of one token is `{l: (coords [n] long, values [n])}`: set X[l][t, coords] = values. Several tokens
+have one plan each, `{t: plan}`.
 
 - First-token masking (`mask_first_token`): in the given attention layers, no
   query q >= 1 attends to key 0; the other keys share the whole weight (the
@@ -45,22 +47,28 @@ from .capture import Capture, residual_hooks, torch_linear_attention
 from .layout import model_layout
 
 KINDS = ("deletion", "set-mean", "connection")
-Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]
+Edits = dict[int, tuple[torch.Tensor, torch.Tensor]]  # one token's plan: {l: (coords [n] long, values [n])}
 
 
-def select_coordinates(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> dict[int, torch.Tensor]:
-    """`{p_i: C_i}`: the top-k coordinates of |z[p_i]| for each pre-attention position (sorted ascending)."""
-    return {f - 1: z[f - 1].abs().topk(k).indices.sort().values for f in sorted(set(attention_layers))}
+def attention_inputs(attention_layers: Sequence[int]) -> list[int]:
+    """The residual positions p = f - 1 that feed the (1-based) attention layers f, ascending: where the
+    interventions act by default."""
+    return [f - 1 for f in sorted(set(attention_layers))]
 
 
-def deletion_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
-    coords = select_coordinates(z, attention_layers, k)
+def select_coordinates(z: torch.Tensor, positions: Sequence[int], k: int) -> dict[int, torch.Tensor]:
+    """`{p: C}`: the top-k coordinates of |z[p]| for each residual position p (sorted ascending)."""
+    return {p: z[p].abs().topk(k).indices.sort().values for p in sorted(set(positions))}
+
+
+def deletion_edits(z: torch.Tensor, positions: Sequence[int], k: int) -> Edits:
+    coords = select_coordinates(z, positions, k)
     return {p: (c, torch.zeros(len(c), dtype=z.dtype, device=z.device)) for p, c in coords.items()}
 
 
-def set_mean_edits(z: torch.Tensor, mean: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
-    """C_i chosen on this input's z, each set to its value in `mean` (`[L+1, D]`, z averaged over inputs)."""
-    coords = select_coordinates(z, attention_layers, k)
+def set_mean_edits(z: torch.Tensor, mean: torch.Tensor, positions: Sequence[int], k: int) -> Edits:
+    """C_i chosen on this input's z, each set to its value in `mean` (`[L+1, D]`, the token's z averaged over inputs)."""
+    coords = select_coordinates(z, positions, k)
     return {p: (c, mean[p, c].to(z.dtype)) for p, c in coords.items()}
 
 
@@ -68,8 +76,8 @@ def _union(coords: dict[int, torch.Tensor]) -> torch.Tensor:
     return torch.unique(torch.cat(list(coords.values()))) if coords else torch.zeros(0, dtype=torch.long)
 
 
-def connection_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int) -> Edits:
-    coords = select_coordinates(z, attention_layers, k)
+def connection_edits(z: torch.Tensor, positions: Sequence[int], k: int) -> Edits:
+    coords = select_coordinates(z, positions, k)
     c = _union(coords)
     positions = sorted(coords)
     edits: Edits = {p: (c, z[p, c]) for p in positions}
@@ -81,23 +89,23 @@ def connection_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int) -
     return edits
 
 
-def endpoint_edits(z: torch.Tensor, attention_layers: Sequence[int], k: int, kind: str) -> Edits:
+def endpoint_edits(z: torch.Tensor, positions: Sequence[int], k: int, kind: str) -> Edits:
     """The identity check's plan: the coordinates `kind` touches at each p_i, pinned to z."""
-    coords = select_coordinates(z, attention_layers, k)
+    coords = select_coordinates(z, positions, k)
     if kind == "connection":
         c = _union(coords)
         coords = {p: c for p in coords}
     return {p: (c, z[p, c]) for p, c in coords.items()}
 
 
-def build_edits(kind: str, z: torch.Tensor, attention_layers: Sequence[int], k: int,
+def build_edits(kind: str, z: torch.Tensor, positions: Sequence[int], k: int,
                 mean: torch.Tensor | None = None) -> Edits:
     if kind == "deletion":
-        return deletion_edits(z, attention_layers, k)
+        return deletion_edits(z, positions, k)
     if kind == "set-mean":
-        return set_mean_edits(z, mean, attention_layers, k)
+        return set_mean_edits(z, mean, positions, k)
     if kind == "connection":
-        return connection_edits(z, attention_layers, k)
+        return connection_edits(z, positions, k)
     raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
 
 
@@ -107,16 +115,27 @@ def apply_edits(model: nn.Module, edits: Edits, token: int = 0) -> Iterator[None
 
     A model whose residual state cannot be edited as one `[B, T, D]` state (`View.edit_refusal`: several streams,
     prompt positions before the input) is a `ValueError` naming why."""
+    with _edited(model, {token: edits}):
+        yield
+
+
+@contextlib.contextmanager
+def _edited(model: nn.Module, plans: dict[int, Edits]) -> Iterator[None]:
+    """`apply_edits` for several tokens at once: `{token: plan}`, one set of hooks."""
     layout = model_layout(model)
     if layout.view.edit_refusal:
         raise ValueError(f"{type(model).__name__}'s residual state cannot be edited: {layout.view.edit_refusal}")
+    by_layer: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    for token, edits in plans.items():
+        for layer, (coords, values) in edits.items():
+            by_layer.setdefault(layer, []).append((token, coords, values))
 
     def edit(layer: int, x: torch.Tensor) -> torch.Tensor | None:
-        if layer not in edits:
+        if layer not in by_layer:
             return None
-        coords, values = edits[layer]
         x = x.clone()
-        x[:, token, coords.to(x.device)] = values.to(device=x.device, dtype=x.dtype)
+        for token, coords, values in by_layer[layer]:
+            x[:, token, coords.to(x.device)] = values.to(device=x.device, dtype=x.dtype)
         return x
 
     with torch_linear_attention(model), residual_hooks(layout, edit):
@@ -183,31 +202,38 @@ class InterventionResult:
     logits_intervened: torch.Tensor  # [1, T, V]
     identity_exact: bool
     identity_max_abs_diff: float
-    coordinates: dict[int, list[int]]  # p_i -> C_i
+    coordinates: dict[int, dict[int, list[int]]]  # token t -> {p_i: C_i}
 
 
 @torch.no_grad()
-def first_token_mean(model: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The first token's residual states X[0..L][0, :] averaged over `inputs` (each `[1, T]`): `[L+1, D]` float64,
-    on the CPU. What `set-mean` sets the chosen coordinates to."""
-    total = None
+def token_means(model: nn.Module, inputs: Sequence[torch.Tensor], tokens: Sequence[int] = (0,)) -> dict[int, torch.Tensor]:
+    """Each token t's residual states X[0..L][t, :] averaged over `inputs` (each `[1, T]`, T > max(tokens)):
+    `{t: [L+1, D]}` float64, on the CPU. What `set-mean` sets the chosen coordinates to."""
+    if not inputs:
+        raise ValueError("token_means needs at least one input")
+    tokens = sorted(set(tokens))
+    totals: dict[int, torch.Tensor] = {}
     with Capture(model, attentions=False, gates=False) as cap:
         for input_ids in inputs:
-            cap.clear()
+            cap.clear()  # one input's states at a time
             model(input_ids=input_ids, use_cache=False)
-            z = torch.stack([x[0, 0].cpu().double() for x in cap.records[-1].residual])  # [L+1, D]
-            total = z if total is None else total + z
-    if total is None:
-        raise ValueError("first_token_mean needs at least one input")
-    return total / len(inputs)
+            residual = cap.records[-1].residual
+            for t in tokens:
+                z = torch.stack([x[0, t].cpu().double() for x in residual])  # [L+1, D]
+                totals[t] = z if t not in totals else totals[t] + z
+    return {t: total / len(inputs) for t, total in totals.items()}
 
 
 @torch.no_grad()
 def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int, *,
-              mean: torch.Tensor | None = None) -> InterventionResult:
-    """Normal pass, identity check and intervened pass on one input `[1, T]`, first token anchored.
+              mean: dict[int, torch.Tensor] | None = None, positions: Sequence[int] | None = None,
+              tokens: Sequence[int] = (0,)) -> InterventionResult:
+    """Normal pass, identity check and intervened pass on one input `[1, T]`.
 
-    `mean` (`[L+1, D]`, `first_token_mean` over the inputs) is what "set-mean" sets the coordinates to.
+    The edits act on each of `tokens` (0-based positions, default the first token) at the residual positions
+    `positions` (l = 0..L: X[0] the embedding output, X[l] the output of decoder layer l; default the attention
+    layers' inputs, `attention_inputs`); connection holds its coordinates between consecutive positions.
+    `mean` (`{t: [L+1, D]}`, `token_means` over the inputs) is what "set-mean" sets the coordinates to.
     The three passes run under the model's own attention implementation (no
     switch to eager), so the identity check compares like with like.
     """
@@ -215,16 +241,19 @@ def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int, *,
         raise ValueError(f"intervene takes one input [1, T], got shape {tuple(input_ids.shape)}")
     if kind not in KINDS:
         raise ValueError(f"intervention must be one of {KINDS}, got {kind!r}")
-    if kind == "set-mean" and mean is None:
-        raise ValueError("set-mean sets each coordinate to its mean over the inputs: pass mean=first_token_mean(model, inputs)")
+    tokens = sorted(set(tokens))
+    if kind == "set-mean" and (mean is None or any(t not in mean for t in tokens)):
+        raise ValueError("set-mean sets each coordinate to its mean over the inputs: pass "
+                         "mean=token_means(model, inputs, tokens)")
     with Capture(model, attentions=False, gates=False) as cap:
         logits_normal = model(input_ids=input_ids, use_cache=False).logits
-    fa = cap.layout.attention_layers
-    z = torch.stack([x[0, 0].cpu() for x in cap.records[-1].residual])  # [L+1, D]; the layers may sit on several devices
+    positions = attention_inputs(cap.layout.attention_layers) if positions is None else sorted(set(positions))
+    residual = cap.records[-1].residual
+    z = {t: torch.stack([x[0, t].cpu() for x in residual]) for t in tokens}  # [L+1, D] each; layers may sit on several devices
 
-    with apply_edits(model, endpoint_edits(z, fa, k, kind)):
+    with _edited(model, {t: endpoint_edits(z[t], positions, k, kind) for t in tokens}):
         logits_identity = model(input_ids=input_ids, use_cache=False).logits
-    with apply_edits(model, build_edits(kind, z, fa, k, mean)):
+    with _edited(model, {t: build_edits(kind, z[t], positions, k, mean[t] if mean else None) for t in tokens}):
         logits_intervened = model(input_ids=input_ids, use_cache=False).logits
 
     diff = (logits_identity.float() - logits_normal.float()).abs().max().item() if logits_normal.numel() else 0.0
@@ -235,5 +264,5 @@ def intervene(model: nn.Module, input_ids: torch.Tensor, kind: str, k: int, *,
         logits_intervened=logits_intervened,
         identity_exact=bool(torch.equal(logits_identity, logits_normal)),
         identity_max_abs_diff=float(diff),
-        coordinates={p: c.tolist() for p, c in select_coordinates(z, fa, k).items()},
+        coordinates={t: {p: c.tolist() for p, c in select_coordinates(z[t], positions, k).items()} for t in tokens},
     )

@@ -277,17 +277,20 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: 
     elif all(f_next == f + 1 for f, f_next in zip(fa[:-1], fa[1:])):
         lines += ["", "Inter-spike retention/activation are undefined: no linear-attention layer lies between attention layers."]
     if intervention_rows:
-        lines += ["", f"## Intervention: {intervention_rows[0]['kind']}, k = {intervention_rows[0]['k']}", ""]
+        first = intervention_rows[0]
+        tokens, layers = (first[key].replace(" ", ", ") for key in ("intervene_tokens", "intervene_layers"))
+        lines += ["", f"## Intervention: {first['kind']}, k = {first['k']}", "",
+                  f"On token {tokens} at X[l] for l = {layers} (X[0] the embedding output, X[l] the output of decoder "
+                  "layer l).", ""]
         lines += ["| condition | perplexity | next-token accuracy | tokens |", "|---|---|---|---|"]
         for row in intervention_rows:
             lines.append(
                 f"| {row['condition']} | {_fmt(row['perplexity'])} | {_fmt(row['next_token_accuracy'])} | {row['n_tokens']} |"
             )
-        row = intervention_rows[0]
         lines += [
             "",
-            f"Identity check (endpoints pinned only): exact on {row['identity_exact_inputs']}/{row['n_inputs']} inputs, "
-            f"max |logit diff| {row['identity_max_abs_diff']:.3g}.",
+            f"Identity check (endpoints pinned only): exact on {first['identity_exact_inputs']}/{first['n_inputs']} "
+            f"inputs, max |logit diff| {first['identity_max_abs_diff']:.3g}.",
         ]
     files = ["arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv"]
     files += ["intervention.csv"] if intervention_rows else []
