@@ -72,7 +72,7 @@ def test_sequences_follow_the_rules_and_are_a_function_of_the_seeds():
 
 def test_attention_by_query_agrees_with_the_analysis_first_token_attention():
     """`f_attn_all` (all queries t >= 1) is the toolkit's F-Attn; dormant and active split it by query count."""
-    from gated_attention.analysis import metrics as M
+    from gated_attention.analysis import metrics
     from gated_attention.analysis.capture import Capture
 
     task = BackcopyTask(n_tokens=8, n_triggers=2, trigger_prob=0.3)
@@ -85,7 +85,7 @@ def test_attention_by_query_agrees_with_the_analysis_first_token_attention():
     with Capture(model) as cap:
         model(input_ids=rows)
     maps = [cap.records[-1].attentions[f][0].numpy() for f in (1, 2)]  # [H, T, T]
-    expected = M.first_token_attention(maps).mean(axis=1)  # [layers]
+    expected = metrics.first_token_attention(maps).mean(axis=1)  # [layers]
     dormant, active = task.query_kinds(rows[0])
     for r, a, e in zip(m["layers"], maps, expected):
         assert r["f_attn_all"] == pytest.approx(e, rel=1e-6)  # float64 sums of the same fp32 maps

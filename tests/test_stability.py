@@ -95,7 +95,7 @@ def test_the_logit_probe_reads_only_the_causal_positions_and_changes_nothing():
 
 
 def test_logit_metrics_agree_with_the_model_and_the_analysis_toolkit():
-    from gated_attention.analysis import metrics as M
+    from gated_attention.analysis import metrics
     from gated_attention.analysis.capture import Capture
 
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def test_logit_metrics_agree_with_the_model_and_the_analysis_toolkit():
     assert model.config._attn_implementation == "sdpa"  # restored
     with torch.no_grad(), Capture(model, residual=True, attentions=False, gates=False) as cap:
         logits = [model(input_ids=x[None]).logits.abs().max().item() for x in rows]
-        m_act = [M.m_act(r.residual_stack()[:, 0].numpy()) for r in cap.records]
+        m_act = [metrics.m_act(r.residual_stack()[:, 0].numpy()) for r in cap.records]
     assert m["max_output_logit"] == pytest.approx(max(logits), rel=1e-6)
     assert m["m_act"] == pytest.approx(np.mean(m_act), rel=1e-6)
     assert 0 < m["max_attn_logit"] < math.inf

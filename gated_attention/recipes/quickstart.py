@@ -218,7 +218,7 @@ def long_context_perplexities(model, s: Settings, d: Data) -> tuple[float, float
 @torch.no_grad()
 def analysis_metrics(model, rows: torch.Tensor) -> dict:
     """F-Attn, M-Act and gate statistics (the analysis toolkit's definitions) on validation `rows` `[N, T]`."""
-    from ..analysis import metrics as M
+    from ..analysis import metrics
     from ..analysis.capture import Capture
 
     model.eval()
@@ -230,12 +230,12 @@ def analysis_metrics(model, rows: torch.Tensor) -> dict:
             model(input_ids=x[None].to(device), use_cache=False)
             record = cap.records[-1]
             maps = [record.attentions[f][0].float().cpu().numpy() for f in cap.layout.attention_layers]  # [H, T, T] each
-            first_attention.append(M.first_token_attention(maps).mean(axis=1))  # [n_layers]
+            first_attention.append(metrics.first_token_attention(maps).mean(axis=1))  # [n_layers]
             residual = record.residual_stack()[:, 0].float().cpu().numpy()  # [L+1, T, D]
-            max_act.append(M.m_act_per_layer(residual))  # [L+1]
+            max_act.append(metrics.m_act_per_layer(residual))  # [L+1]
             gate_scores += [g.float().cpu().numpy().ravel() for g in record.gates.values()]
     first_attention, max_act = np.mean(first_attention, axis=0), np.mean(max_act, axis=0)
-    gates = M.gate_statistics(np.concatenate(gate_scores) if gate_scores else np.zeros(0))
+    gates = metrics.gate_statistics(np.concatenate(gate_scores) if gate_scores else np.zeros(0))
     return {
         "f_attn": float(first_attention.mean()),
         "m_act": float(max_act[1:].mean()),  # M-Act: decoder layers 1..L, the embeddings excluded
@@ -254,10 +254,11 @@ def measure(runs: dict[str, dict], s: Settings, d: Data, job: Job) -> tuple[list
         model = r["model"].to(job.placement.device).eval()
         row = {"model": name, "steps": r["steps"], "val_ppl": math.exp(evaluate_loss(model, d.valid, s.batch_size))}
         row["ppl_long"], row["ppl_long_yarn"] = long_context_perplexities(model, s, d)
-        metrics = analysis_metrics(model, d.valid[: s.analysis_sequences])
-        row.update({k: v for k, v in metrics.items() if not k.startswith("layers_")})
+        sink_metrics = analysis_metrics(model, d.valid[: s.analysis_sequences])
+        row.update({k: v for k, v in sink_metrics.items() if not k.startswith("layers_")})
         results.append(row)
-        for l, (fa, ma) in enumerate(zip(metrics["layers_first_token_attention"], metrics["layers_max_activation"]), 1):
+        per_layer = zip(sink_metrics["layers_first_token_attention"], sink_metrics["layers_max_activation"])
+        for l, (fa, ma) in enumerate(per_layer, 1):
             layer_rows.append({"model": name, "layer": l, "first_token_attention": fa, "max_activation": ma})
         first = r["steps"] - len(r["history"])  # steps the model had before this run: the source's, if continued
         training_rows += [{"model": name, **h, "step": first + h["step"]} for h in r["history"]]

@@ -134,7 +134,7 @@ def layer_metrics(model, rows: torch.Tensor) -> list[dict]:
     rows: validation sequences `[N, T]`, each starting with BOS. Each value is the
     mean over the N sequences (gate statistics: over all their scores).
     """
-    from ..analysis import metrics as M
+    from ..analysis import metrics
     from ..analysis.capture import Capture
 
     model.eval()
@@ -147,8 +147,8 @@ def layer_metrics(model, rows: torch.Tensor) -> list[dict]:
             model(input_ids=x[None].to(device), use_cache=False)
             record = cap.records[-1]
             maps = [record.attentions[f][0].float().cpu().numpy() for f in full]  # [H, T, T] each
-            fa.append(M.first_token_attention(maps).mean(axis=1))  # [n_attention_layers]
-            token_max = M.token_max_abs(record.residual_stack()[:, 0].float().cpu().numpy())[1:]  # [L, T]: X[1..L]
+            fa.append(metrics.first_token_attention(maps).mean(axis=1))  # [n_attention_layers]
+            token_max = metrics.token_max_abs(record.residual_stack()[:, 0].float().cpu().numpy())[1:]  # [L, T]: X[1..L]
             m_act.append(token_max.max(axis=1))
             first.append(token_max[:, 0])
             other.append(token_max[:, 1:].max(axis=1))
@@ -157,7 +157,7 @@ def layer_metrics(model, rows: torch.Tensor) -> list[dict]:
     fa_by_layer = dict(zip(full, np.mean(fa, axis=0)))
     out = []
     for l, (ma, fm, om) in enumerate(zip(np.mean(m_act, axis=0), np.mean(first, axis=0), np.mean(other, axis=0)), 1):
-        g = M.gate_statistics(np.concatenate(gates[l]) if l in gates else np.zeros(0))
+        g = metrics.gate_statistics(np.concatenate(gates[l]) if l in gates else np.zeros(0))
         out.append({
             "layer": l, "f_attn": float(fa_by_layer.get(l, math.nan)), "m_act": float(ma),
             "first_token_max": float(fm), "other_tokens_max": float(om),
@@ -209,9 +209,9 @@ def analyze_models(models: dict, tokenizer, s: SinkSettings, job: Job) -> list[d
         folder = job.folder / "models" / slug
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        metrics = run_analysis(model.eval(), tokenizer, builtin_samples(4), job.folder / "analyze" / slug,
-                               model_name=str(folder), max_length=s.seq_len, n_bootstrap=1000, seed=0)
-        rows += [{"model": slug, **r} for r in metrics]
+        metric_rows = run_analysis(model.eval(), tokenizer, builtin_samples(4), job.folder / "analyze" / slug,
+                                   model_name=str(folder), max_length=s.seq_len, n_bootstrap=1000, seed=0)
+        rows += [{"model": slug, **r} for r in metric_rows]
     return rows
 
 

@@ -215,7 +215,7 @@ def attention_logits(model: nn.Module) -> Iterator[list[float]]:
 @torch.no_grad()
 def logit_metrics(model: nn.Module, rows: torch.Tensor) -> dict[str, float]:
     """`max_attn_logit`, `max_output_logit` and `m_act` of `model` on held-out `rows` `[N, T]`, in fp32."""
-    from ..analysis import metrics as M
+    from ..analysis import metrics
     from ..analysis.capture import Capture
 
     model.eval()
@@ -226,7 +226,7 @@ def logit_metrics(model: nn.Module, rows: torch.Tensor) -> dict[str, float]:
             cap.clear()
             logits = model(input_ids=x[None].to(device), use_cache=False).logits  # [1, T, V]
             output.append(float(logits.float().abs().max()))
-            m_act.append(M.m_act(cap.records[-1].residual_stack()[:, 0].float().cpu().numpy()))  # [L+1, T, D]
+            m_act.append(metrics.m_act(cap.records[-1].residual_stack()[:, 0].float().cpu().numpy()))  # [L+1, T, D]
         attention = float(np.max(largest)) if largest else math.nan  # NaN weights: NaN, whatever the order
     return {"max_attn_logit": attention, "max_output_logit": float(np.max(output)), "m_act": float(np.mean(m_act))}
 
