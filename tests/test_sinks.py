@@ -140,19 +140,65 @@ def test_chunked_training_equals_one_run(tmp_path):
         assert torch.equal(p, q), n
 
 
-def test_train_with_probes_calls_the_probe_where_asked_and_trains_gates_alone_first(tmp_path):
-    """The shared loop of the presets: probes at 0 (asked), every 2 steps and at the last; with `gates_first` only
-    the gate parameters move in the first steps, and the chunk boundary there changes nothing else."""
-    from gated_attention.recipes.common import train_with_probes
-    from gated_attention.training import TrainConfig
+@pytest.fixture
+def bars(monkeypatch) -> list:
+    """Every progress bar `train` and `train_with_probes` open, each with `closed` set when it is closed."""
+    import tqdm.auto
 
+    from gated_attention.recipes import common
+
+    opened = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            self.closed = False
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)  # `train` imports it when it runs
+    monkeypatch.setattr(common, "tqdm", Recorded)
+    return opened
+
+
+def _tiny_gated():
     torch.manual_seed(0)
     config = gated_attention.GatedAttentionConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
                                                   num_hidden_layers=1, num_attention_heads=2, attn_gate={"position": "G1"})
-    model = gated_attention.GatedAttentionForCausalLM(config)
+    return gated_attention.GatedAttentionForCausalLM(config)
+
+
+def test_train_closes_its_progress_bar_when_the_loss_is_not_finite(bars):
+    from gated_attention.training import TrainConfig, make_optimizer, make_scheduler, train
+
+    model = _tiny_gated()
+    torch.nn.init.constant_(model.lm_head.weight, math.nan)
+    config = TrainConfig(steps=3, batch_size=2, lr=1e-3, gate_lr=1e-3)
+    optimizer = make_optimizer(model, config.lr, config.gate_lr)
+    try:
+        train(model, torch.randint(0, 40, (4, 6)), config, optimizer, make_scheduler(optimizer, 3, 0))
+    except FloatingPointError as e:
+        assert str(e) == "loss became nan at step 1"
+        # Checked while the traceback still holds the bar: once it is freed, tqdm's __del__ would close it anyway.
+        assert [bar.closed for bar in bars] == [True]
+    else:
+        pytest.fail("a NaN loss did not raise")
+
+
+def test_train_with_probes_calls_the_probe_where_asked_and_trains_gates_alone_first(tmp_path, bars):
+    """The shared loop of the presets: probes at 0 (asked), every 2 steps and at the last; with `gates_first` only
+    the gate parameters move in the first steps, and the chunk boundary there changes nothing else. The four chunks
+    (to steps 2, 3, 4 and 5) show one progress bar, over all five steps."""
+    from gated_attention.recipes.common import train_with_probes
+    from gated_attention.training import TrainConfig
+
+    model = _tiny_gated()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     rows = torch.randint(0, 40, (8, 6))
-    job = Job(tmp_path, tmp_path, tmp_path, Placement(torch.device("cpu"), None), progress=False)
+    job = Job(tmp_path, tmp_path, tmp_path, Placement(torch.device("cpu"), None), progress=True)
     seen = []
 
     def probe(step, loss, minutes):
@@ -167,6 +213,7 @@ def test_train_with_probes_calls_the_probe_where_asked_and_trains_gates_alone_fi
     assert math.isnan(by_step[0]["loss"]) and by_step[5]["loss"] == trained.history[-1]["loss"]
     assert (by_step[2]["moved_gate"], by_step[2]["moved_other"]) == (True, False)  # the gates alone until step 3
     assert by_step[4]["moved_other"] and all(p.requires_grad for p in model.parameters())
+    assert [(bar.total, bar.n, bar.closed) for bar in bars] == [(5, 5, True)]
 
 
 @pytest.mark.slow

@@ -7,12 +7,14 @@ import argparse
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from .. import CLIError
 from ..training import TrainConfig, data, is_gate_parameter, make_optimizer, make_scheduler, train
@@ -100,7 +102,9 @@ class Job:
             yield job
 
     def log(self, message: str) -> None:
-        print(message, flush=True)  # flushed: a background run's log is read while it runs
+        # Above any open progress bar (tqdm clears and redraws it); flushed: a background run's log is read while it runs
+        tqdm.write(message)
+        sys.stdout.flush()
 
     def minutes(self) -> float:
         return (time.perf_counter() - self.started) / 60
@@ -214,26 +218,28 @@ def train_with_probes(model, name: str, rows, config: TrainConfig, job: Job, pro
         probes.extend({"model": name, "step": step, "minutes": minutes, "loss": loss, **r}
                       for r in probe(step, loss, minutes))
 
-    if at_start:
-        take(0)
-    for stop in stops:
-        alone = start < gates_first
-        for n, p in model.named_parameters():
-            p.requires_grad_(not alone or is_gate_parameter(n))  # a frozen parameter gets no gradient: AdamW skips it
-        try:
-            train(model, rows, replace(config, steps=stop), optimizer, scheduler, start_step=start,
-                  on_step=lambda step, record: history.append(record), desc=f"{name}{' (gates alone)' if alone else ''}",
-                  progress=job.progress)
-        except FloatingPointError:
-            if not stop_at_divergence:
-                raise
-            diverged_at = len(history) + 1  # `train` raises before it records the step
-            break
-        start = stop
-        if stop % every == 0 or stop == config.steps:
-            take(stop)
-    else:
-        diverged_at = None
+    # One bar for the whole run, which every chunk advances; the probes' lines are written above it (`Job.log`).
+    with tqdm(total=config.steps, desc=name, disable=not job.progress, dynamic_ncols=True, leave=False) as bar:
+        if at_start:
+            take(0)
+        for stop in stops:
+            alone = start < gates_first
+            for n, p in model.named_parameters():
+                p.requires_grad_(not alone or is_gate_parameter(n))  # a frozen parameter gets no gradient: AdamW skips it
+            bar.set_description(f"{name}{' (gates alone)' if alone else ''}", refresh=False)
+            try:
+                train(model, rows, replace(config, steps=stop), optimizer, scheduler, start_step=start,
+                      on_step=lambda step, record: history.append(record), bar=bar)
+            except FloatingPointError:
+                if not stop_at_divergence:
+                    raise
+                diverged_at = len(history) + 1  # `train` raises before it records the step
+                break
+            start = stop
+            if stop % every == 0 or stop == config.steps:
+                take(stop)
+        else:
+            diverged_at = None
     for p in model.parameters():
         p.requires_grad_(True)
     return Trained(history, probes, (time.perf_counter() - t0) / 60, diverged_at)

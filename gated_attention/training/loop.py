@@ -237,6 +237,7 @@ def train(
     on_step: Callable[[int, dict], None] | None = None,
     desc: str = "train",
     progress: bool = True,
+    bar=None,
 ) -> list[dict]:
     """Train on packed `rows` `[N, T]` (labels = inputs) for steps `start_step .. config.steps - 1`.
 
@@ -249,6 +250,10 @@ def train(
     step; NaN without gates), the learning rates the step used, `batch` (digest of the
     step's global row indices) and `seconds`. `on_step(step, record)` runs
     after each step (checkpointing, logging).
+
+    The progress bar (`desc`, shown with `progress` on the first process) is closed when `train` returns or
+    raises. A caller that trains in chunks passes its own `bar` (a tqdm bar over all its steps) instead, which
+    `train` advances and leaves open, so the run shows one bar.
     """
     from tqdm.auto import tqdm
 
@@ -268,9 +273,12 @@ def train(
             return contextlib.nullcontext()
         return torch.autocast(device_type, dtype=config.autocast_dtype)
 
-    bar = tqdm(total=config.steps, initial=start_step, desc=desc, disable=not show, dynamic_ncols=True, leave=False)
+    if bar is None:  # this call's own, closed when the block ends, whether it returns or raises
+        opened = tqdm(total=config.steps, initial=start_step, desc=desc, disable=not show, dynamic_ncols=True, leave=False)
+    else:  # the caller's, which it closes
+        opened = contextlib.nullcontext(bar)
     model.train()
-    with GateScoreMeter(model) as meter:
+    with opened as bar, GateScoreMeter(model) as meter:
         t0 = time.perf_counter()
         for step in range(start_step, config.steps):
             micro_batches, digest = batches.step(step)
@@ -311,7 +319,6 @@ def train(
                 bar.set_postfix(post)
             if on_step is not None:
                 on_step(step + 1, record)
-    bar.close()
     return history
 
 
