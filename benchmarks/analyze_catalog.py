@@ -73,6 +73,7 @@ EXPECTED_NOT_BUILT = {"gemma3n"}
 EXPECTED_ERROR: set[str] = set()
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, WINDOW = 64, 4, 2, 16, 64, 16
+TOKENIZER_IDS = 300  # the catalog tokenizer's vocabulary (`tokenizer`)
 SIZE_KEYS = {
     "hidden": ("hidden_size", "n_embd", "d_model", "n_embed", "embed_dim", "dim", "model_dim", "hidden_dim", "d_embed",
                "word_embed_proj_dim", "embedding_size", "dim_model", "embedding_dim", "hidden_size_global", "emb_dim"),
@@ -128,6 +129,10 @@ def shrink(d: dict, layers: int = 2) -> dict:
             out[key] = min(out[key], 2)
     if isinstance(out.get("topk_group"), int):
         out["topk_group"] = 1
+    # Per-layer input embeddings (Gemma 3n, Gemma 4: a row of every layer's input per token id, 262,144 ids by default,
+    # 134M parameters at 2 layers) need only the ids the catalog tokenizer gives: its vocabulary.
+    if isinstance(out.get("vocab_size_per_layer_input"), int) and out["vocab_size_per_layer_input"] > TOKENIZER_IDS:
+        out["vocab_size_per_layer_input"] = TOKENIZER_IDS
     # Per-layer values as long as the old depth: the layer types spread so that each kind stays, the others
     # their first n entries; per-layer overrides keyed by layer index, those of the layers the (attention) layer
     # types keep, under their new index (Dots3-Note's sliding layers have head sizes of their own).
@@ -171,7 +176,7 @@ FIELDS = {
     "mamba2": dict(num_heads=2, n_groups=1),
     "xlstm": dict(embedding_dim=64, num_blocks=2),
     "deepseek_v2": dict(num_experts_per_tok=2),  # None by default
-    "gemma3n_text": dict(num_kv_shared_layers=0, activation_sparsity_pattern=None, vocab_size_per_layer_input=300),
+    "gemma3n_text": dict(num_kv_shared_layers=0, activation_sparsity_pattern=None),
     # tests/test_analyze_architectures.py's hybrids
     "bamba": dict(attn_layer_indices=[1, 3], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1,
                   mamba_chunk_size=16, mamba_expand=2),
@@ -296,7 +301,7 @@ def tokenizer():
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<bos>"],
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_IDS, special_tokens=["<pad>", "<bos>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([s.text for s in builtin_samples(1)], trainer)
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])

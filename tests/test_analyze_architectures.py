@@ -934,10 +934,11 @@ def test_a_gemma4_with_its_towers_keeps_each_submodels_attention_setting(tokeniz
 
     cat = catalog()
     kwargs = cat.shrink(cat.with_towers(Gemma4Config, Gemma4Config().to_dict()), 2)
-    kwargs["text_config"].update(vocab_size=300, vocab_size_per_layer_input=300)  # the catalog tokenizer's ids
+    kwargs["text_config"].update(vocab_size=300)  # the catalog tokenizer's ids (shrink gives the per-layer inputs as many)
     for key in ("model_type", "transformers_version", "architectures"):
         kwargs.pop(key, None)
     model = AutoModelForCausalLM.from_config(Gemma4Config(**kwargs)).eval()
+    assert model.config.text_config.vocab_size_per_layer_input == 300  # not 262,144 rows of every layer's input
 
     def settings() -> dict[str, str]:
         return {name: sub.config._attn_implementation for name, sub in model.named_modules() if isinstance(sub, PreTrainedModel)}
