@@ -107,6 +107,7 @@ OUT_OF_RANGE = {
     "convert_memory": ["--budgets", "1GB", "0GB"],
     "fla_cpu": ["--repeats", "0"],
     "gate_overhead": ["--layers", "0"],
+    "gate_precision": ["--tokens", "0"],
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],
     "gpu_models": ["--parts", "everything"],
