@@ -107,6 +107,12 @@ def register_auto_classes() -> None:
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
         AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
+    # transformers' own models gated by declaration: one config class per source, made as a checkpoint names it
+    from .configuration.declared import DECLARED_MODEL_TYPE, GatedDeclaredConfig, on_declared_config_class
+    from .modeling.declared import register_declared_models
+
+    AutoConfig.register(DECLARED_MODEL_TYPE, GatedDeclaredConfig, exist_ok=True)
+    on_declared_config_class(register_declared_models)
     for name in _EXPORTS:  # the rest of the public names, so that a normal import has them all
         __getattr__(name)
 

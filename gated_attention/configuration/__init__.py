@@ -11,6 +11,10 @@
 - `gated_deltanet_hybrid`: `GatedDeltaNetHybridConfig`, the layer schedule
   (`layer_types` or `hybrid_ratio`) and the Gated DeltaNet fields under
   Qwen3-Next's names.
+- `declared`: the configs of transformers' own models gated by declaration:
+  `declared_config_class(Gemma2Config)` is `GatedGemma2Config`, the source's
+  class plus `attn_gate`, saved under `model_type` "gated_declared" with the
+  source's `source_model_type` (`GatedDeclaredConfig` reads it back).
 - `tensor_parallel`: `tensor_parallel_plan(config)`, the `base_model_tp_plan`
   each config sets for its own gate and layers (transformers' tensor
   parallelism and vLLM's transformers backend read it).

@@ -103,17 +103,24 @@ MODEL_CLASSES = {
 }
 
 
+def write_bundle(save_directory: str | os.PathLike, *modules: str) -> list[str]:
+    """Write the flat copies of `modules` and of everything they import relatively into `save_directory`;
+    returns the names of the files written."""
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = bundle_sources(*modules)
+    for name, source in sorted(files.items()):
+        (folder / name).write_text(source, encoding="utf-8")
+    return sorted(files)
+
+
 def write_remote_code_for_config(save_directory: str | os.PathLike, config) -> list[str]:
     """`write_remote_code` for the causal LM of one of our configs, without building (or importing) the model.
 
     Sets `config.auto_map` and `config.architectures`; returns the names of the files written.
     """
     module, base, causal_lm = MODEL_CLASSES[config.model_type]
-    folder = Path(save_directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    files = bundle_sources(module, type(config).__module__)
-    for name, source in sorted(files.items()):
-        (folder / name).write_text(source, encoding="utf-8")
+    files = write_bundle(save_directory, module, type(config).__module__)
     flat = flat_module_name(module)
     config.auto_map = {
         "AutoConfig": f"{flat_module_name(type(config).__module__)}.{type(config).__name__}",
@@ -121,7 +128,7 @@ def write_remote_code_for_config(save_directory: str | os.PathLike, config) -> l
         "AutoModelForCausalLM": f"{flat}.{causal_lm}",
     }
     config.architectures = [causal_lm]
-    return sorted(files)
+    return files
 
 
 def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:
@@ -129,10 +136,6 @@ def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:
 
     Returns the names of the files written.
     """
-    folder = Path(save_directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    files = bundle_sources(package_class(model).__module__, type(model.config).__module__)
-    for name, source in sorted(files.items()):
-        (folder / name).write_text(source, encoding="utf-8")
+    files = write_bundle(save_directory, package_class(model).__module__, type(model.config).__module__)
     model.config.auto_map = auto_map_for(model)
-    return sorted(files)
+    return files

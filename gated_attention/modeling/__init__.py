@@ -32,6 +32,13 @@
   tokens kept as attention sinks, the rest a sliding window) for any causal
   LM of this package and transformers' rotate-half RoPE models, the sink keys
   re-rotated for the shifted window.
+- `attention_sites`: where a transformers model's softmax-attention modules
+  and their output projections are, read from its own declarations
+  (`_can_record_outputs`, its tensor-parallel plan), or one line saying what
+  is missing.
+- `declared`: transformers' own model classes with the gate added at
+  construction (`GatedGemma2ForCausalLM`, ...): a gate module `attn_gate` on
+  each attention, applied by hooks to its output projection's input.
 
 Imports: `configuration`, `kernels`, `hub` and `compat`, nothing above them
 (see docs/architecture.md). These files are also copied flat into every saved

@@ -1,0 +1,227 @@
+"""transformers' own models with the gate added by declaration: `Gated<Source>` classes.
+
+`declared_model_class(Gemma2ForCausalLM)` is `GatedGemma2ForCausalLM`: the source's class, whose code
+runs unchanged, with one addition at construction (`post_init`): every softmax-attention module that
+`attention_sites` finds gets a gate `attn_gate` (this package's `AttentionGate`, or
+`ConstantAttentionGate` for an input-independent spec) and two hooks (`OutputGate`):
+
+    attention(x, ...):   scores = act(attn_gate(x))           # forward pre-hook on the attention
+        ...
+        o_proj(y):        o_proj(y * scores)                  # forward pre-hook on its output projection
+
+so the gate reads the attention's input and multiplies the heads' output before the output projection,
+the paper's G1, wherever the model's code puts it. Nothing of the source's forward is copied: a release
+that changes it changes the gated model the same way. The gate's scores are kept from the first hook
+to the second; an attention that returns without calling its output projection, or a projection called
+outside its attention, raises instead of running ungated.
+
+The output projection is looked up by name on every call of its attention, not held: PEFT (LoRA on
+`o_proj`) and vLLM's transformers backend put their own module there after the model is built, and the
+gate then multiplies that module's input (both branches of a LoRA layer, as in this package's own
+attention), its hook moved from the one it replaced.
+
+The tensor-parallel plan gains a rule for each gate whose output projection the source's plan names
+(`configuration/tensor_parallel.gate_rule`: "colwise" for a per-head gate, so each rank scores the heads
+its `o_proj` shard reads), in the base model's `base_model_tp_plan` (saved with the config; transformers
+and vLLM read it) and in every submodel's plan made before the gates.
+
+`register_declared_models` registers a declared config class's models with AutoModel and
+AutoModelForCausalLM (`gated_attention.register_auto_classes` calls it for each class made); a
+checkpoint's remote-code copy of this file finds the classes by name (`auto_map`) instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from ..configuration.declared import CLASS_PREFIX, GatedDeclaredConfig, declared_config_class, declared_gate_spec
+from ..configuration.gate_spec import gate_enabled
+from ..configuration.tensor_parallel import gate_rule
+from .attention import AttentionGate, ConstantAttentionGate, GateScores
+from .attention_sites import AttentionSite, attention_sites
+from .tensor_parallel import check_distributed_config  # noqa: F401  # importing registers the plan's own styles
+
+try:
+    from gated_attention.hub.remote_code import flat_module_name, write_bundle
+except ImportError:  # running from a remote-code copy, where transformers copies the files itself
+    write_bundle = None
+
+GATE_NAME = "attn_gate"  # never `gate` or `gate_proj`: PEFT matches names by suffix (docs/architecture.md, "The gate")
+
+
+class OutputGate:
+    """One attention's gate: its scores from the attention's input, applied to its output projection's input.
+
+    `scores`: `[B, T, out_features]` from the attention's pre-hook until its output projection reads them.
+    """
+
+    def __init__(self, site: AttentionSite, spec: dict):
+        self.site = site
+        self.gate_scores = GateScores(spec, site.in_features, site.heads, site.heads, site.head_dim)
+        attention = site.attention
+        if spec["input_dependent"]:
+            gate = AttentionGate(self.gate_scores, site.in_features, bias=spec["bias"])
+        else:
+            gate = ConstantAttentionGate(self.gate_scores, site.in_features)
+        attention.add_module(GATE_NAME, gate)
+        self.scores: torch.Tensor | None = None
+        self.projection: nn.Module | None = None
+        self._projection_hook = None
+        self._follow(getattr(attention, site.output))
+        attention.register_forward_pre_hook(self._score, with_kwargs=True)
+        attention.register_forward_hook(self._check_applied)
+
+    def _follow(self, projection: nn.Module) -> None:
+        """Hook `projection`, the module now at the output projection's name, and unhook the one it replaced."""
+        if self._projection_hook is not None:
+            self._projection_hook.remove()
+        self.projection = projection
+        self._projection_hook = projection.register_forward_pre_hook(self._apply, with_kwargs=True)
+
+    def _score(self, attention: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = kwargs[self.site.input_name] if self.site.input_name in kwargs else args[0]  # [B, T, in_features]
+        projection = getattr(attention, self.site.output)
+        if projection is not self.projection:
+            self._follow(projection)
+        self.scores = self.gate_scores(getattr(attention, GATE_NAME)(x))  # [B, T, out_features]
+
+    def _apply(self, projection: nn.Module, args: tuple, kwargs: dict):
+        if self.scores is None:
+            raise RuntimeError(f"{self.site.path}.{self.site.output} ran outside its attention (or twice in one call of "
+                               "it): its gate has no scores to apply")  # fmt: skip
+        y, scores, self.scores = args[0], self.scores, None  # y: [..., HQ * D]
+        y = self.gate_scores.combine(y.view(*y.shape[:-1], -1, self.site.head_dim), scores)  # [..., HQ, D]
+        return (y.view(*y.shape[:-2], -1), *args[1:]), kwargs
+
+    def _check_applied(self, attention: nn.Module, args: tuple, output) -> None:
+        if self.scores is not None:
+            self.scores = None
+            raise RuntimeError(f"{self.site.path} returned without calling its output projection {self.site.output}: "
+                               "its gate was not applied")  # fmt: skip
+
+
+def add_gates(model: nn.Module, spec: dict) -> list[OutputGate]:
+    """Add a gate of `spec` to every attention `attention_sites(model)` finds, and its rule to the tensor-parallel
+    plans (see the module docstring). `AttentionSiteError` (one line) where the sites cannot be found."""
+    spec = declared_gate_spec(spec)
+    if not gate_enabled(spec):
+        return []
+    if hasattr(model, "init_parallel_plans"):
+        model.init_parallel_plans()  # the plan the sites are read from; post_init makes it again, with the gates
+    sites = attention_sites(model)
+    gates = [OutputGate(site, spec) for site in sites]
+    _add_plan_rules(model, sites, gate_rule(spec))
+    return gates
+
+
+def _add_plan_rules(model: nn.Module, sites: list[AttentionSite], style: str) -> None:
+    from transformers import PreTrainedModel
+
+    rules = {f"{site.plan_key.rsplit('.', 1)[0]}.{GATE_NAME}": style for site in sites if site.plan_key is not None}
+    if not rules:
+        return
+    for path, sub in model.named_modules():
+        if not isinstance(sub, PreTrainedModel):
+            continue
+        own = {key.removeprefix(f"{path}."): s for key, s in rules.items() if not path or key.startswith(f"{path}.")}
+        if path and own and isinstance(getattr(sub, "_tp_plan", None), dict):
+            sub._tp_plan.update(own)  # made by its own post_init, before the gates
+        if own and sub.base_model is sub and getattr(sub.config, "base_model_tp_plan", None):
+            sub.config.base_model_tp_plan = {**sub.config.base_model_tp_plan, **own}  # an instance copy
+
+
+class DeclaredGatesMixin:
+    """What a declared model class adds to its source's class: the gates, and a save with the remote code.
+
+    Listed before the source's class among a made class's bases (`declared_model_class`).
+    """
+
+    def post_init(self):
+        self.output_gates = add_gates(self, self.config.attn_gate)
+        super().post_init()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
+        # Saved from the installed package, the checkpoint gets flat copies of this file and the config's and an
+        # auto_map; a model loaded as remote code has `_auto_class`, and transformers copies its own files.
+        if write_bundle is not None and self._auto_class is None:
+            write_declared_remote_code(save_directory, self.config)
+        repo_id = kwargs.pop("repo_id", None)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if push_to_hub:
+            from huggingface_hub import upload_folder
+
+            upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
+
+
+_MADE: dict[type, type] = {}
+
+
+def declared_model_class(source: type) -> type:
+    """`Gated<Source>`: the transformers model class `source` with the gates, made once per process."""
+    if issubclass(source, DeclaredGatesMixin):
+        return source
+    made = _MADE.get(source)
+    if made is None:
+        name = CLASS_PREFIX + source.__name__
+        made = type(name, (DeclaredGatesMixin, source), {
+            "__module__": __name__, "__qualname__": name, "config_class": declared_config_class(source.config_class),
+        })  # fmt: skip
+        _MADE[source] = made
+    return made
+
+
+def source_model_classes(model_type: str) -> dict[str, type]:
+    """The transformers classes of a model type the Auto classes build: {"AutoModel": ..., "AutoModelForCausalLM": ...}."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    found = {}
+    for auto, names in (("AutoModel", MODEL_MAPPING_NAMES), ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
+        name = names.get(model_type)
+        if isinstance(name, str) and isinstance(cls := getattr(transformers, name, None), type):
+            found[auto] = cls
+    return found
+
+
+def declared_auto_map(config) -> dict[str, str]:
+    """The `auto_map` of a declared config's checkpoint: the flat copies of this file's and the config's module."""
+    models = flat_module_name(__name__)
+    auto_map = {"AutoConfig": f"{flat_module_name(GatedDeclaredConfig.__module__)}.{GatedDeclaredConfig.__name__}"}
+    for auto, source in source_model_classes(config.source_model_type).items():
+        auto_map[auto] = f"{models}.{CLASS_PREFIX}{source.__name__}"
+    return auto_map
+
+
+def write_declared_remote_code(save_directory: str | os.PathLike, config) -> list[str]:
+    """Write the remote-code bundle of a declared model into `save_directory` (flat copies of this file, the
+    config's and what they import) and set `config.auto_map` and `config.architectures`, without building the
+    model. Returns the names of the files written. Only from the installed package."""
+    files = write_bundle(save_directory, __name__, GatedDeclaredConfig.__module__)
+    config.auto_map = declared_auto_map(config)
+    if "AutoModelForCausalLM" in config.auto_map:
+        config.architectures = [config.auto_map["AutoModelForCausalLM"].split(".")[-1]]
+    return files
+
+
+def register_declared_models(config_class: type) -> None:
+    """Register the declared models of `config_class` (a declared config class) with the Auto classes."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    autos = {"AutoModel": AutoModel, "AutoModelForCausalLM": AutoModelForCausalLM}
+    for auto, source in source_model_classes(config_class.model_type).items():
+        made = declared_model_class(source)
+        if made.config_class is config_class:  # a causal LM built from another config (a decoder's) is not this one's
+            autos[auto].register(config_class, made, exist_ok=True)
+
+
+def __getattr__(name: str):
+    """`Gated<Source>` by name: a checkpoint's `auto_map` (and a pickled model) names the classes made here."""
+    import transformers
+
+    source = getattr(transformers, name[len(CLASS_PREFIX):], None) if name.startswith(CLASS_PREFIX) else None
+    if isinstance(source, type) and issubclass(source, transformers.PreTrainedModel):
+        return declared_model_class(source)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
