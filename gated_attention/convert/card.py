@@ -14,7 +14,7 @@ from .rope import RopeChange
 
 
 def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str,
-                          gguf: dict | None = None) -> None:
+                          gguf: dict | None = None, gate_name: str = "self_attn.attn_gate", output_name: str = "o_proj") -> None:
     options = {"source": src}
     changed = []
     if gguf is not None:  # hub.gguf's record of the file the weights were dequantized from
@@ -41,7 +41,7 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         granularity = "one score per channel" if gate == "elementwise" else "one score per head"
         changed.append(
             f"- Every attention layer got a sigmoid output gate (G1, {gate}: {granularity}), "
-            "`self_attn.attn_gate`, computed from the same normed hidden states as q/k/v."
+            f"`{gate_name}`, computed from the same normed hidden states as q/k/v."
         )
         rank, channels = config.attn_gate["rank"], config.attn_gate["input_channels"]
         if rank is not None:
@@ -53,13 +53,13 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
             changed.append(f"- The gate reads only the first {channels} channels of its input.")
         if init == "exact":
             changed.append(
-                "- Exact init: gate weight 0, so every gate score is sigmoid(0) = 0.5 exactly, and `o_proj` "
+                f"- Exact init: gate weight 0, so every gate score is sigmoid(0) = 0.5 exactly, and `{output_name}` "
                 "is doubled (exact in every float format). The logits equal the base model's bit for bit."
             )
         else:
             changed.append(
                 f"- Bias init: gate weight 0 and gate bias {GATE_BIAS_INIT:g}, so every score is sigmoid"
-                f"({GATE_BIAS_INIT:g}) = {torch.sigmoid(torch.tensor(GATE_BIAS_INIT)).item():.7f}; `o_proj` unchanged. "
+                f"({GATE_BIAS_INIT:g}) = {torch.sigmoid(torch.tensor(GATE_BIAS_INIT)).item():.7f}; `{output_name}` unchanged. "
                 "Close to the base model, not equal, and the gate's gradient starts tiny (scaled by ~4.5e-5)."
             )
     options["--dtype"] = dtype_name
@@ -69,8 +69,9 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         options["--yarn-factor"] = rope.yarn_factor
         options["--original-max-position-embeddings"] = rope.original_max_position_embeddings
     if not rope.empty:
-        changed.append(f"- RoPE: {rope.describe()}; `rope_parameters` = `{json.dumps(config.rope_parameters)}`, "
-                       f"`max_position_embeddings` = {config.max_position_embeddings}.")
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        changed.append(f"- RoPE: {rope.describe()}; `rope_parameters` = `{json.dumps(text.rope_parameters)}`, "
+                       f"`max_position_embeddings` = {text.max_position_embeddings}.")
     if command == "extend":
         changed.append("- Weights are copied unchanged; only the position encoding changed.")
     changed.append("- `config.json` has an `auto_map` and the modeling code sits beside the weights (remote code).")
@@ -93,7 +94,8 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         "    --model PATH_OR_REPO --output-dir runs/cpt --text-files data/ \\\n"
         "    --seq-len 2048 --batch-size 4 --grad-accum 8 --steps 2000 --lr 2e-5 --gate-lr 1e-3\n```\n\n"
         "Known trap (official Gated Attention repo, issue #10): converted gates may barely move in continued "
-        "pretraining. Give the gate parameters (`*.self_attn.attn_gate.*`) their own, larger learning rate "
+        f"pretraining. Give the gate parameters (`{gate_name if '*' in gate_name else '*.' + gate_name}.*`) their own, "
+        "larger learning rate "
         "(`--gate-lr` above) and watch the mean gate score the script logs; it starts at exactly 0.5 "
         "with the exact init. With PEFT, put `attn_gate` in `modules_to_save` (see `examples/lora_finetune.py`)."
     )

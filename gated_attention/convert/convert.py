@@ -9,15 +9,19 @@ verification it writes.
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from ..configuration.declared import DECLARED_MODEL_TYPE
 from ..configuration.gate_spec import DEFAULT_GATE_SPEC, check_gate_shape
 from ..hub.gguf import read_record
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
+from .declared import (DeclaredTarget, declared_extend_target, declared_model_type, declared_rope_change, declared_target,
+                       verify_declared)
 from .families import GATED_RULES, detect_family
 from .pipeline import ConversionPlan, Result, Verification, run
 from .plan import key_mapping, plan_weights
@@ -116,10 +120,39 @@ def _config_dtype(outputs: list[OutputTensor], requested: torch.dtype | None, so
     return str(dominant).removeprefix("torch.")
 
 
-def _write_config_and_code(stage: Path, config, dtype_name: str) -> None:
-    write_remote_code_for_config(stage, config)  # flat modeling files; sets config.auto_map and architectures
+def _write_config_and_code(stage: Path, config, dtype_name: str, declared: bool = False) -> None:
+    if declared:  # flat modeling files; sets config.auto_map and architectures
+        from ..modeling.declared import write_declared_remote_code
+
+        write_declared_remote_code(stage, config)
+    else:
+        write_remote_code_for_config(stage, config)
     config.dtype = dtype_name
     config.save_pretrained(stage)
+
+
+def _declared_plan(folder: Path, ckpt: SourceCheckpoint, target: DeclaredTarget, *, init: str, requested, rope: RopeChange,
+                   announce, card: dict, log) -> ConversionPlan:
+    """The plan of a source gated by declaration (`declared.py`): SRC's tensors, the gates, SRC's own classes."""
+    overrides = declared_rope_change(target, rope)
+    rules = target.rules if init != "copy" else ()
+    outputs = plan_weights(ckpt, target.expected, target.config, init=init, dtype=requested, rules=rules)
+    dtype_name = _config_dtype(outputs, requested, getattr(target.source_config, "dtype", None))
+    check = partial(verify_declared, folder, target=target, dtype=requested, overrides=overrides,
+                    exact=init != "bias", log=log)  # fmt: skip
+    first = target.sites[0]
+    return ConversionPlan(
+        ckpt,
+        outputs,
+        announce=announce(dtype_name),
+        desc="converting" if init != "copy" else "copying",
+        write_config=partial(_write_config_and_code, config=target.config, dtype_name=dtype_name, declared=True),
+        write_card=partial(write_conversion_card, init=None if init == "copy" else init, dtype_name=dtype_name,
+                           rope=rope, config=target.config, gguf=read_record(folder),
+                           gate_name=re.sub(r"\.\d+\.", ".*.", f"{first.path}.attn_gate"), output_name=first.output,
+                           **card),
+        verification=Verification(target.config, requested or getattr(torch, dtype_name), check),
+    )  # fmt: skip
 
 
 # --- convert -----------------------------------------------------------------------------------------
@@ -156,7 +189,18 @@ def convert_checkpoint(
     requested = _requested_dtype(dtype)
 
     def prepare(folder: Path, dst: Path) -> ConversionPlan:
-        family = detect_family(read_config_dict(folder))
+        config_dict = read_config_dict(folder)
+        if (model_type := declared_model_type(config_dict)) is not None:
+            ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
+            target = declared_target(folder, ckpt, model_type, conversion_gate_spec(gate or "elementwise", init, gate_rank,
+                                                                                    gate_input_channels))
+            name = f"{model_type} ({target.source_class.__name__})"
+            announce = lambda dtype_name: (f"converting {name} checkpoint {src} -> {dst} by declaration, "  # noqa: E731
+                                           f"{target.describe()} (gate {gate or 'elementwise'}, init {init}, "
+                                           f"dtype {dtype_name})")
+            return _declared_plan(folder, ckpt, target, init=init, requested=requested, rope=rope, announce=announce,
+                                  card=dict(src=src, family_name=name, command="convert"), log=log)  # fmt: skip
+        family = detect_family(config_dict)
         ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
         src_config = load_source_config(folder, family)
         gate_spec, plan_init = planned_gate(family, src_config, gate, init, gate_rank, gate_input_channels)
@@ -226,6 +270,13 @@ def extend_checkpoint(
 
     def prepare(folder: Path, dst: Path) -> ConversionPlan:
         config_dict = read_config_dict(folder)
+        if config_dict.get("model_type") == DECLARED_MODEL_TYPE:
+            ckpt = SourceCheckpoint(folder)
+            target = declared_extend_target(folder, ckpt)
+            return _declared_plan(folder, ckpt, target, init="copy", requested=requested, rope=rope,
+                                  announce=lambda dtype_name: f"extending {src} -> {dst}: {rope.describe()}", card=dict(
+                                      src=src, family_name=config_dict.get("source_model_type"), command="extend"),
+                                  log=log)  # fmt: skip
         if config_dict.get("model_type") not in GATED_MODEL_TYPES:
             detect_family(config_dict)  # names the architecture and the supported list
             raise ConversionError(

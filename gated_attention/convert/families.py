@@ -338,5 +338,6 @@ def detect_family(config_dict: dict) -> Family:
         raise ConversionError(f"SRC is already a gated model ({model_type}); use `gated-attention extend` to change its RoPE")
     arch = ", ".join(config_dict.get("architectures") or []) or "none listed"
     raise ConversionError(
-        f"unsupported architecture: model_type={model_type!r} (architectures: {arch}); supported: {supported_list()}"
+        f"unsupported architecture: model_type={model_type!r} (architectures: {arch}); supported: {supported_list()}, "
+        "and by declaration any causal LM this transformers ships"
     )

@@ -86,7 +86,9 @@ def prompt_reserve(config, dtype: torch.dtype) -> int:
     residual and the float32 norms), on `VERIFY_TOKENS` tokens."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
-    intermediate = max(getattr(text, "intermediate_size", None) or 0, getattr(text, "moe_intermediate_size", None) or 0)
+    widths = [getattr(text, "intermediate_size", None), getattr(text, "moe_intermediate_size", None)]
+    # (a list: one width per layer, as Gemma 3n's; None where a config names it otherwise, as GPT-2's n_inner)
+    intermediate = max(max(w) if isinstance(w, (list, tuple)) else w or 0 for w in widths)
     tokens, size = VERIFY_TOKENS, dtype.itemsize
     outputs = 2 * ((layers + 1) * tokens * hidden + tokens * vocab) * size
     working = tokens * (8 * hidden + 4 * intermediate) * max(size, 4)
@@ -121,6 +123,8 @@ def run_prompt(
     strict: bool = False,
     reserve: int = 0,
     log=print,
+    model_class=None,
+    attn_implementation: str = VERIFY_ATTENTION,
     **load_kwargs,
 ) -> PromptRun:
     """Load the checkpoint in `folder` within `budget`, run the fixed prompt, and let the model go.
@@ -129,17 +133,19 @@ def run_prompt(
     `from_pretrained` (config overrides, `config=`, `key_mapping=`). `strict`: every weight of the model
     must come from the checkpoint and every tensor of the checkpoint must have a place in it. `reserve`: what
     running the prompt adds beside the weights (`prompt_reserve`). `log` says how the budget is split before
-    the run's first load (`MemoryBudget.say_split`).
+    the run's first load (`MemoryBudget.say_split`). `model_class`: the class that loads it (default: the Auto
+    class's choice).
     """
     from transformers import AutoModelForCausalLM
 
     register_auto_classes()
+    model_class = model_class or AutoModelForCausalLM
     load_dtype, cast = _loading(folder, budget, dtype, load_kwargs)
     dtypes, reserve = cast.pop("dtypes", None), reserve + cast.pop("reserve", 0)
     budget.say_split(reserve, log)
     with budget.placement(dir=offload_dir, reserve=reserve, **cast) as placement:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=load_dtype or "auto", attn_implementation=VERIFY_ATTENTION, output_loading_info=True,
+        model, info = model_class.from_pretrained(
+            folder, dtype=load_dtype or "auto", attn_implementation=attn_implementation, output_loading_info=True,
             **placement, **load_kwargs,
         )  # fmt: skip
         if load_dtype != dtype:
@@ -147,7 +153,7 @@ def run_prompt(
         read_layers_whole(model)
         lost = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
         if strict and lost:  # from_pretrained would only warn, and fill a missing weight with random numbers
-            raise ConversionError(f"verification failed: SRC's weights do not fit the reference model ({lost[0]})")
+            raise ConversionError(f"verification failed: the weights in {folder.name} do not fit its model ({lost[0]})")
         with forward_context():
             out = model.eval()(verification_ids(vocab_size, max_positions), output_hidden_states=True)
         sizes = [(p.numel() * p.element_size(), p.device.type == "meta") for p in model.parameters()]
@@ -219,20 +225,27 @@ def _announce(budget: MemoryBudget, reference_name: str, log) -> None:
 
 def verify_against_source(
     src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log, budget: MemoryBudget,
-    reference_kwargs: dict | None = None,
+    reference_kwargs: dict | None = None, *, source_class=None, result_class=None,
+    attn_implementation: str = VERIFY_ATTENTION, strict: bool = False,
 ) -> float:
+    """SRC and the result on the fixed prompt, compared after every layer. `overrides`: what `from_pretrained`
+    changes in SRC's config (a RoPE change: DST's fields, or `config=` a whole config). The classes that load
+    each side (default: the Auto class's choice) and the attention both run can be given; `strict`: every
+    tensor of the result is a weight of its model and every weight is in the file."""
     # With a RoPE change the reference is SRC's weights run with DST's rotary tables: the change itself moves
     # the logits (that is its point), so only the weights' part can be compared, and the line says so.
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
     _announce(budget, reference_name, log)
-    prompt = dict(dtype=dtype, vocab_size=config.vocab_size, max_positions=config.max_position_embeddings, offload_dir=stage,
-                  reserve=prompt_reserve(config, dtype or _saved_dtype(config)))  # fmt: skip
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    prompt = dict(dtype=dtype, vocab_size=text.vocab_size, offload_dir=stage,
+                  max_positions=getattr(text, "max_position_embeddings", None) or VERIFY_TOKENS,
+                  reserve=prompt_reserve(config, dtype or _saved_dtype(config)), attn_implementation=attn_implementation)
     # `reference_kwargs`: what makes transformers' class run SRC as its own code does (`Family.reference`); then
     # every one of SRC's tensors must find its place in that class.
-    reference = run_prompt(src_folder, budget, **prompt, log=log, strict=bool(reference_kwargs), **overrides,
-                           **(reference_kwargs or {}))
+    reference = run_prompt(src_folder, budget, **prompt, log=log, strict=bool(reference_kwargs), model_class=source_class,
+                           **overrides, **(reference_kwargs or {}))
     log(f"verifying: SRC ran with {reference.placement()}")
-    result = run_prompt(stage, budget, log=log, **prompt)
+    result = run_prompt(stage, budget, log=log, model_class=result_class, strict=strict, **prompt)
     log(f"verifying: DST ran with {result.placement()}")
     # What a reader of "0" would otherwise take for "the RoPE change did nothing":
     note = "; DST's logits differ from SRC's own, as the RoPE change makes them" if overrides else ""

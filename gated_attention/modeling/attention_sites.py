@@ -95,6 +95,11 @@ def _matches(spec, name: str, module: nn.Module) -> bool:
     return hit and (layer_name is None or f".{layer_name.strip('.')}." in f".{name}.")
 
 
+def source_name(model: nn.Module) -> str:
+    """The model's transformers class name (a declared model's source class)."""
+    return next((c.__name__ for c in type(model).__mro__ if c.__module__.startswith("transformers.")), type(model).__name__)
+
+
 def text_model(model: nn.Module) -> tuple[str, nn.Module]:
     """The part of `model` that is its text model, with its name: the whole model, or the outermost
     `PreTrainedModel` inside whose config is the text config (a multimodal model's language model)."""
@@ -186,7 +191,7 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
                 specs += _specs(declared)
     if not specs:
         raise AttentionSiteError(
-            f"{type(model).__name__} declares no attention modules (transformers' `_can_record_outputs` names none)"
+            f"{source_name(model)} declares no attention modules (transformers' `_can_record_outputs` names none)"
         )
     found: dict[int, tuple[str, nn.Module]] = {}
     for name, module in text.named_modules():
@@ -195,7 +200,7 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     softmax = [(n, m) for n, m in found.values() if type(m).__name__ not in NOT_SOFTMAX]
     if not softmax:
         what = ", ".join(sorted({f"{type(m).__name__} ({NOT_SOFTMAX[type(m).__name__]})" for _, m in found.values()}))
-        raise AttentionSiteError(f"{type(model).__name__} has no softmax attention to gate" + (f": {what}" if what else ""))
+        raise AttentionSiteError(f"{source_name(model)} has no softmax attention to gate" + (f": {what}" if what else ""))
     return softmax
 
 

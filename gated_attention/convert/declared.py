@@ -1,0 +1,232 @@
+"""Sources no family maps onto this package's classes: any causal LM transformers ships, gated by declaration.
+
+The source keeps its own transformers classes (`modeling/declared.py`): DST is SRC's tensors, each
+attention's output projection doubled and a gate `attn_gate` beside it (`plan.AddGate`, one rule per
+attention module `attention_sites` finds in the model built on the meta device), under SRC's config
+plus the gate (`configuration/declared.py`). Where SRC's tensor names are the model's own, every name
+and shape is checked against the model's; where transformers renames or fuses them while loading
+(its `conversion_mapping` for the model type: MoE experts saved per expert), SRC's names are kept as
+they are, and the verification loads DST strictly: every weight from the file, every tensor used.
+
+The verification runs SRC in the source's transformers class and DST in its declared class (not
+through the Auto classes, which a process that imported fla would point at fla's model for some
+types), both with SDPA where the class supports it and eager attention where it does not.
+
+`UNRUNNABLE` records the model types whose causal LM cannot run the verification's prompt of text
+token ids, with the reason, refused in one line before anything is read.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..command_line import first_line
+from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config
+from .errors import ConversionError
+from .families import FAMILIES
+from .plan import IGNORED_SOURCE_TENSORS, AddGate
+from .rope import RopeChange, apply_rope_change
+from .shapes import expected_shapes
+from .sources import SourceCheckpoint
+from .verify import verify_against_source
+
+if TYPE_CHECKING:  # the modeling code is imported where a source is gated by declaration, not for a family's
+    from ..modeling.attention_sites import AttentionSite
+
+AUDIO_CODES = "its inputs are audio codec codes, one row of input_ids per codebook, not text tokens"
+ASSISTANT = ("a speculative-decoding assistant: its forward reads its target model's hidden states and key/value "
+             "cache, not input_ids")  # fmt: skip
+UNRUNNABLE = {
+    "musicgen": AUDIO_CODES,
+    "musicgen_decoder": AUDIO_CODES,  # MusicgenForCausalLM's own config
+    "musicgen_melody": AUDIO_CODES,
+    "musicgen_melody_decoder": AUDIO_CODES,
+    "gemma4_assistant": ASSISTANT,
+    "gemma4_unified_assistant": ASSISTANT,
+}
+
+
+def declared_model_type(config_dict: dict) -> str | None:
+    """SRC's model type if it is a causal LM transformers ships (and no family of ours reads it), else None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config_dict.get("model_type")
+    if model_type == DECLARED_MODEL_TYPE:
+        raise ConversionError(f"SRC is already a gated model ({DECLARED_MODEL_TYPE}, gated by declaration: "
+                              f"{config_dict.get('source_model_type')}); use `gated-attention extend` to change its RoPE")
+    if any(model_type in family.model_types for family in FAMILIES):
+        return None
+    if model_type in UNRUNNABLE:
+        raise ConversionError(f"SRC's {model_type} model cannot be converted: {UNRUNNABLE[model_type]}")
+    if model_type in CONFIG_MAPPING_NAMES and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return model_type
+    return None
+
+
+@dataclass
+class DeclaredTarget:
+    """What a conversion by declaration writes and checks."""
+
+    config: object  # the declared config: SRC's, plus the gate
+    source_config: object  # SRC's, as its transformers class reads it
+    source_class: type  # transformers' causal LM class
+    model_class: type  # its declared class
+    sites: list[AttentionSite]
+    expected: dict[str, tuple[int, ...]]  # every DST tensor's name and shape
+    renamed: bool  # transformers fuses or splits SRC's tensors while loading: DST keeps SRC's, loaded strictly
+    outputs: dict[str, str]  # each site's path -> its output projection's module as SRC's files name it
+    gates: dict[str, str]  # each site's path -> its gate module as DST's files name it (beside the projection)
+
+    @property
+    def rules(self) -> tuple[AddGate, ...]:
+        return tuple(AddGate(f"{self.outputs[s.path]}.weight", self.gates[s.path]) for s in self.sites)
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation both sides of the verification run."""
+        return "sdpa" if getattr(self.source_class, "_supports_sdpa", False) else "eager"
+
+    def describe(self) -> str:
+        first = self.sites[0]
+        return f"{len(self.sites)} attention modules ({type(first.attention).__name__}, output projection {first.output})"
+
+
+def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_spec: dict) -> DeclaredTarget:
+    """SRC's declared config and model, the gates' places and every DST tensor's shape; refused in one line where
+    SRC's attention cannot be gated."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from ..modeling.attention_sites import AttentionSiteError
+    from ..modeling.declared import GATE_NAME, declared_model_class, source_model_classes
+
+    source_class = source_model_classes(model_type)["AutoModelForCausalLM"]
+    try:
+        source_config = CONFIG_MAPPING[model_type].from_pretrained(folder)
+        config = declared_config(source_config, gate_spec)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ConversionError(f"SRC config.json does not describe a valid {model_type} model: {first_line(e)}") from None
+    model_class = declared_model_class(source_class)
+    try:
+        with torch.device("meta"):
+            model = model_class(copy.deepcopy(config))
+    except AttentionSiteError as e:
+        raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) cannot be gated: {e}") from None
+    sites = [gate.site for gate in model.output_gates]
+    if not sites:
+        raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) has no attention module to gate")
+    shapes = expected_shapes(model)
+    tied = getattr(config, "tie_word_embeddings", False)
+    kept = {n for n in ckpt.tensors if not (IGNORED_SOURCE_TENSORS.search(n) or (tied and n == "lm_head.weight"))}
+    outputs = {}
+    for site in sites:
+        name = _stored_name(f"{site.path}.{site.output}.weight", kept)
+        if name is None:
+            raise ConversionError(
+                f"SRC has no tensor for {site.path}.{site.output}.weight, the output projection of "
+                f"{type(site.attention).__name__} (its checkpoint lacks it, or names it otherwise)"
+            )
+        outputs[site.path] = name.removesuffix(".weight")
+    gates = {name: shape for name, shape in shapes.items() if f".{GATE_NAME}." in name}
+    # A gate is named as SRC names its output projection's module: it loads through the same renaming.
+    disk_gates, gate_modules = {}, {}
+    for site in sites:
+        module = gate_modules[site.path] = outputs[site.path].removesuffix(site.output) + GATE_NAME
+        for name, shape in gates.items():
+            if name.startswith(f"{site.path}.{GATE_NAME}."):
+                disk_gates[module + name.removeprefix(f"{site.path}.{GATE_NAME}")] = shape
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    if set(kept) == set(shapes) - set(gates) or get_checkpoint_conversion_mapping(model_type) is None:
+        renamed = False
+        expected = shapes
+    else:  # transformers renames, fuses or splits SRC's tensors while loading (MoE experts saved per expert, a
+        # composite model's text model saved as `language_model.model.*`): they are kept as SRC has them
+        renamed = True
+        expected = {name: tuple(info.shape) for name, info in ckpt.tensors.items() if name in kept} | disk_gates
+    return DeclaredTarget(config, source_config, source_class, model_class, sites, expected, renamed, outputs, gate_modules)
+
+
+def _stored_name(name: str, stored: set[str]) -> str | None:
+    """The tensor of `stored` (SRC's names) that holds the model's tensor `name`: `name` itself, else the one
+    stored name that ends with the longest tail of `name` (transformers saves a composite model's text model as
+    `language_model.model.layers.*`, which it holds as `model.language_model.layers.*`)."""
+    if name in stored:
+        return name
+    parts = name.split(".")
+    for start in range(1, len(parts) - 1):
+        tail = "." + ".".join(parts[start:])
+        found = [n for n in stored if n.endswith(tail)]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            return None
+    return None
+
+
+def declared_rope_change(target: DeclaredTarget, rope: RopeChange) -> dict:
+    """Apply `--rope-theta` / `--yarn-factor` to the declared config's text config, in place; returns what the
+    verification's reference loads SRC with (`config=`: SRC's config with the same change), or {} for none."""
+    if rope.empty:
+        return {}
+    text = target.config.get_text_config()
+    params = getattr(text, "rope_parameters", None)
+    if not isinstance(params, dict) or not params:
+        raise ConversionError(f"SRC's {target.config.model_type} model has no rotary position encoding "
+                              "(rope_parameters): the RoPE options do not apply to it")  # fmt: skip
+    text.rope_parameters, text.max_position_embeddings = apply_rope_change(params, text.max_position_embeddings, rope)
+    reference = copy.deepcopy(target.source_config)
+    source_text = reference.get_text_config()
+    source_text.rope_parameters, source_text.max_position_embeddings = text.rope_parameters, text.max_position_embeddings
+    return {"config": reference}
+
+
+def verify_declared(src_folder: Path, stage: Path, target: DeclaredTarget, dtype, overrides: dict, exact: bool, log,
+                    budget) -> float:
+    """`verify.verify_against_source` with SRC in its transformers class and DST in its declared one; a model that
+    fails to load or run is one line."""
+    try:
+        return verify_against_source(
+            src_folder, stage, target.config, dtype, overrides, exact, log, budget, source_class=target.source_class,
+            result_class=target.model_class, attn_implementation=target.attention, strict=target.renamed,
+        )  # fmt: skip
+    except ConversionError:
+        raise
+    except (RuntimeError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+        raise ConversionError(f"verification failed: {target.source_class.__name__} (or its gated class) does not run "
+                              f"the fixed prompt: {first_line(e)}") from None
+
+
+def declared_extend_target(folder: Path, ckpt: SourceCheckpoint) -> DeclaredTarget:
+    """A declared checkpoint as `extend` reads it: its config and class, its tensors copied as they are."""
+    from ..configuration.declared import GatedDeclaredConfig
+    from ..modeling.attention_sites import AttentionSiteError
+    from ..modeling.declared import GATE_NAME, declared_model_class, source_model_classes
+
+    try:
+        config = GatedDeclaredConfig.from_pretrained(folder)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ConversionError(f"SRC config.json does not describe a valid {DECLARED_MODEL_TYPE} model: {first_line(e)}") from None
+    model_type = config.source_model_type
+    classes = source_model_classes(model_type)
+    if "AutoModelForCausalLM" not in classes:
+        raise ConversionError(f"SRC's source model type {model_type!r} has no causal LM in this transformers")
+    model_class = declared_model_class(classes["AutoModelForCausalLM"])
+    try:
+        with torch.device("meta"):
+            model = model_class(copy.deepcopy(config))
+    except AttentionSiteError as e:
+        raise ConversionError(f"SRC's gated {model_type} model cannot be built here: {e}") from None
+    tied = getattr(config, "tie_word_embeddings", False)
+    expected = {name: tuple(info.shape) for name, info in ckpt.tensors.items()
+                if not (IGNORED_SOURCE_TENSORS.search(name) or (tied and name == "lm_head.weight"))}  # fmt: skip
+    # The reference is SRC itself, in its declared class: the extension changes only the rotary tables.
+    sites = [gate.site for gate in model.output_gates]
+    return DeclaredTarget(config, copy.deepcopy(config), model_class, model_class, sites, expected, renamed=True,
+                          outputs={s.path: f"{s.path}.{s.output}" for s in sites},
+                          gates={s.path: f"{s.path}.{GATE_NAME}" for s in sites})
