@@ -1,0 +1,218 @@
+"""transformers' own models gated by declaration: convert, load with and without the package, generate, train.
+
+Six families the package has no classes for, each with what makes it its own: Gemma 2 (soft-capping,
+sandwich norms, sliding and full layers), Gemma 3 text (q/k norms, per-layer-type RoPE), OLMo 2 (norms
+over all of q and k, after the attention), Granite (embedding, attention, residual and logit
+multipliers), SmolLM3 (layers without RoPE) and Cohere (parallel attention and MLP, logit scale). Each is
+converted by `gated-attention convert`, whose verification asks for the same bits after every layer; the
+tests then check that the gate is there and live (random gates change the logits), that DST loads with
+the package and, in a fresh interpreter without it, as remote code, that generate() with the source's
+cache gives the source's tokens, and that a training step moves the gates.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM,
+                          Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig, GraniteForCausalLM, Olmo2Config,
+                          Olmo2ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
+
+import gated_attention  # noqa: F401 - registers the declared types
+from gated_attention.cli import main
+from gated_attention.convert.convert import convert_checkpoint
+
+from convert_helpers import file_hashes, staging_leftovers
+
+SIZES = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2)  # fmt: skip
+# model type -> (config class, model class, what the family has of its own)
+FAMILIES = {
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(sliding_window=6, attn_logit_softcapping=20.0)),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM,
+                    dict(sliding_window=6, layer_types=["sliding_attention", "full_attention"])),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {}),
+    "granite": (GraniteConfig, GraniteForCausalLM, dict(embedding_multiplier=3.0, attention_multiplier=0.2,
+                                                        residual_multiplier=0.5, logits_scaling=2.0)),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, dict(no_rope_layers=[1, 0])),
+    "cohere": (CohereConfig, CohereForCausalLM, dict(use_qk_norm=False, logit_scale=0.5)),
+}
+PROMPT = torch.randint(3, SIZES["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(0))  # 10 > window 6
+
+
+def make_source(model_type: str, folder) -> torch.nn.Module:
+    config_cls, model_cls, extra = FAMILIES[model_type]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**SIZES, **extra)).eval()
+    with torch.no_grad():  # norms away from 1, so that a norm in the wrong place shows in the logits
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """model type -> (the source model, SRC, DST, what convert printed), converted with verification."""
+    out = {}
+    for model_type in FAMILIES:
+        folder = tmp_path_factory.mktemp(model_type)
+        source = make_source(model_type, folder / "src")
+        lines = []
+        result = convert_checkpoint(str(folder / "src"), folder / "dst", log=lines.append)
+        assert result.max_abs_diff == 0
+        out[model_type] = (source, folder / "src", folder / "dst", lines)
+    return out
+
+
+def gate_parameters(model) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if ".attn_gate." in name}
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_converts_exactly_into_its_own_class_with_live_gates(converted, model_type):
+    source, _, dst, lines = converted[model_type]
+    assert "bit-identical after every layer and in the logits" in " ".join(lines)
+    config = json.loads((dst / "config.json").read_text())
+    assert (config["model_type"], config["source_model_type"]) == ("gated_declared", model_type)
+    assert config["attn_gate"]["position"] == "sdpa" and config["auto_map"]["AutoConfig"].endswith("GatedDeclaredConfig")
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()  # the package route: no remote code
+    assert isinstance(model, type(source)) and type(model).__name__ == "Gated" + type(source).__name__
+    assert model.config.model_type == model_type  # in memory, transformers sees the source's type
+    gates = gate_parameters(model)
+    assert len(gates) == SIZES["num_hidden_layers"] and all(torch.all(p == 0) for p in gates.values())
+    with torch.no_grad():
+        assert torch.equal(model(PROMPT).logits, source(PROMPT).logits)
+        for p in gates.values():
+            p.normal_()
+        assert not torch.allclose(model(PROMPT).logits, source(PROMPT).logits, atol=1e-3)  # the gate is live
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_save_load_round_trip_and_a_training_step_moves_the_gates(converted, model_type, tmp_path):
+    _, _, dst, _ = converted[model_type]
+    model = AutoModelForCausalLM.from_pretrained(dst)
+    gates = gate_parameters(model)
+    before = {name: p.detach().clone() for name, p in gates.items()}
+    optimizer = torch.optim.AdamW([{"params": list(gates.values()), "lr": 1e-2},
+                                   {"params": [p for n, p in model.named_parameters() if n not in gates], "lr": 1e-4}])
+    model.train()
+    model(PROMPT, labels=PROMPT).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in gates.values())
+    optimizer.step()
+    assert all(not torch.equal(p, before[name]) for name, p in gates.items())
+    model.eval().save_pretrained(tmp_path / "again")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again").eval()
+    with torch.no_grad():
+        assert torch.equal(again(PROMPT).logits, model(PROMPT).logits)
+
+
+def test_loads_as_remote_code_without_the_package(converted, tmp_path, run_without_package):
+    """Every DST, in a fresh interpreter where gated_attention cannot be imported, gives the source's logits, saves
+    its own files and loads again."""
+    expected = {}
+    for model_type, (source, _, dst, _) in converted.items():
+        with torch.no_grad():
+            expected[str(dst)] = source(PROMPT).logits
+    torch.save({"ids": PROMPT, "expected": expected}, tmp_path / "expected.pt")
+    out = run_without_package(
+        f"""
+        import torch
+        from transformers import AutoModelForCausalLM
+        data = torch.load({str(tmp_path / "expected.pt")!r})
+        for i, (folder, logits) in enumerate(data["expected"].items()):
+            model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            assert any(".attn_gate." in name for name, _ in model.named_parameters())
+            with torch.no_grad():
+                assert torch.equal(model(data["ids"]).logits, logits), folder
+            model.save_pretrained({str(tmp_path)!r} + f"/again{{i}}")
+            again = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r} + f"/again{{i}}", trust_remote_code=True)
+            with torch.no_grad():
+                assert torch.equal(again.eval()(data["ids"]).logits, logits), folder
+        print("ok", len(data["expected"]))
+        """
+    )
+    assert out.strip().endswith(f"ok {len(converted)}")
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "smollm3"])
+def test_generate_with_the_sources_cache_gives_the_sources_tokens(converted, model_type):
+    """Greedy decoding past the sliding window (Gemma 2's sliding and full layers) and through layers without
+    RoPE (SmolLM3), each with the cache the source's class builds: the exact init keeps every token."""
+    source, _, dst, _ = converted[model_type]
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(PROMPT, **kwargs), source.generate(PROMPT, **kwargs))
+
+
+def test_tensor_parallel_plan_and_peft_find_the_gates(converted):
+    """The gate's plan rule sits beside o_proj's (transformers keeps the plan in memory, made as the model is
+    built: the base model's, read by vLLM's transformers backend, and the causal LM's); LoRA on o_proj sees the gated
+    input (its output projection's hook follows PEFT's wrapper); `modules_to_save=["attn_gate"]` finds the gates
+    and nothing else."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    source, _, dst, _ = converted["gemma2"]
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()
+    plan = model.config.base_model_tp_plan
+    assert plan["layers.*.self_attn.o_proj"] == "rowwise" and plan["layers.*.self_attn.attn_gate"] == "colwise"
+    assert model.tp_plan["model.layers.*.self_attn.attn_gate"] == "colwise"
+    assert AutoModel.from_pretrained(dst).tp_plan["layers.*.self_attn.attn_gate"] == "colwise"
+
+    lora = LoraConfig(r=4, target_modules=["o_proj"], modules_to_save=["attn_gate"], init_lora_weights=False)
+    torch.manual_seed(1)
+    gated = get_peft_model(model, lora)
+    torch.manual_seed(1)
+    plain = get_peft_model(Gemma2ForCausalLM.from_pretrained(dst.parent / "src").eval(), lora)
+    with torch.no_grad():  # gate 0.5 and o_proj doubled: LoRA's branch reads half the input, as halving its B does
+        for name, p in plain.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.5)
+        assert torch.equal(gated(PROMPT).logits, plain(PROMPT).logits)
+    trainable = {n for n, p in gated.named_parameters() if p.requires_grad and "lora_" not in n}
+    assert trainable and all(".attn_gate." in n for n in trainable)
+
+
+@pytest.mark.parametrize("flags", [["--yarn-factor", "2", "--original-max-position-embeddings", "64"],
+                                   ["--rope-theta", "50000"]], ids=["yarn", "theta"])
+def test_extend_and_convert_change_rope_on_a_declared_model(converted, tmp_path, flags, capsys):
+    source, src, dst, _ = converted["olmo2"]
+    assert main(["extend", str(dst), str(tmp_path / "ext"), *flags]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+    rope = json.loads((tmp_path / "ext" / "config.json").read_text())["rope_parameters"]
+    assert rope["rope_type"] == ("yarn" if "--yarn-factor" in flags else "default")
+    assert main(["convert", str(src), str(tmp_path / "conv"), *flags]) == 0
+    assert json.loads((tmp_path / "conv" / "config.json").read_text())["rope_parameters"] == rope
+
+
+@pytest.mark.parametrize("model_type, expected", [
+    ("deepseek_v3", "is latent attention (MLA: its config sets kv_lora_rank)"),
+    ("bert", "BertSelfAttention holds no output projection"),
+    ("bloom", "BloomForCausalLM declares no attention modules"),
+])  # fmt: skip
+def test_what_cannot_be_gated_is_refused_in_one_line(model_type, expected, tmp_path, capsys):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **{
+        "deepseek_v3": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                            intermediate_size=32, moe_intermediate_size=16, n_routed_experts=2, num_experts_per_tok=1,
+                            kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
+                            vocab_size=64, n_group=1, topk_group=1),
+        "bert": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=32, vocab_size=64,
+                     is_decoder=True),
+        "bloom": dict(hidden_size=32, n_layer=1, n_head=4, vocab_size=64),
+    }[model_type])  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "src")
+    before = file_hashes(tmp_path / "src")
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "dst").exists() and staging_leftovers(tmp_path / "dst") == []
+    assert file_hashes(tmp_path / "src") == before
