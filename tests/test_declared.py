@@ -216,3 +216,59 @@ def test_what_cannot_be_gated_is_refused_in_one_line(model_type, expected, tmp_p
     assert len(err.splitlines()) == 1 and expected in err, err
     assert not (tmp_path / "dst").exists() and staging_leftovers(tmp_path / "dst") == []
     assert file_hashes(tmp_path / "src") == before
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tmp_path_factory):
+    """A Gemma 2 DST beside the embedded corpus's tokenizer (its vocabulary), for the commands that read text."""
+    from gated_attention.training import data
+
+    folder = tmp_path_factory.mktemp("tokenized")
+    tokenizer = data.load_tokenizer(300, max_chars=150_000)
+    torch.manual_seed(0)
+    config = Gemma2Config(**{**SIZES, "vocab_size": len(tokenizer), **FAMILIES["gemma2"][2]})
+    Gemma2ForCausalLM(config).save_pretrained(folder / "src")
+    tokenizer.save_pretrained(folder / "src")
+    convert_checkpoint(str(folder / "src"), folder / "dst", log=lambda line: None)
+    return folder / "dst"
+
+
+def test_analyze_reads_the_gates(with_tokenizer, tmp_path):
+    """`analyze` finds each attention's gate (this package's module) and reports its scores: exactly 0.5 after the
+    exact init."""
+    import csv
+
+    assert main(["analyze", str(with_tokenizer), "--out", str(tmp_path / "out"), "--max-length", "24",
+                 "--bootstrap", "10", "--n-per-domain", "1"]) == 0  # fmt: skip
+    with open(tmp_path / "out" / "gates.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted({int(r["layer"]) for r in rows}) == [1, 2]
+    assert all(float(r["mean"]) == 0.5 for r in rows), rows[:2]
+
+
+@pytest.mark.slow
+def test_continued_pretraining_under_accelerate_launch_gates_at_their_own_rate(with_tokenizer, tmp_path):
+    """examples/continued_pretraining.py on two processes (DDP over gloo, the hooks in every replica): the gates
+    train at --gate-lr, the log has the mean gate score, and the final model loads with its gates moved."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GATED_ATTENTION_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root / "examples"), os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(root / "examples" / "continued_pretraining.py"),
+           "--model", str(with_tokenizer), "--output-dir", str(tmp_path / "run"), "--steps", "2", "--warmup-steps", "0",
+           "--lr", "1e-4", "--gate-lr", "1e-2", "--seq-len", "32", "--batch-size", "2", "--max-chars", "150000",
+           "--eval-sequences", "2", "--log-every", "1", "--no-progress"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert log[0]["gate_lr"] == 1e-2 and log[0]["lr"] == 1e-4  # no warmup; the schedule scales both alike after
+    assert all(r["gate_lr"] == pytest.approx(100 * r["lr"]) and 0 < r["gate_score"] < 1 for r in log), log
+    start = gate_parameters(AutoModelForCausalLM.from_pretrained(with_tokenizer))
+    final = gate_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final"))
+    assert start.keys() == final.keys() and all(not torch.equal(final[n], start[n]) for n in start)
