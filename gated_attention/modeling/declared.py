@@ -5,13 +5,13 @@ runs unchanged, with one addition at construction (`post_init`): every softmax-a
 `attention_sites` finds gets a gate `attn_gate` (this package's `AttentionGate`, or
 `ConstantAttentionGate` for an input-independent spec) and two hooks (`OutputGate`):
 
-    attention(x, ...):   scores = act(attn_gate(x))           # forward pre-hook on the attention
+    attention(x, ...):   logits = attn_gate(x)                # forward pre-hook on the attention
         ...
-        o_proj(y):        o_proj(y * scores)                  # forward pre-hook on its output projection
+        o_proj(y):        o_proj(y * act(logits))             # forward pre-hook on its output projection
 
 so the gate reads the attention's input and multiplies the heads' output before the output projection,
 the paper's G1, wherever the model's code puts it. Nothing of the source's forward is copied: a release
-that changes it changes the gated model the same way. The gate's scores are kept from the first hook
+that changes it changes the gated model the same way. The gate's logits are kept from the first hook
 to the second; an attention that returns without calling its output projection, or a projection called
 outside its attention, raises instead of running ungated.
 
@@ -53,9 +53,10 @@ GATE_NAME = "attn_gate"  # never `gate` or `gate_proj`: PEFT matches names by su
 
 
 class OutputGate:
-    """One attention's gate: its scores from the attention's input, applied to its output projection's input.
+    """One attention's gate: its logits from the attention's input, applied to its output projection's input.
 
-    `scores`: `[B, T, out_features]` from the attention's pre-hook until its output projection reads them.
+    `logits`: `[B, T, out_features]` from the attention's pre-hook until its output projection reads them
+    (`GateScores.combine` activates them, as in this package's own attention).
     """
 
     def __init__(self, site: AttentionSite, spec: dict):
@@ -67,7 +68,7 @@ class OutputGate:
         else:
             gate = ConstantAttentionGate(self.gate_scores, site.in_features)
         attention.add_module(GATE_NAME, gate)
-        self.scores: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
         self.projection: nn.Module | None = None
         self._projection_hook = None
         self._follow(getattr(attention, site.output))
@@ -86,19 +87,19 @@ class OutputGate:
         projection = getattr(attention, self.site.output)
         if projection is not self.projection:
             self._follow(projection)
-        self.scores = self.gate_scores(getattr(attention, GATE_NAME)(x))  # [B, T, out_features]
+        self.logits = getattr(attention, GATE_NAME)(x)  # [B, T, out_features]
 
     def _apply(self, projection: nn.Module, args: tuple, kwargs: dict):
-        if self.scores is None:
+        if self.logits is None:
             raise RuntimeError(f"{self.site.path}.{self.site.output} ran outside its attention (or twice in one call of "
-                               "it): its gate has no scores to apply")  # fmt: skip
-        y, scores, self.scores = args[0], self.scores, None  # y: [..., HQ * D]
-        y = self.gate_scores.combine(y.view(*y.shape[:-1], -1, self.site.head_dim), scores)  # [..., HQ, D]
+                               "it): its gate has nothing to apply")  # fmt: skip
+        y, logits, self.logits = args[0], self.logits, None  # y: [..., HQ * D]
+        y = self.gate_scores.combine(y.view(*y.shape[:-1], -1, self.site.head_dim), logits)  # [..., HQ, D]
         return (y.view(*y.shape[:-2], -1), *args[1:]), kwargs
 
     def _check_applied(self, attention: nn.Module, args: tuple, output) -> None:
-        if self.scores is not None:
-            self.scores = None
+        if self.logits is not None:
+            self.logits = None
             raise RuntimeError(f"{self.site.path} returned without calling its output projection {self.site.output}: "
                                "its gate was not applied")  # fmt: skip
 
