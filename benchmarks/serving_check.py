@@ -25,6 +25,9 @@ values, as after training, since a converted gate starts at the constant 0.5):
 - `variant-*`: every gate variant of the dense family -> the transformers
   backend, also at TP=2;
 - `moe`: the MoE family -> the transformers backend, also at TP=2;
+- `olmo2-declared`: a random OLMo 2, a model the package has no family for,
+  converted by declaration (transformers' own class with the gates added) ->
+  the transformers backend, eager, compiled and at TP=2;
 - `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
   native Qwen3.5 (also at TP=2) and llama.cpp (all attention: llama.cpp
   aborts, its bug); mlx-lm refuses it (no Gated DeltaNet layer);
@@ -252,6 +255,18 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
                                             moe_intermediate_size=64)
         out.append(Checkpoint("moe", _save(_randomize(ga.GatedAttentionMoeForCausalLM(config)), tokenizer,
                                            work / "moe"), [backend, backend_tp2]))
+
+    if wanted("olmo2-declared"):  # transformers' own OLMo 2 class, gated by declaration (modeling/declared.py)
+        from transformers import AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM
+
+        log("building olmo2-declared: a random Olmo2ForCausalLM, converted by declaration, gates randomized")
+        torch.manual_seed(0)
+        source = _save(Olmo2ForCausalLM(Olmo2Config(**SHAPE, **special)), tokenizer, work / "sources" / "olmo2")
+        convert_checkpoint(str(source), work / "olmo2-declared", overwrite=True, log=quiet)
+        model = _randomize(AutoModelForCausalLM.from_pretrained(work / "olmo2-declared"))
+        out.append(Checkpoint("olmo2-declared", _save(model, tokenizer, work / "olmo2-declared"), [
+            backend, Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False),
+            backend_tp2]))
 
     def hybrid(name: str, **schedule) -> Path:
         torch.manual_seed(0)

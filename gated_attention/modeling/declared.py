@@ -15,10 +15,12 @@ that changes it changes the gated model the same way. The gate's logits are kept
 to the second; an attention that returns without calling its output projection, or a projection called
 outside its attention, raises instead of running ungated.
 
-The output projection is looked up by name on every call of its attention, not held: PEFT (LoRA on
-`o_proj`) and vLLM's transformers backend put their own module there after the model is built, and the
-gate then multiplies that module's input (both branches of a LoRA layer, as in this package's own
-attention), its hook moved from the one it replaced.
+The output projection's hook follows the module at its name: PEFT (LoRA on `o_proj`) and vLLM's
+transformers backend put their own module there after the model is built (`setattr`), and the gate then
+multiplies that module's input (both branches of a LoRA layer, as in this package's own attention), its
+hook moved from the one it replaced as the module is put there (`FollowsOutputProjection`, a subclass of
+the attention's own class that the attention module is given: a hook registered inside a forward would
+fail under torch.compile, which vLLM runs by default).
 
 The tensor-parallel plan gains a rule for each gate whose output projection the source's plan names
 (`configuration/tensor_parallel.gate_rule`: "colwise" for a per-head gate, so each rank scores the heads
@@ -74,6 +76,10 @@ class OutputGate:
         self._follow(getattr(attention, site.output))
         attention.register_forward_pre_hook(self._score, with_kwargs=True)
         attention.register_forward_hook(self._check_applied)
+        # From now on a module put at the output projection's name (PEFT's LoRA layer, vLLM's parallel linear) gets
+        # the hook as it is put there, outside any forward (a hook registered while torch.compile traces one fails).
+        attention.__class__ = _following(type(attention))
+        object.__setattr__(attention, "_output_gate", self)
 
     def _follow(self, projection: nn.Module) -> None:
         """Hook `projection`, the module now at the output projection's name, and unhook the one it replaced."""
@@ -84,9 +90,6 @@ class OutputGate:
 
     def _score(self, attention: nn.Module, args: tuple, kwargs: dict) -> None:
         x = kwargs[self.site.input_name] if self.site.input_name in kwargs else args[0]  # [B, T, in_features]
-        projection = getattr(attention, self.site.output)
-        if projection is not self.projection:
-            self._follow(projection)
         self.logits = getattr(attention, GATE_NAME)(x)  # [B, T, out_features]
 
     def _apply(self, projection: nn.Module, args: tuple, kwargs: dict):
@@ -102,6 +105,28 @@ class OutputGate:
             self.logits = None
             raise RuntimeError(f"{self.site.path} returned without calling its output projection {self.site.output}: "
                                "its gate was not applied")  # fmt: skip
+
+
+class FollowsOutputProjection:
+    """What a gated attention module's class adds to its source's: a module assigned to the output projection's
+    name is hooked by the gate (`OutputGate._follow`). The attention's class is swapped for this subclass of it
+    (`_following`), which keeps its name, its methods and `isinstance` with the source's class."""
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        gate = self.__dict__.get("_output_gate")
+        if gate is not None and name == gate.site.output:
+            gate._follow(value)
+
+
+_FOLLOWING: dict[type, type] = {}
+
+
+def _following(cls: type) -> type:
+    made = _FOLLOWING.get(cls)
+    if made is None:
+        made = _FOLLOWING[cls] = type(cls.__name__, (FollowsOutputProjection, cls), {"__qualname__": cls.__qualname__})
+    return made
 
 
 def add_gates(model: nn.Module, spec: dict) -> list[OutputGate]:
