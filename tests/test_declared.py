@@ -44,15 +44,17 @@ PROMPT = torch.randint(3, SIZES["vocab_size"], (1, 10), generator=torch.Generato
 
 
 def make_source(model_type: str, folder) -> torch.nn.Module:
+    """A random tiny source saved in `folder`, and loaded back: compared with a loaded DST, a loaded SRC multiplies
+    weights at the same kind of addresses (docs/architecture.md, "Pitfalls": unaligned safetensors memory)."""
     config_cls, model_cls, extra = FAMILIES[model_type]
     torch.manual_seed(0)
-    model = model_cls(config_cls(**SIZES, **extra)).eval()
+    model = model_cls(config_cls(**SIZES, **extra))
     with torch.no_grad():  # norms away from 1, so that a norm in the wrong place shows in the logits
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
     model.save_pretrained(folder)
-    return model
+    return model_cls.from_pretrained(folder).eval()
 
 
 @pytest.fixture(scope="module")

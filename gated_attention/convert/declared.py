@@ -94,7 +94,8 @@ class DeclaredTarget:
 
     def describe(self) -> str:
         first = self.sites[0]
-        return f"{len(self.sites)} attention modules ({type(first.attention).__name__}, output projection {first.output})"
+        n = len(self.sites)
+        return f"{n} attention module{'s' * (n != 1)} ({type(first.attention).__name__}, output projection {first.output})"
 
 
 def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_spec: dict) -> DeclaredTarget:
