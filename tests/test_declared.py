@@ -45,7 +45,7 @@ PROMPT = torch.randint(3, SIZES["vocab_size"], (1, 10), generator=torch.Generato
 
 def make_source(model_type: str, folder) -> torch.nn.Module:
     """A random tiny source saved in `folder`, and loaded back: compared with a loaded DST, a loaded SRC multiplies
-    weights at the same kind of addresses (docs/architecture.md, "Pitfalls": unaligned safetensors memory)."""
+    weights at the same kind of addresses (docs/architecture.md, "Pitfalls worth knowing": unaligned safetensors memory)."""
     config_cls, model_cls, extra = FAMILIES[model_type]
     torch.manual_seed(0)
     model = model_cls(config_cls(**SIZES, **extra))

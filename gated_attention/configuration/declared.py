@@ -114,15 +114,18 @@ def on_declared_config_class(listener: Callable[[type], None]) -> None:
 
 
 def source_config_class(model_type: Any) -> type[PreTrainedConfig]:
-    """The transformers config class of a source model type; `ValueError` in one line for one it does not ship."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    """transformers' own config class of a source model type (never another package's that registered the same
+    type: importing fla registers its own `bitnet`); `ValueError` in one line for one it does not ship."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    if not isinstance(model_type, str) or model_type == DECLARED_MODEL_TYPE or model_type not in CONFIG_MAPPING:
+    name = CONFIG_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    if name is None or not isinstance(getattr(transformers, name, None), type):
         raise ValueError(
             f"a {DECLARED_MODEL_TYPE} config needs {SOURCE_KEY}, the model type of a transformers model; got "
             f"{model_type!r}, which this transformers does not ship"
         )
-    return CONFIG_MAPPING[model_type]
+    return getattr(transformers, name)
 
 
 def declared_config(source: PreTrainedConfig, attn_gate: dict[str, Any] | None = DEFAULT_GATE_SPEC) -> PreTrainedConfig:

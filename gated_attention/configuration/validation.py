@@ -69,6 +69,8 @@ def _check_sizes(config: Mapping, where: str) -> None:
         value = config.get(name)
         if value is None:
             continue
+        if isinstance(value, list) and value and all(_is_int(v) for v in value):
+            value = max(value) if max(value) > high else min(value)  # one per layer (Gemma 3n's intermediate_size)
         if not _is_int(value):
             raise ConfigError(f"{where}: {name} = {value!r} is a {type(value).__name__}, expected int "
                               f"(a whole number from {low} to {high})")
@@ -80,15 +82,15 @@ def _check_sizes(config: Mapping, where: str) -> None:
 
 def _check_relations(config: Mapping, where: str) -> None:
     heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
-    if heads is not None and kv_heads is not None and heads % kv_heads:
+    if _is_int(heads) and _is_int(kv_heads) and heads % kv_heads:
         raise ConfigError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
     hidden = config.get("hidden_size")
-    if heads is not None and hidden is not None and config.get("head_dim") is None and hidden % heads:
+    if _is_int(heads) and _is_int(hidden) and config.get("head_dim") is None and hidden % heads:
         raise ConfigError(f"{where}: hidden_size = {hidden} is not divisible by num_attention_heads = {heads}, and no "
                           "head_dim is given to say the head size")
     experts = config.get("num_experts", config.get("num_local_experts"))
     per_token = config.get("num_experts_per_tok")
-    if experts and per_token is not None and per_token > experts:
+    if _is_int(experts) and experts and _is_int(per_token) and per_token > experts:
         raise ConfigError(f"{where}: num_experts_per_tok = {per_token} is more than the {experts} experts")
     layers, layer_types = config.get("num_hidden_layers"), config.get("layer_types")
     if layers is not None and isinstance(layer_types, list) and len(layer_types) != layers:

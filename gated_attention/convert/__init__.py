@@ -15,6 +15,10 @@
   transformers class (`SourceConfig`) or fla (`FlaHybridSource`) reads it,
   without importing that class.
 - `targets`: a source config mapped onto our dense, MoE or hybrid config.
+- `declared`: any other causal LM transformers ships, converted in its own
+  class with the gate added by declaration (`modeling/declared.py`): its
+  config and meta model, an `AddGate` rule per attention module, the
+  verification in its own classes, what is refused.
 - `shapes`: the tensor names and shapes a target model expects.
 - `plan`: the weight rules (`Rename`, `Split`, `SplitRows`, `FuseExperts`, `AddGate`, ...),
   each applied the same way, and the weight plan, every output tensor named,

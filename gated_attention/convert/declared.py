@@ -101,18 +101,19 @@ class DeclaredTarget:
 def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_spec: dict) -> DeclaredTarget:
     """SRC's declared config and model, the gates' places and every DST tensor's shape; refused in one line where
     SRC's attention cannot be gated."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
+    from ..configuration.declared import source_config_class
     from ..modeling.attention_sites import AttentionSiteError
     from ..modeling.declared import GATE_NAME, declared_model_class, source_model_classes
 
     source_class = source_model_classes(model_type)["AutoModelForCausalLM"]
     try:
-        source_config = CONFIG_MAPPING[model_type].from_pretrained(folder)
+        source_config = source_config_class(model_type).from_pretrained(folder)
         config = declared_config(source_config, gate_spec)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise ConversionError(f"SRC config.json does not describe a valid {model_type} model: {first_line(e)}") from None
-    model_class = declared_model_class(source_class)
+    model_class = declared_model_class(source_class, source_config_class(model_type))
     try:
         with torch.device("meta"):
             model = model_class(copy.deepcopy(config))
@@ -121,53 +122,72 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
     sites = [gate.site for gate in model.output_gates]
     if not sites:
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) has no attention module to gate")
-    shapes = expected_shapes(model)
-    tied = getattr(config, "tie_word_embeddings", False)
-    kept = {n for n in ckpt.tensors if not (IGNORED_SOURCE_TENSORS.search(n) or (tied and n == "lm_head.weight"))}
-    outputs = {}
+    # Tied copies (an lm_head, BioGPT's output_projection) are not in the files: the model ties them while loading.
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    shapes = {name: shape for name, shape in expected_shapes(model).items() if name not in tied}
+    kept = {n for n in ckpt.tensors if not (IGNORED_SOURCE_TENSORS.search(n) or n in tied)}
+    names = _ModelNames((model_class.__name__, model_type), kept)
+    outputs, gate_modules, disk_gates = {}, {}, {}
     for site in sites:
-        name = _stored_name(f"{site.path}.{site.output}.weight", kept)
+        name = names.stored(f"{site.path}.{site.output}.weight")
         if name is None:
             raise ConversionError(
                 f"SRC has no tensor for {site.path}.{site.output}.weight, the output projection of "
                 f"{type(site.attention).__name__} (its checkpoint lacks it, or names it otherwise)"
             )
         outputs[site.path] = name.removesuffix(".weight")
-    gates = {name: shape for name, shape in shapes.items() if f".{GATE_NAME}." in name}
-    # A gate is named as SRC names its output projection's module: it loads through the same renaming.
-    disk_gates, gate_modules = {}, {}
-    for site in sites:
-        module = gate_modules[site.path] = outputs[site.path].removesuffix(site.output) + GATE_NAME
-        for name, shape in gates.items():
+        # The gate as the model names it, or beside its projection as SRC's files name it: whichever loads as the
+        # model's (transformers renames the second with the projection; a renaming may not leave the first alone).
+        beside = outputs[site.path].removesuffix(site.output) + GATE_NAME
+        gate_modules[site.path] = next((m for m in (f"{site.path}.{GATE_NAME}", beside)
+                                        if names.in_memory(f"{m}.weight") == f"{site.path}.{GATE_NAME}.weight"), beside)
+        for name, shape in shapes.items():
             if name.startswith(f"{site.path}.{GATE_NAME}."):
-                disk_gates[module + name.removeprefix(f"{site.path}.{GATE_NAME}")] = shape
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-
-    if set(kept) == set(shapes) - set(gates) or get_checkpoint_conversion_mapping(model_type) is None:
+                disk_gates[gate_modules[site.path] + name.removeprefix(f"{site.path}.{GATE_NAME}")] = shape
+    gates = {name for name in shapes if f".{GATE_NAME}." in name}
+    if kept == set(shapes) - gates or get_checkpoint_conversion_mapping(model_type) is None:
         renamed = False
         expected = shapes
-    else:  # transformers renames, fuses or splits SRC's tensors while loading (MoE experts saved per expert, a
-        # composite model's text model saved as `language_model.model.*`): they are kept as SRC has them
+    else:  # transformers renames, fuses or splits SRC's tensors while loading (EXAONE's `transformer.h.*`, MoE experts
+        # saved per expert, a composite model's `language_model.model.*`): they are kept as SRC has them
         renamed = True
         expected = {name: tuple(info.shape) for name, info in ckpt.tensors.items() if name in kept} | disk_gates
     return DeclaredTarget(config, source_config, source_class, model_class, sites, expected, renamed, outputs, gate_modules)
 
 
-def _stored_name(name: str, stored: set[str]) -> str | None:
-    """The tensor of `stored` (SRC's names) that holds the model's tensor `name`: `name` itself, else the one
-    stored name that ends with the longest tail of `name` (transformers saves a composite model's text model as
-    `language_model.model.layers.*`, which it holds as `model.language_model.layers.*`)."""
-    if name in stored:
+class _ModelNames:
+    """SRC's tensor names and the model's: transformers' renamings of the model's checkpoints (`WeightRenaming`s of
+    its conversion mapping, in order, as loading applies them), and where they do not tell, the tail of the name."""
+
+    def __init__(self, keys: tuple[str, str], stored: set[str]):
+        """`keys`: the model's class name and model type, where transformers looks its mapping up, in that order."""
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        mapping = next((m for key in keys if (m := get_checkpoint_conversion_mapping(key))), ())
+        self.renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+        self.by_model_name = {self.in_memory(n): n for n in stored}
+
+    def in_memory(self, name: str) -> str:
+        for renaming in self.renamings:
+            name, _ = renaming.rename_source_key(name)
         return name
-    parts = name.split(".")
-    for start in range(1, len(parts) - 1):
-        tail = "." + ".".join(parts[start:])
-        found = [n for n in stored if n.endswith(tail)]
-        if len(found) == 1:
-            return found[0]
-        if len(found) > 1:
-            return None
-    return None
+
+    def stored(self, name: str) -> str | None:
+        """The name in SRC's files of the model's tensor `name`, or None."""
+        if name in self.by_model_name:
+            return self.by_model_name[name]
+        # The tail: transformers saves a composite model's text model as `language_model.model.layers.*` and holds it
+        # as `model.language_model.layers.*` (a prefix its renamings alone do not give).
+        parts = name.split(".")
+        for start in range(1, len(parts) - 1):
+            tail = "." + ".".join(parts[start:])
+            found = [n for m, n in self.by_model_name.items() if m.endswith(tail)]
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                return None
+        return None
 
 
 def declared_rope_change(target: DeclaredTarget, rope: RopeChange) -> dict:
@@ -187,14 +207,27 @@ def declared_rope_change(target: DeclaredTarget, rope: RopeChange) -> dict:
     return {"config": reference}
 
 
+class _WithConfig:
+    """`cls.from_pretrained` with SRC's config as its transformers class reads it: a class may serve several model
+    types (EXAONE's is LlamaForCausalLM), whose own config class `from_pretrained` would not pick by itself."""
+
+    def __init__(self, cls: type, config):
+        self.cls, self.config = cls, config
+
+    def from_pretrained(self, folder, **kwargs):
+        kwargs.setdefault("config", copy.deepcopy(self.config))
+        return self.cls.from_pretrained(folder, **kwargs)
+
+
 def verify_declared(src_folder: Path, stage: Path, target: DeclaredTarget, dtype, overrides: dict, exact: bool, log,
                     budget) -> float:
-    """`verify.verify_against_source` with SRC in its transformers class and DST in its declared one; a model that
-    fails to load or run is one line."""
+    """`verify.verify_against_source` with SRC in its transformers class and DST in its declared one (through the Auto
+    classes: "gated_declared" is no type fla registers); a model that fails to load or run is one line."""
     try:
         return verify_against_source(
-            src_folder, stage, target.config, dtype, overrides, exact, log, budget, source_class=target.source_class,
-            result_class=target.model_class, attn_implementation=target.attention, strict=target.renamed,
+            src_folder, stage, target.config, dtype, overrides, exact, log, budget,
+            source_class=_WithConfig(target.source_class, target.source_config), attn_implementation=target.attention,
+            strict=target.renamed,
         )  # fmt: skip
     except ConversionError:
         raise
@@ -207,17 +240,17 @@ def declared_extend_target(folder: Path, ckpt: SourceCheckpoint) -> DeclaredTarg
     """A declared checkpoint as `extend` reads it: its config and class, its tensors copied as they are."""
     from ..configuration.declared import GatedDeclaredConfig
     from ..modeling.attention_sites import AttentionSiteError
-    from ..modeling.declared import GATE_NAME, declared_model_class, source_model_classes
+    from ..modeling.declared import GATE_NAME, declared_models
 
     try:
         config = GatedDeclaredConfig.from_pretrained(folder)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise ConversionError(f"SRC config.json does not describe a valid {DECLARED_MODEL_TYPE} model: {first_line(e)}") from None
     model_type = config.source_model_type
-    classes = source_model_classes(model_type)
+    classes = declared_models(type(config))
     if "AutoModelForCausalLM" not in classes:
         raise ConversionError(f"SRC's source model type {model_type!r} has no causal LM in this transformers")
-    model_class = declared_model_class(classes["AutoModelForCausalLM"])
+    model_class = classes["AutoModelForCausalLM"]
     try:
         with torch.device("meta"):
             model = model_class(copy.deepcopy(config))

@@ -166,6 +166,7 @@ class DeclaredGatesMixin:
     """
 
     def post_init(self):
+        _share_conversions(self.config.model_type)
         self.output_gates = add_gates(self, self.config.attn_gate)
         super().post_init()
 
@@ -182,25 +183,54 @@ class DeclaredGatesMixin:
             upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
 
 
-_MADE: dict[type, type] = {}
+_MADE: dict[tuple[type, type], type] = {}
+CONFIG_SEPARATOR = "__"  # GatedLlamaForCausalLM__ExaoneConfig: a class that serves another type's config
 
 
-def declared_model_class(source: type) -> type:
-    """`Gated<Source>`: the transformers model class `source` with the gates, made once per process."""
+def declared_model_class(source: type, config_class: type | None = None) -> type:
+    """`Gated<Source>`: the transformers model class `source` with the gates, for the declared config of
+    `config_class` (default: the source's own; transformers serves some model types with another type's class,
+    EXAONE's with `LlamaForCausalLM`: then `Gated<Source>__<Config>`), made once per process."""
     if issubclass(source, DeclaredGatesMixin):
         return source
-    made = _MADE.get(source)
+    config_class = config_class or source.config_class
+    made = _MADE.get((source, config_class))
     if made is None:
         name = CLASS_PREFIX + source.__name__
+        if config_class is not source.config_class:
+            name += CONFIG_SEPARATOR + config_class.__name__
         made = type(name, (DeclaredGatesMixin, source), {
-            "__module__": __name__, "__qualname__": name, "config_class": declared_config_class(source.config_class),
+            "__module__": __name__, "__qualname__": name, "config_class": declared_config_class(config_class),
         })  # fmt: skip
-        _MADE[source] = made
+        _MADE[(source, config_class)] = made
+        _share_conversions(source.__name__, made.__name__)
     return made
 
 
+_SHARED: set[str] = set()
+
+
+def _share_conversions(name: str, made: str | None = None) -> None:
+    """Apply to a declared model the weight renamings and conversions transformers applies to its source's
+    checkpoints while loading (and reverts while saving), whose files are laid out as the source's (EXAONE's
+    `transformer.h.*`, a composite model's `language_model.model.*`, MoE experts saved one by one).
+
+    transformers skips them for a model class outside its own modules unless the class's name or its model type
+    is registered with it: the source class's own mapping is registered under the declared class's name (`made`),
+    a model type's under the model type (`name`), as the same mapping. Once each, in a remote-code copy too."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+
+    key = made or name
+    if key in _SHARED:
+        return
+    _SHARED.add(key)
+    if mapping := get_checkpoint_conversion_mapping(name):
+        register_checkpoint_conversion_mapping(key, mapping, overwrite=True)
+
+
 def source_model_classes(model_type: str) -> dict[str, type]:
-    """The transformers classes of a model type the Auto classes build: {"AutoModel": ..., "AutoModelForCausalLM": ...}."""
+    """transformers' own classes of a model type, as its Auto classes name them (never another package's that
+    registered the same type, as fla does `bitnet`): {"AutoModel": ..., "AutoModelForCausalLM": ...}."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
@@ -216,9 +246,16 @@ def declared_auto_map(config) -> dict[str, str]:
     """The `auto_map` of a declared config's checkpoint: the flat copies of this file's and the config's module."""
     models = flat_module_name(__name__)
     auto_map = {"AutoConfig": f"{flat_module_name(GatedDeclaredConfig.__module__)}.{GatedDeclaredConfig.__name__}"}
-    for auto, source in source_model_classes(config.source_model_type).items():
-        auto_map[auto] = f"{models}.{CLASS_PREFIX}{source.__name__}"
+    for auto, made in declared_models(type(config)).items():
+        auto_map[auto] = f"{models}.{made.__name__}"
     return auto_map
+
+
+def declared_models(config_class: type) -> dict[str, type]:
+    """The declared model classes of a declared config class, as the Auto classes name them for its model type."""
+    source_config = next(c for c in config_class.__mro__ if c.__module__.startswith("transformers."))
+    return {auto: declared_model_class(source, source_config)
+            for auto, source in source_model_classes(config_class.model_type).items()}
 
 
 def write_declared_remote_code(save_directory: str | os.PathLike, config) -> list[str]:
@@ -237,17 +274,19 @@ def register_declared_models(config_class: type) -> None:
     from transformers import AutoModel, AutoModelForCausalLM
 
     autos = {"AutoModel": AutoModel, "AutoModelForCausalLM": AutoModelForCausalLM}
-    for auto, source in source_model_classes(config_class.model_type).items():
-        made = declared_model_class(source)
-        if made.config_class is config_class:  # a causal LM built from another config (a decoder's) is not this one's
-            autos[auto].register(config_class, made, exist_ok=True)
+    for auto, made in declared_models(config_class).items():
+        autos[auto].register(config_class, made, exist_ok=True)
 
 
 def __getattr__(name: str):
-    """`Gated<Source>` by name: a checkpoint's `auto_map` (and a pickled model) names the classes made here."""
+    """`Gated<Source>` (or `Gated<Source>__<Config>`) by name: a checkpoint's `auto_map` (and a pickled model) names
+    the classes made here."""
     import transformers
 
-    source = getattr(transformers, name[len(CLASS_PREFIX):], None) if name.startswith(CLASS_PREFIX) else None
-    if isinstance(source, type) and issubclass(source, transformers.PreTrainedModel):
-        return declared_model_class(source)
+    if name.startswith(CLASS_PREFIX):
+        model, _, config = name[len(CLASS_PREFIX):].partition(CONFIG_SEPARATOR)
+        source, config_class = getattr(transformers, model, None), getattr(transformers, config, None) if config else None
+        if (isinstance(source, type) and issubclass(source, transformers.PreTrainedModel)
+                and (not config or isinstance(config_class, type) and issubclass(config_class, transformers.PreTrainedConfig))):
+            return declared_model_class(source, config_class)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
