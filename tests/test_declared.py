@@ -152,6 +152,23 @@ def test_generate_with_the_sources_cache_gives_the_sources_tokens(converted, mod
     assert torch.equal(model.generate(PROMPT, **kwargs), source.generate(PROMPT, **kwargs))
 
 
+def test_generate_with_a_hybrid_cache_gives_the_sources_tokens(tmp_path):
+    """A hybrid of Mamba-2 and attention layers (Granite 4's), whose cache holds both kinds of state."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    torch.manual_seed(0)
+    config = GraniteMoeHybridConfig(**{**SIZES, "num_hidden_layers": 4}, layer_types=["mamba", "attention"] * 2,
+                                    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+                                    mamba_chunk_size=8, mamba_expand=2, num_local_experts=0)  # fmt: skip
+    GraniteMoeHybridForCausalLM(config).save_pretrained(tmp_path / "src")
+    convert_checkpoint(str(tmp_path / "src"), tmp_path / "dst", log=lambda line: None)
+    source = GraniteMoeHybridForCausalLM.from_pretrained(tmp_path / "src").eval()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").eval()
+    assert len(gate_parameters(model)) == 2  # the attention layers' only
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(PROMPT, **kwargs), source.generate(PROMPT, **kwargs))
+
+
 def test_tensor_parallel_plan_and_peft_find_the_gates(converted):
     """The gate's plan rule sits beside o_proj's (transformers keeps the plan in memory, made as the model is
     built: the base model's, read by vLLM's transformers backend, and the causal LM's); LoRA on o_proj sees the gated

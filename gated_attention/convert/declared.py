@@ -66,6 +66,11 @@ def declared_model_type(config_dict: dict) -> str | None:
         raise ConversionError(f"SRC's {model_type} model cannot be converted: {UNRUNNABLE[model_type]}")
     if model_type in CONFIG_MAPPING_NAMES and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return model_type
+    if model_type in CONFIG_MAPPING_NAMES and any(model_type.startswith(f"{key}_") for key in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        from ..modeling.declared import source_model_classes  # a composite type's text config: its causal LM's class
+
+        if "AutoModelForCausalLM" in source_model_classes(model_type):
+            return model_type
     return None
 
 
@@ -85,7 +90,13 @@ class DeclaredTarget:
 
     @property
     def rules(self) -> tuple[AddGate, ...]:
-        return tuple(AddGate(f"{self.outputs[s.path]}.weight", self.gates[s.path]) for s in self.sites)
+        """A gate per attention; a projection several attentions share (tied weights, stored once) doubled once."""
+        doubled, rules = set(), []
+        for site in self.sites:
+            output = f"{self.outputs[site.path]}.weight"
+            rules.append(AddGate(output, self.gates[site.path], double=output not in doubled))
+            doubled.add(output)
+        return tuple(rules)
 
     @property
     def attention(self) -> str:
@@ -122,8 +133,8 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
     sites = [gate.site for gate in model.output_gates]
     if not sites:
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) has no attention module to gate")
-    # Tied copies (an lm_head, BioGPT's output_projection) are not in the files: the model ties them while loading.
-    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    # Tied copies (an lm_head, BioGPT's output_projection) SRC's files leave out: the model ties them while loading.
+    tied = {name for name in getattr(model, "all_tied_weights_keys", None) or {} if name not in ckpt.tensors}
     shapes = {name: shape for name, shape in expected_shapes(model).items() if name not in tied}
     kept = {n for n in ckpt.tensors if not (IGNORED_SOURCE_TENSORS.search(n) or n in tied)}
     names = _ModelNames((model_class.__name__, model_type), kept)
@@ -145,7 +156,8 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
             if name.startswith(f"{site.path}.{GATE_NAME}."):
                 disk_gates[gate_modules[site.path] + name.removeprefix(f"{site.path}.{GATE_NAME}")] = shape
     gates = {name for name in shapes if f".{GATE_NAME}." in name}
-    if kept == set(shapes) - gates or get_checkpoint_conversion_mapping(model_type) is None:
+    renamings = any(get_checkpoint_conversion_mapping(key) for key in (source_class.__name__, model_type))
+    if kept == set(shapes) - gates or not renamings:
         renamed = False
         expected = shapes
     else:  # transformers renames, fuses or splits SRC's tensors while loading (EXAONE's `transformer.h.*`, MoE experts

@@ -243,6 +243,9 @@ class AddGate(Rule):
 
     output: str = "self_attn.o_proj.weight"
     gate: str = "self_attn.attn_gate"
+    # False: the projection is shared with another attention whose rule doubles it (Zamba's attention block, one set
+    # of weights called by several layers, each with a gate of its own)
+    double: bool = True
 
     def apply(self, tensors: list[Planned], target: Target) -> list[Planned]:
         present = {t.name for t in tensors}
@@ -252,7 +255,7 @@ class AddGate(Rule):
             if not (t.name == self.output or t.name.endswith("." + self.output)):
                 planned.append(t)
                 continue
-            planned.append(replace(t, scale=t.scale * 2.0) if target.init == "exact" else t)
+            planned.append(replace(t, scale=t.scale * 2.0) if target.init == "exact" and self.double else t)
             prefix = t.name.removesuffix(self.output) + self.gate + "."
             for part, init in (("weight", {"fill": 0.0}), ("bias", {"fill": bias}), ("down.weight", {"identity": True}),
                                ("up.weight", {"fill": 0.0}), ("up.bias", {"fill": bias})):

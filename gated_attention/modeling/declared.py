@@ -166,9 +166,18 @@ class DeclaredGatesMixin:
     """
 
     def post_init(self):
-        _share_conversions(self.config.model_type)
         self.output_gates = add_gates(self, self.config.attn_gate)
         super().post_init()
+
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """What transformers answers for the source's class (False for its own classes): the source's code is what
+        runs. transformers treats a class outside its modules as custom code: it would skip the model type's weight
+        renamings (EXAONE's files are `transformer.h.*`, a composite model's `language_model.model.*`) and leave
+        non-persistent buffers that the source's `_init_weights` makes while loading as they were (Falcon-H1's
+        `mup_vector`: garbage, then NaN)."""
+        source = next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
+        return source.is_custom_code()
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
         # Saved from the installed package, the checkpoint gets flat copies of this file and the config's and an
@@ -203,29 +212,17 @@ def declared_model_class(source: type, config_class: type | None = None) -> type
             "__module__": __name__, "__qualname__": name, "config_class": declared_config_class(config_class),
         })  # fmt: skip
         _MADE[(source, config_class)] = made
-        _share_conversions(source.__name__, made.__name__)
+        _share_conversions(source, made)
     return made
 
 
-_SHARED: set[str] = set()
-
-
-def _share_conversions(name: str, made: str | None = None) -> None:
-    """Apply to a declared model the weight renamings and conversions transformers applies to its source's
-    checkpoints while loading (and reverts while saving), whose files are laid out as the source's (EXAONE's
-    `transformer.h.*`, a composite model's `language_model.model.*`, MoE experts saved one by one).
-
-    transformers skips them for a model class outside its own modules unless the class's name or its model type
-    is registered with it: the source class's own mapping is registered under the declared class's name (`made`),
-    a model type's under the model type (`name`), as the same mapping. Once each, in a remote-code copy too."""
+def _share_conversions(source: type, made: type) -> None:
+    """transformers looks a model's weight renamings up by its class name first, then by its model type: a mapping of
+    the source's class name (none of its own classes has one today) is registered under the declared class's."""
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
 
-    key = made or name
-    if key in _SHARED:
-        return
-    _SHARED.add(key)
-    if mapping := get_checkpoint_conversion_mapping(name):
-        register_checkpoint_conversion_mapping(key, mapping, overwrite=True)
+    if mapping := get_checkpoint_conversion_mapping(source.__name__):
+        register_checkpoint_conversion_mapping(made.__name__, mapping, overwrite=True)
 
 
 def source_model_classes(model_type: str) -> dict[str, type]:
@@ -239,6 +236,14 @@ def source_model_classes(model_type: str) -> dict[str, type]:
         name = names.get(model_type)
         if isinstance(name, str) and isinstance(cls := getattr(transformers, name, None), type):
             found[auto] = cls
+        else:  # a composite type's text config (Mllama's mllama_text_model, Emu3's emu3_text_model) has no entry of
+            # its own: the class of its composite type's entry, where that class is built from this config
+            from ..configuration.declared import source_config_class
+
+            for key, name in names.items():
+                if model_type.startswith(f"{key}_") and isinstance(cls := getattr(transformers, name, None), type):
+                    if getattr(cls, "config_class", None) is source_config_class(model_type):
+                        found[auto] = cls
     return found
 
 
