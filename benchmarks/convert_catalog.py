@@ -42,8 +42,97 @@ EXPECTED_FOR = "5.25"
 EXACT = "exact"
 # The expected outcome of every causal-LM type of transformers 5.25, from this script's runs (benchmarks/RESULTS.md).
 # "refused": words its one line must hold. A type in neither set is expected to be exact.
-EXPECTED_REFUSED: dict[str, str] = {}
-EXPECTED_EXACT: set[str] = set()
+EXPECTED_REFUSED: dict[str, str] = {
+    # MLA: inference folds the value up-projection into the output projection
+    'axk1': 'latent attention',
+    'axk2': 'latent attention',
+    'bailing_hybrid': 'latent attention',
+    'deepseek_v2': 'latent attention',
+    'deepseek_v3': 'latent attention',
+    'deepseek_v32': 'latent attention',
+    'deepseek_v4': 'latent attention',
+    'dots3_note': 'latent attention',
+    'dots3_note_text': 'latent attention',
+    'glm4_moe_lite': 'latent attention',
+    'glm_moe_dsa': 'latent attention',
+    'hy_v4': 'latent attention',
+    'kimi_linear': 'latent attention',
+    'longcat_flash': 'latent attention',
+    'minicpm3': 'latent attention',
+    'sarvam_mla': 'latent attention',
+    'youtu': 'latent attention',
+    # the projection is not the attention module's child (BERT's SelfOutput) or there is none (JetMoe)
+    'bert': 'holds no output projection',
+    'bert-generation': 'holds no output projection',
+    'big_bird': 'holds no output projection',
+    'camembert': 'holds no output projection',
+    'data2vec-text': 'holds no output projection',
+    'electra': 'holds no output projection',
+    'ernie': 'holds no output projection',
+    'git': 'holds no output projection',
+    'jetmoe': 'holds no output projection',
+    'roberta': 'holds no output projection',
+    'roberta-prelayernorm': 'holds no output projection',
+    'roc_bert': 'holds no output projection',
+    'xlm-roberta': 'holds no output projection',
+    'xlm-roberta-xl': 'holds no output projection',
+    'xmod': 'holds no output projection',
+    # The verification's own refusal. BigBird-Pegasus: transformers saves this tiny model without its lm_head and loads
+    # it back random (tie_word_embeddings, but nothing ties it), SRC included. MiniMax-M3's text model: its experts'
+    # sums round differently on the same weights read at other file offsets (3.7e-7 in transformers' own class with
+    # a 12-byte tensor put first). Qwen3-MoE: a family of this package's (its MoE class), 1.2e-7 in layer 1.
+    'bigbird_pegasus': 'exact conversion changed the outputs',
+    'minimax_m3_vl_text': 'exact conversion changed the outputs',
+    'qwen3_moe': 'exact conversion changed the outputs',
+    # no `_can_record_outputs` attention: transformers' older classes, and the attention-free models
+    'bloom': 'declares no attention modules',
+    'cpmant': 'declares no attention modules',
+    'falcon': 'declares no attention modules',
+    'falcon_mamba': 'declares no attention modules',
+    'gpt_neo': 'declares no attention modules',
+    'gpt_neox_japanese': 'declares no attention modules',
+    'mamba': 'declares no attention modules',
+    'mamba2': 'declares no attention modules',
+    'megatron-bert': 'declares no attention modules',
+    'mpt': 'declares no attention modules',
+    'mvp': 'declares no attention modules',
+    'openai-gpt': 'declares no attention modules',
+    'prophetnet': 'declares no attention modules',
+    'reformer': 'declares no attention modules',
+    'rembert': 'declares no attention modules',
+    'roformer': 'declares no attention modules',
+    'rwkv': 'declares no attention modules',
+    'trocr': 'declares no attention modules',
+    'xlm': 'declares no attention modules',
+    'xlnet': 'declares no attention modules',
+    'xlstm': 'declares no attention modules',
+    # transformers' own BLT does not run once saved and loaded (its config loses num_hidden_layers)
+    'blt': 'does not run the fixed prompt',
+    # no input_ids: a drafter reading its target model's states
+    'gemma4_assistant': 'speculative-decoding assistant',
+    'gemma4_unified_assistant': 'speculative-decoding assistant',
+    # a gated or custom output projection (Inkling2, Moshi)
+    'inkling2_loop_text': 'not one linear map',
+    'inkling2_text': 'not one linear map',
+    'moshi': 'not one linear map',
+    # a text-to-audio decoder
+    'musicgen': 'audio codec codes',
+    'musicgen_melody': 'audio codec codes',
+}
+EXPECTED_EXACT = set("""
+    afmoe apertus apertus1p5_text arcee aria_text bamba bart beam biogpt bitnet blenderbot blenderbot-small codegen
+    cohere cohere2 cohere2_moe cohere_compass_text ctrl cwm dbrx diffllama doge dory dots1 emu3 ergo ernie4_5
+    ernie4_5_moe exaone exaone4 exaone_moe falcon_h1 flex_olmo flint fuyu gemma gemma2 gemma3 gemma3_text
+    gemma3n_text gemma4 gemma4_text gemma4_unified gemma4_unified_text glm glm4 glm4_moe got_ocr2 gpt-sw3 gpt2
+    gpt_bigcode gpt_neox gpt_oss gptj granite granite_swa granitemoe granitemoe_swa granitemoehybrid
+    granitemoeshared helium hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax inkling_text internlm3
+    iquestcoder jais2 jamba kolibri1 kolibri1_1 laguna lara_mini lfm2 lfm2_moe lfm3 llama llama4 llama4_text marian
+    mbart mellum mimo_v2_flash minicpm5_moe minimax minimax_m2 ministral ministral3 mistral mixtral mllama
+    modernbert-decoder moss_transcribe_diarize nanochat nemotron nemotron_h olmo olmo2 olmo3 olmo_hybrid olmoe opt
+    param2moe pegasus persimmon phi phi3 phi4_multimodal phimoe plbart qwen2 qwen2_moe qwen3 qwen3_5 qwen3_5_moe
+    qwen3_5_moe_text qwen3_5_text qwen3_next qwen4_exp qwen4_exp_text recurrent_gemma sarvam_moe seed_oss smollm3
+    solar_open stablelm starcoder2 vaultgemma whisper xglm zamba zamba2 zaya
+""".split())
 NOT_BUILT = EXPECTED_NOT_BUILT  # the tiny-config rules' own limit (analyze_catalog.py says which and why)
 
 

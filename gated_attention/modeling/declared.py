@@ -24,8 +24,13 @@ fail under torch.compile, which vLLM runs by default).
 
 The tensor-parallel plan gains a rule for each gate whose output projection the source's plan names
 (`configuration/tensor_parallel.gate_rule`: "colwise" for a per-head gate, so each rank scores the heads
-its `o_proj` shard reads), in the base model's `base_model_tp_plan` (saved with the config; transformers
-and vLLM read it) and in every submodel's plan made before the gates.
+its `o_proj` shard reads), in the base model's `base_model_tp_plan` (in memory: transformers does not
+write it to config.json, and vLLM reads the built model's) and in every submodel's plan made before the
+gates.
+
+To transformers a declared class is the source's code (`is_custom_code`): its weight renamings and its
+buffers' initialisation at load are the source's. A class that serves several model types (EXAONE's is
+`LlamaForCausalLM`) has a declared class per config class, `Gated<Source>__<Config>`.
 
 `register_declared_models` registers a declared config class's models with AutoModel and
 AutoModelForCausalLM (`gated_attention.register_auto_classes` calls it for each class made); a
