@@ -152,6 +152,7 @@ def _declared_plan(folder: Path, ckpt: SourceCheckpoint, target: DeclaredTarget,
                            gate_name=re.sub(r"\.\d+\.", ".*.", f"{first.path}.attn_gate"), output_name=first.output,
                            **card),
         verification=Verification(target.config, requested or getattr(torch, dtype_name), check),
+        finite=target.finite(outputs),
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ token ids, with the reason, refused in one line before anything is read.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +87,13 @@ class DeclaredTarget:
     renamed: bool  # transformers fuses or splits SRC's tensors while loading: DST keeps SRC's, loaded strictly
     outputs: dict[str, str]  # each site's path -> its output projection's module as SRC's files name it
     gates: dict[str, str]  # each site's path -> its gate module as DST's files name it (beside the projection)
+    buffers: set[str] = field(default_factory=set)  # SRC's tensors that are the model's buffers, not its weights
+    attention: str = "sdpa"  # what both sides of the verification run: SDPA where every submodel has it, else eager
+
+    def finite(self, outputs) -> list[str]:
+        """The SRC tensors to check for inf and NaN: the outputs' sources that are weights. A buffer may hold inf by
+        design (Gemma 4's clipped linears keep `input_max = inf` where they clip nothing)."""
+        return [name for o in outputs for name in o.sources if name not in self.buffers]
 
     @property
     def rules(self) -> tuple[AddGate, ...]:
@@ -98,10 +105,6 @@ class DeclaredTarget:
             doubled.add(output)
         return tuple(rules)
 
-    @property
-    def attention(self) -> str:
-        """The attention implementation both sides of the verification run."""
-        return "sdpa" if getattr(self.source_class, "_supports_sdpa", False) else "eager"
 
     def describe(self) -> str:
         first = self.sites[0]
@@ -164,7 +167,18 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
         # saved per expert, a composite model's `language_model.model.*`): they are kept as SRC has them
         renamed = True
         expected = {name: tuple(info.shape) for name, info in ckpt.tensors.items() if name in kept} | disk_gates
-    return DeclaredTarget(config, source_config, source_class, model_class, sites, expected, renamed, outputs, gate_modules)
+    buffer_names = {name for name, _ in model.named_buffers()}
+    buffers = {name for name in kept if names.in_memory(name) in buffer_names}
+    return DeclaredTarget(config, source_config, source_class, model_class, sites, expected, renamed, outputs, gate_modules,
+                          buffers, _attention(model))
+
+
+def _attention(model) -> str:
+    """SDPA where every `PreTrainedModel` inside supports it (Gemma 4's audio tower does not), else eager."""
+    from transformers import PreTrainedModel
+
+    sdpa = all(getattr(m, "_supports_sdpa", False) for m in model.modules() if isinstance(m, PreTrainedModel))
+    return "sdpa" if sdpa else "eager"
 
 
 class _ModelNames:
@@ -275,4 +289,5 @@ def declared_extend_target(folder: Path, ckpt: SourceCheckpoint) -> DeclaredTarg
     sites = [gate.site for gate in model.output_gates]
     return DeclaredTarget(config, copy.deepcopy(config), model_class, model_class, sites, expected, renamed=True,
                           outputs={s.path: f"{s.path}.{s.output}" for s in sites},
-                          gates={s.path: f"{s.path}.{GATE_NAME}" for s in sites})
+                          gates={s.path: f"{s.path}.{GATE_NAME}" for s in sites},
+                          buffers={name for name, _ in model.named_buffers()}, attention=_attention(model))

@@ -85,7 +85,8 @@ def prompt_reserve(config, dtype: torch.dtype) -> int:
     working memory (q, k, v, the attention's output and gate, the MLP's three projections and its product, the
     residual and the float32 norms), on `VERIFY_TOKENS` tokens."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden, layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
+    # (a field a config names otherwise counts 0: BLT's config has no hidden_size of its own)
+    hidden, layers, vocab = (getattr(text, key, None) or 0 for key in ("hidden_size", "num_hidden_layers", "vocab_size"))
     widths = [getattr(text, "intermediate_size", None), getattr(text, "moe_intermediate_size", None)]
     # (a list: one width per layer, as Gemma 3n's; None where a config names it otherwise, as GPT-2's n_inner)
     intermediate = max(max(w) if isinstance(w, (list, tuple)) else w or 0 for w in widths)
