@@ -181,8 +181,18 @@ class DeclaredGatesMixin:
         renamings (EXAONE's files are `transformer.h.*`, a composite model's `language_model.model.*`) and leave
         non-persistent buffers that the source's `_init_weights` makes while loading as they were (Falcon-H1's
         `mup_vector`: garbage, then NaN)."""
-        source = next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
-        return source.is_custom_code()
+        return _source_class(cls).is_custom_code()
+
+    # transformers decides whether a model can switch its attention or experts implementation by reading the source
+    # of the model class's module (its decorators); the source's module is the one that says it, not this one (a
+    # remote copy would otherwise run MoE experts one by one where the package runs them grouped).
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        return _source_class(cls)._can_set_attn_implementation()
+
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        return _source_class(cls)._can_set_experts_implementation()
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
         # Saved from the installed package, the checkpoint gets flat copies of this file and the config's and an
@@ -195,6 +205,11 @@ class DeclaredGatesMixin:
             from huggingface_hub import upload_folder
 
             upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
+
+
+def _source_class(cls: type) -> type:
+    """The transformers class a declared class was made from."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
 
 
 _MADE: dict[tuple[type, type], type] = {}
