@@ -198,6 +198,19 @@ def test_tensor_parallel_plan_and_peft_find_the_gates(converted):
     assert trainable and all(".attn_gate." in n for n in trainable)
 
 
+def test_a_low_rank_gate_on_part_of_the_input(converted, tmp_path):
+    """`--gate-rank` and `--gate-input-channels` (the low-rank gate reading the first channels of the attention's
+    input) convert exactly by declaration too; its `up` takes the gate's tensor-parallel rule."""
+    _, src, _, _ = converted["gemma2"]
+    lines = []
+    convert_checkpoint(str(src), tmp_path / "dst", gate_rank=4, gate_input_channels=16, log=lines.append)
+    assert "bit-identical after every layer and in the logits" in " ".join(lines)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "dst")
+    down = model.model.layers[0].self_attn.attn_gate.down
+    assert (down.in_features, down.out_features) == (16, 4)
+    assert model.config.base_model_tp_plan["layers.*.self_attn.attn_gate.up"] == "colwise"
+
+
 @pytest.mark.parametrize("flags", [["--yarn-factor", "2", "--original-max-position-embeddings", "64"],
                                    ["--rope-theta", "50000"]], ids=["yarn", "theta"])
 def test_extend_and_convert_change_rope_on_a_declared_model(converted, tmp_path, flags, capsys):

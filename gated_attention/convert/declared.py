@@ -133,6 +133,8 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
             model = model_class(copy.deepcopy(config))
     except AttentionSiteError as e:
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) cannot be gated: {e}") from None
+    except ValueError as e:  # a gate shape the attention's widths do not allow
+        raise ConversionError(f"{first_line(e)} (--gate-rank, --gate-input-channels)") from None
     sites = [gate.site for gate in model.output_gates]
     if not sites:
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) has no attention module to gate")

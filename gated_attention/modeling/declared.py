@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from ..configuration.declared import CLASS_PREFIX, GatedDeclaredConfig, declared_config_class, declared_gate_spec
-from ..configuration.gate_spec import gate_enabled
+from ..configuration.gate_spec import check_gate_shape, gate_enabled, gate_input_width
 from ..configuration.tensor_parallel import gate_rule
-from .attention import AttentionGate, ConstantAttentionGate, GateScores
+from .attention import AttentionGate, ConstantAttentionGate, GateScores, LowRankAttentionGate
 from .attention_sites import AttentionSite, attention_sites
 from .tensor_parallel import check_distributed_config  # noqa: F401  # importing registers the plan's own styles
 
@@ -68,12 +68,17 @@ class OutputGate:
 
     def __init__(self, site: AttentionSite, spec: dict):
         self.site = site
+        check_gate_shape(spec, site.in_features, site.heads, site.heads, site.head_dim)  # rank, input_channels
         self.gate_scores = GateScores(spec, site.in_features, site.heads, site.heads, site.head_dim)
+        self.input_channels = spec["input_channels"]  # None: all of the attention's input
+        width = gate_input_width(spec, site.in_features)
         attention = site.attention
-        if spec["input_dependent"]:
-            gate = AttentionGate(self.gate_scores, site.in_features, bias=spec["bias"])
-        else:
+        if not spec["input_dependent"]:
             gate = ConstantAttentionGate(self.gate_scores, site.in_features)
+        elif spec["rank"] is not None:
+            gate = LowRankAttentionGate(self.gate_scores, width, spec["rank"], bias=spec["bias"])
+        else:
+            gate = AttentionGate(self.gate_scores, width, bias=spec["bias"])
         attention.add_module(GATE_NAME, gate)
         self.logits: torch.Tensor | None = None
         self.projection: nn.Module | None = None
@@ -95,6 +100,8 @@ class OutputGate:
 
     def _score(self, attention: nn.Module, args: tuple, kwargs: dict) -> None:
         x = kwargs[self.site.input_name] if self.site.input_name in kwargs else args[0]  # [B, T, in_features]
+        if self.input_channels is not None:
+            x = x[..., : self.input_channels]
         self.logits = getattr(attention, GATE_NAME)(x)  # [B, T, out_features]
 
     def _apply(self, projection: nn.Module, args: tuple, kwargs: dict):
@@ -144,14 +151,15 @@ def add_gates(model: nn.Module, spec: dict) -> list[OutputGate]:
         model.init_parallel_plans()  # the plan the sites are read from; post_init makes it again, with the gates
     sites = attention_sites(model)
     gates = [OutputGate(site, spec) for site in sites]
-    _add_plan_rules(model, sites, gate_rule(spec))
+    # A low-rank gate shards its `up` as the full gate's projection; its `down` stays whole (as the families').
+    _add_plan_rules(model, sites, GATE_NAME + (".up" if spec["rank"] else ""), gate_rule(spec))
     return gates
 
 
-def _add_plan_rules(model: nn.Module, sites: list[AttentionSite], style: str) -> None:
+def _add_plan_rules(model: nn.Module, sites: list[AttentionSite], module: str, style: str) -> None:
     from transformers import PreTrainedModel
 
-    rules = {f"{site.plan_key.rsplit('.', 1)[0]}.{GATE_NAME}": style for site in sites if site.plan_key is not None}
+    rules = {f"{site.plan_key.rsplit('.', 1)[0]}.{module}": style for site in sites if site.plan_key is not None}
     if not rules:
         return
     for path, sub in model.named_modules():
