@@ -36,7 +36,22 @@ import time
 import warnings
 from pathlib import Path
 
+import analyze_catalog
 from analyze_catalog import EXPECTED_NOT_BUILT, build, first_line
+
+
+def shrink(d: dict, layers: int = 2) -> dict:
+    """`analyze_catalog.shrink`, and a vocabulary no larger than the per-layer inputs' where it caps those to its
+    tokenizer's ids (Gemma 4's): the conversion's fixed prompt draws from the whole vocabulary, as a released
+    model, whose two are one size, allows."""
+    out = _shrink(d, layers)
+    per_layer, vocab = out.get("vocab_size_per_layer_input"), out.get("vocab_size")
+    if isinstance(per_layer, int) and per_layer > 0 and isinstance(vocab, int) and vocab > per_layer:
+        out["vocab_size"] = per_layer
+    return out
+
+
+_shrink, analyze_catalog.shrink = analyze_catalog.shrink, shrink  # `build` (and shrink itself, for sub-configs) call it
 
 EXPECTED_FOR = "5.25"
 EXACT = "exact"
