@@ -27,7 +27,7 @@ import torch
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
 from gated_attention.analysis.analyze import reduce_record
 from gated_attention.analysis.capture import Capture
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 
 
 def build(args) -> torch.nn.Module:

@@ -13,7 +13,7 @@ import platform
 import sys
 import time
 
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 from gated_attention.recipes import backcopy, cli, settings
 
 

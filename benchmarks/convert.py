@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 
 REPO = Path(__file__).resolve().parents[1]
 # TinyLlama-1.1B: 1.1e9 parameters, 2.2 GB in bf16.

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gated_attention.command_line import OneLineErrorParser, format_size, memory_size
+from gated_attention.cli_common import OneLineErrorParser, format_size, memory_size
 
 REPO = Path(__file__).resolve().parents[1]
 # TinyLlama-1.1B's layer shapes with 16 layers: 0.84B parameters, 1.67 GB in bf16.

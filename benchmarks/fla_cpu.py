@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 
 PARTS = ("mixers", "decode", "analyze")
 NAIVE_TARGET, TRANSFORMERS_TARGET, DECODE_TARGET, CAPTURE_TARGET = 5.0, 1.0, 1.0, 1.3

@@ -22,7 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 
 
 def build(args):

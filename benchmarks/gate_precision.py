@@ -34,7 +34,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Attention
 
 import gated_attention.modeling.attention as attention_module
 from gated_attention import GatedAttentionConfig, GatedAttentionForCausalLM
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 from gated_attention.kernels.gated_sdpa.gate_activations import apply_gate
 
 BF16 = torch.bfloat16

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 from gated_attention.kernels.gated_delta_rule.chunk import torch_gated_delta_rule
 
 

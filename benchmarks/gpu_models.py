@@ -36,7 +36,7 @@ import traceback
 
 import torch
 
-from gated_attention.command_line import OneLineErrorParser
+from gated_attention.cli_common import OneLineErrorParser
 
 PARTS = ("train", "agree", "generate", "moe", "hybrid", "compile")
 IMPLEMENTATIONS = ("sdpa", "gated_triton")

@@ -82,7 +82,7 @@ from pathlib import Path
 import torch
 
 from gated_attention.convert.export_layouts import mlx_lm_limit
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ["convert", "extend", "export", "analyze", "quickstart"]

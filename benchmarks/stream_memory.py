@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from gated_attention.command_line import OneLineErrorParser, bounded
+from gated_attention.cli_common import OneLineErrorParser, bounded
 from gated_attention.training import data
 
 

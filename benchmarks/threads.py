@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # it runs from a checkout without the package installed, as its children do
 
-from gated_attention.command_line import OneLineErrorParser, bounded  # noqa: E402
+from gated_attention.cli_common import OneLineErrorParser, bounded  # noqa: E402
 
 MODES = ("default", "1", "torch")
 

@@ -75,7 +75,7 @@ from accelerate.utils import set_seed
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.command_line import OneLineErrorParser, bounded, first_line
+from gated_attention.cli_common import OneLineErrorParser, bounded, first_line
 from gated_attention.training.data import packed_rows, spread_rows, text_file_paths, tokenizer_for
 from gated_attention.files.datasets import DataError
 from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream

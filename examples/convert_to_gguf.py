@@ -29,7 +29,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from gated_attention.command_line import OneLineErrorParser
+from gated_attention.cli_common import OneLineErrorParser
 
 GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "use_regex": True, "add_prefix_space": False}
 LLAMA_CPP_NAME = "gpt-2"  # llama.cpp's tokenizer.ggml.pre for GPT-2's byte-level regex

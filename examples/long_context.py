@@ -39,7 +39,7 @@ from continued_pretraining import (
     set_threads,
 )
 from gated_attention.convert.rope import RopeChange, apply_rope_change
-from gated_attention.command_line import bounded
+from gated_attention.cli_common import bounded
 from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.training.folders import output_folder
 from gated_attention.training.data import packed_rows

@@ -38,7 +38,7 @@ from continued_pretraining import (
     run_training,
     set_threads,
 )
-from gated_attention.command_line import bounded
+from gated_attention.cli_common import bounded
 from gated_attention.training.folders import full_disk_is_one_line, output_folder, staged_output
 from gated_attention.training import check_finite_weights, evaluate_loss, finish_training, reporting_interruption
 

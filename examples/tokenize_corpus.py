@@ -18,7 +18,7 @@ import sys
 import time
 from typing import NoReturn
 
-from gated_attention.command_line import OneLineErrorParser, bounded, first_line
+from gated_attention.cli_common import OneLineErrorParser, bounded, first_line
 from gated_attention.recipes.settings import MIN_VOCAB
 from gated_attention.training.data import tokenizer_for
 from gated_attention.files.datasets import DataError

@@ -5,7 +5,7 @@ The files at this level:
 - `__init__` (this file): the public names, `CLIError`, `GatedAttentionWarning`
   and `register_auto_classes`.
 - `compat`: every difference between the supported transformers releases.
-- `command_line`: what every command line shares (the `gated-attention`
+- `cli_common`: what every command line shares (the `gated-attention`
   commands, the examples and the benchmarks): `OneLineErrorParser` (argparse,
   with a usage error as one line), `bounded` (an argparse type for a number in
   a range), `memory_size` / `parse_size` / `format_size` (`--max-memory 4GB`),
@@ -17,7 +17,7 @@ The files at this level:
 
 The parts, lowest layer first (each imports only its own files and lower
 layers; docs/architecture.md has the rule, `tests/test_layout.py` checks it):
-`compat` and `command_line`; `configuration`, `kernels` and `hub`; `files`,
+`compat` and `cli_common`; `configuration`, `kernels` and `hub`; `files`,
 `memory` and `fla_cpu`; `modeling`; then this file; `training`,
 `analysis` and `convert`; `recipes`; `cli`. Each part's `__init__` maps its
 files.

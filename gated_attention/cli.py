@@ -26,7 +26,7 @@ import sys
 import warnings
 
 from . import CLIError, GatedAttentionWarning, __version__
-from .command_line import OneLineErrorParser
+from .cli_common import OneLineErrorParser
 
 _COMMAND_MODULES = [
     "gated_attention.convert.cli",

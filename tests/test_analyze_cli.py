@@ -18,7 +18,7 @@ import pytest
 
 import gated_attention as ga
 from gated_attention.cli import main
-from gated_attention.command_line import parse_size
+from gated_attention.cli_common import parse_size
 from test_analysis_capture import TINY, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -432,7 +432,7 @@ def test_a_bf16_checkpoint_analysed_in_fp32_within_a_budget_casts_what_it_reads(
     import numpy as np
     import torch
 
-    from gated_attention.command_line import parse_size
+    from gated_attention.cli_common import parse_size
     from gated_attention.memory.budget import largest_layer
 
     folder = tmp_path / "model"

@@ -131,7 +131,7 @@ def test_every_benchmark_with_flags_is_listed_here():
 
 @pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
 def test_a_bad_flag_value_is_one_line_before_anything_runs(name, monkeypatch, capsys):
-    """The benchmarks share the commands' parser (`command_line`): a range error names the flag in one line,
+    """The benchmarks share the commands' parser (`cli_common`): a range error names the flag in one line,
     exit 2, and nothing is measured."""
     monkeypatch.setattr("sys.argv", [f"{name}.py", *OUT_OF_RANGE[name]])
     with pytest.raises(SystemExit) as exit_info:

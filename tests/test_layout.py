@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gated_attention"
 # Layers, lowest first. A module imports modules of its own part (its sub-package, or itself at the
 # root) or of a lower layer, never of a higher one or of a peer part on the same layer.
 LAYERS = [
-    {"compat", "command_line"},  # the floor: transformers' differences, and what every command line shares
+    {"compat", "cli_common"},  # the floor: transformers' differences, and what every command line shares
     {"configuration", "kernels", "hub"},
     # local files and data (above `hub`: a Hub dataset id), the memory budget, fla's models on a CPU (above the
     # kernels they reuse): below the models, which need none of them
@@ -32,7 +32,7 @@ LAYERS = [
     {"__main__"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
-ROOT_MODULES = {"__init__", "__main__", "cli", "compat", "command_line"}  # everything else lives in a sub-package
+ROOT_MODULES = {"__init__", "__main__", "cli", "compat", "cli_common"}  # everything else lives in a sub-package
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

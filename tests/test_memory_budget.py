@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from gated_attention.command_line import physical_memory
+from gated_attention.cli_common import physical_memory
 from gated_attention.memory.budget import MemoryBudget, MemoryBudgetError, largest_layer
 
 # A Llama whose largest block is a decoder layer, and one whose largest is the embedding.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gated_attention.command_line import parse_size
+from gated_attention.cli_common import parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = r"(\d+(?:\.\d+)?) (KB|MB|GB)"

@@ -34,7 +34,7 @@
   --out DIR` parser (no torch) and its run.
 
 Imports: the package root and the layers below it (it uses the root,
-`hub`, `files`, `memory`, `kernels` and `command_line`); never `training`,
+`hub`, `files`, `memory`, `kernels` and `cli_common`); never `training`,
 `convert` or `recipes`, its peers and the layer above (see
 docs/architecture.md). The names are imported on
 first use, so that `gated_attention.analysis.cli` imports no torch.

@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import warnings
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..command_line import bounded, first_line, memory_size
+from ..cli_common import DEVICE, bounded, device_name, existing_file, first_line, memory_size
 from ..hub.repo_ids import HubUnavailable, cached_or_downloaded, missing_folder, split_subfolder
 from .loading import DEVICE_MAPS
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
 INTERVENTIONS = ("deletion", "set-mean", "connection")
-# torch device strings: a device type, optionally with an index (`torch.device` would need torch to parse)
-_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
 # A --dataset text is read up to this many characters per token of --max-length: more than any token covers
 # (BPE and SentencePiece tokens run to tens of characters), so the first T tokens are those of the whole text,
@@ -37,14 +34,8 @@ HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
 CHARS_PER_TOKEN = 1024
 
 
-def _device(text: str) -> str:
-    if not _DEVICE.match(text):
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
-    return text
-
-
 def _device_map(text: str) -> str:
-    if text in DEVICE_MAPS or (_DEVICE.match(text) and text != "auto"):
+    if text in DEVICE_MAPS or (DEVICE.match(text) and text != "auto"):
         return text
     raise argparse.ArgumentTypeError(f"expected {', '.join(DEVICE_MAPS)} or one device (cpu, cuda:N, ...), got {text!r}")
 
@@ -57,13 +48,6 @@ def _epsilon(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (exclusive), got {text!r}")
     return value
-
-
-def _text_file(text: str) -> str:
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
-    return text
 
 
 def _out_dir(text: str) -> str:
@@ -92,7 +76,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", type=_out_dir,
                    help="output folder, created whole at the end; an earlier analysis there is replaced")
     inputs = p.add_mutually_exclusive_group()
-    inputs.add_argument("--text-file", metavar="PATH", type=_text_file,
+    inputs.add_argument("--text-file", metavar="PATH", type=existing_file,
                         help="UTF-8 text, one input per blank-line-separated paragraph (default: the built-in samples)")
     inputs.add_argument("--dataset", nargs="+", action="append", metavar="SPEC",
                         help="a dataset as the training examples take it: jsonl/json, parquet, csv or txt files of one "
@@ -113,7 +97,7 @@ def register(subparsers) -> None:
                    "max_position_embeddings where that is smaller, with a warning (default: %(default)s)")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: each MODEL's)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--device", type=_device, default="auto",
+    where.add_argument("--device", type=device_name, default="auto",
                        help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s); cpu and "
                        "cuda place the model with accelerate within --max-memory, cuda:N puts it whole on that GPU")
     where.add_argument("--device-map", type=_device_map, metavar="MAP",

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import CLIError
-from ..command_line import first_line, format_size
+from ..cli_common import first_line, format_size
 from ..hub.paper_layout import is_paper_config
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements

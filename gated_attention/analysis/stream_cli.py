@@ -13,32 +13,17 @@ never the working folder, MODEL or the text file's folder; a failure or Ctrl-C l
 from __future__ import annotations
 
 import argparse
-import re
 import warnings
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..command_line import bounded, first_line, memory_size
+from ..cli_common import bounded, device_name, existing_file, first_line, memory_size
 
 DTYPES = ("float32", "bfloat16", "float16")
-_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
 # A text is read at most this many characters per token of --max-tokens: more than any token covers.
 CHARS_PER_TOKEN = 1024
 # What an earlier stream leaves in DIR (`stream.FILES`, written out so that the parser imports no torch).
 STREAM_FILES = ("stream.csv", "stream.npz", "stream.png")
-
-
-def _device(text: str) -> str:
-    if not _DEVICE.match(text):
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
-    return text
-
-
-def _text_file(text: str) -> str:
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
-    return text
 
 
 def register(subparsers) -> None:
@@ -57,7 +42,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="local model folder, Hugging Face Hub id, or .gguf file (dequantized by "
                    "transformers' GGUF loader)")
-    p.add_argument("--text-file", required=True, metavar="PATH", type=_text_file,
+    p.add_argument("--text-file", required=True, metavar="PATH", type=existing_file,
                    help="UTF-8 text streamed as one sequence; it must be longer than --window (StreamingLLM: many times)")
     p.add_argument("--window", required=True, type=bounded(int, 2), metavar="W",
                    help="entries the cache holds, sinks included (StreamingLLM's cache size; the removed transformers "
@@ -69,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output folder, created whole at the end; an earlier stream output there is replaced")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
-    p.add_argument("--device", type=_device, default="auto",
+    p.add_argument("--device", type=device_name, default="auto",
                    help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s)")
     p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
                    help="the most CPU memory the process may hold, e.g. 4GB; layers that do not fit are read from the "

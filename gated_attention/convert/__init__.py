@@ -42,7 +42,7 @@
 
 The steps these follow are in docs/architecture.md ("The conversion
 pipeline"). Imports: the package root, `configuration`, `hub`, `files`, `memory`,
-`command_line` and `compat`;
+`cli_common` and `compat`;
 never `training`, `analysis` or `recipes`. Models are reached through the Auto
 classes, and only where a config alone is not enough.
 """

@@ -11,7 +11,7 @@ import argparse
 import functools
 from pathlib import Path
 
-from ..command_line import bounded, memory_size
+from ..cli_common import bounded, memory_size
 from .export_layouts import LAYOUTS
 
 DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..command_line import first_line
+from ..cli_common import first_line
 from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config
 from .errors import ConversionError
 from .families import FAMILIES

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .. import register_auto_classes
-from ..command_line import format_size
+from ..cli_common import format_size
 from ..memory.budget import (MemoryBudget, MemoryBudgetError, cast_placement, cast_weights, collect_if_alive,
                                  loading_dtype, read_layers_whole, reading_reserve, running_dtypes)
 from .sources import ConversionError, SourceCheckpoint

@@ -17,7 +17,7 @@
   write the same output, or one inside or around another's, refused while the other runs). Standard
   library only.
 
-Imports: `command_line`, and `hub` for a Hub dataset id (`hub.repo_ids.cached_or_downloaded`, the one
+Imports: `cli_common`, and `hub` for a Hub dataset id (`hub.repo_ids.cached_or_downloaded`, the one
 policy for fetching an id). It sits above `hub` and below `modeling` (see docs/architecture.md);
 `training`, `analysis` and `convert` use it.
 """

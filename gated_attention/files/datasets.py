@@ -13,7 +13,7 @@ import logging
 import re
 from pathlib import Path
 
-from ..command_line import first_line
+from ..cli_common import first_line
 from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
 
 # file suffix -> `datasets` packaged builder

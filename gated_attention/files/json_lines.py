@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..command_line import first_line
+from ..cli_common import first_line
 from .datasets import BUILDERS, DataError, check_columns, check_has_text, check_text_field, open_text_dataset
 
 LONG_LINE = 1 << 20  # a line longer than this many bytes is scanned in blocks, never read whole

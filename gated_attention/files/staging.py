@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..command_line import sigterm_as_interrupt
+from ..cli_common import sigterm_as_interrupt
 from .output_folders import OutputFolderError
 
 # renameat2(2) flags, from <linux/fs.h>

@@ -25,9 +25,9 @@ files and the paper's released checkpoints as sources, and loading a checkpoint 
 
 Local files and data (the `--dataset` reader, output and staging folders) are
 in `files`, the memory budget in `memory`, the helpers every command line
-shares in `gated_attention/command_line.py`.
+shares in `gated_attention/cli_common.py`.
 
-Imports: `command_line` only (it sits on the layer of `configuration` and
+Imports: `cli_common` only (it sits on the layer of `configuration` and
 `kernels`, see docs/architecture.md); `modeling`, `files`, `convert`,
 `training` and `analysis` use it.
 """

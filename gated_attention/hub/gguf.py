@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..command_line import first_line
+from ..cli_common import first_line
 
 SUFFIX = ".gguf"
 RECORD = "gguf.json"  # written beside the dequantized weights

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..command_line import first_line
+from ..cli_common import first_line
 
 
 def split_subfolder(name: str) -> tuple[str, str | None]:

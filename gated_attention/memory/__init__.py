@@ -8,8 +8,8 @@
   `convert` verifies within it and `analysis` runs within it.
 
 Parsing and printing sizes (`--max-memory 4GB`) is the command line's, in
-`gated_attention/command_line.py`.
+`gated_attention/cli_common.py`.
 
-Imports: `command_line` only; torch, accelerate and psutil inside the functions. It sits above `hub`
+Imports: `cli_common` only; torch, accelerate and psutil inside the functions. It sits above `hub`
 and below `modeling`, beside `files` (see docs/architecture.md); `convert` and `analysis` use it.
 """

@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..command_line import format_size
+from ..cli_common import format_size
 
 
 class MemoryBudgetError(ValueError):

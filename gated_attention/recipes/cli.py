@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..command_line import bounded
+from ..cli_common import bounded
 from .folders import check_out
 from .settings import (
     ARCHITECTURES,

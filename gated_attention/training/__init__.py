@@ -17,7 +17,7 @@
 - `threads`: the default count of torch CPU threads (the cores the load average leaves free).
 
 Of this package it imports only `files` (the `--dataset` reader, output and staging folders),
-`command_line` (errors as one line) and the package's `GatedAttentionWarning`: it works on any causal LM (ours,
+`cli_common` (errors as one line) and the package's `GatedAttentionWarning`: it works on any causal LM (ours,
 transformers', a PEFT wrapper), and the recipes and examples build on it.
 """
 

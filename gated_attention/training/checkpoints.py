@@ -34,7 +34,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..command_line import first_line, sigterm_as_interrupt
+from ..cli_common import first_line, sigterm_as_interrupt
 from ..files.staging import staging_path
 from .folders import full_disk_is_one_line, publish
 from .loop import check_finite_weights

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..command_line import first_line, format_size
+from ..cli_common import first_line, format_size
 from ..files.staging import RENAME_EXCHANGE, dead_staging_folders, renameat2, staging_path
 
 # What a run of the examples writes into its output folder (a folder holding one of them is a run's; nothing

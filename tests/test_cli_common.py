@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from gated_attention.command_line import bounded, first_line, format_size, memory_size, parse_size, physical_memory
+from gated_attention.cli_common import bounded, first_line, format_size, memory_size, parse_size, physical_memory
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Small pieces every command line of the package shares: a parser whose usage errors are one line, flag
-values in a range, memory sizes (`--max-memory 4GB`), an exception as one line, SIGTERM handled as Ctrl-C.
+values in a range, an existing file, a device name, memory sizes (`--max-memory 4GB`), an exception as one
+line, SIGTERM handled as Ctrl-C.
 
 `cli`, `analysis`, `convert`, `recipes`, `training`, the examples and the
 benchmarks use these, so a range or a one-line error reads the same in every
@@ -16,6 +17,7 @@ import os
 import re
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 
 def first_line(error: BaseException) -> str:
@@ -45,6 +47,25 @@ def bounded(kind: type = int, low: float = 1, *, strict: bool = False, high: flo
         return value
 
     return parse
+
+
+def existing_file(text: str) -> str:
+    """An argparse `type`: the path of a file that exists (a folder or a missing path is a usage error)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
+    return text
+
+
+# What torch accepts as one device; "auto" lets the command choose (a GPU where there is one).
+DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu|npu|hpu|mtia)(:\d+)?)$")
+
+
+def device_name(text: str) -> str:
+    """An argparse `type`: auto or a torch device (cpu, cuda, cuda:N, mps, xpu, ...), checked without torch."""
+    if not DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {text!r}")
+    return text
 
 
 # A memory size as accelerate's `max_memory` and huggingface_hub's `max_shard_size` write it: decimal units
