@@ -221,6 +221,52 @@ def test_moe_source_in_the_fused_in_memory_layout(tmp_path):
         assert torch.equal(model.eval()(PROMPT).logits, result(PROMPT).logits)
 
 
+EIGHT_EXPERTS = {"qwen3_moe": dict(num_experts=8, norm_topk_prob=False, mlp_only_layers=[]), "mixtral": dict(num_local_experts=8)}
+
+
+@pytest.mark.parametrize("family", EIGHT_EXPERTS)
+def test_moe_with_eight_experts_converts_bit_identically_with_its_experts_aligned(tmp_path, family):
+    """The convert catalog's MoE (8 experts, top 2): transformers stacks the source's per-expert tensors into fresh
+    memory (64-byte aligned) as it loads, and DST's fused experts, mapped from the file, lie as aligned, so an
+    expert that gets one token (torch's CPU grouped_mm rounds that one by the weight's alignment) gives the same
+    bits. A DST expert 8 bytes off that boundary gave the catalog's Qwen3-MoE 1.2e-7."""
+    src = make_source(family, tmp_path / "src", **EIGHT_EXPERTS[family])
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 0  # verified bit-identical against the source
+    reference = AutoModelForCausalLM.from_pretrained(src).eval()
+    result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    for model in (reference, result):
+        experts = [p for name, p in model.named_parameters() if ".experts." in name]
+        assert experts and all(p.data_ptr() % 64 == 0 for p in experts), type(model).__name__
+    with torch.no_grad():
+        out = reference(PROMPT[:1], output_router_logits=True)
+        chosen = [r.topk(reference.config.num_experts_per_tok, dim=-1).indices for r in out.router_logits]
+        assert any(1 in torch.bincount(c.flatten()).tolist() for c in chosen)  # an expert with one token
+        assert torch.equal(out.logits, result(PROMPT[:1]).logits)
+
+
+def test_fused_experts_start_on_a_64_byte_boundary_of_their_shard(tmp_path):
+    """Tensors marked aligned (fused experts) start on 64-byte boundaries of the file (after a padded header,
+    before the others), so transformers' mapped weights lie where torch would allocate them."""
+    import struct
+
+    from safetensors.torch import load_file
+
+    from gated_attention.convert.writer import OutputTensor, write_safetensors
+
+    made = {"model.norm.weight": torch.randn(5), "model.layers.0.mlp.experts.gate_up_proj": torch.randn(8, 6, 4),
+            "model.layers.0.self_attn.k_norm.weight": torch.randn(3, dtype=torch.bfloat16),
+            "lm_head.weight": torch.randn(7, 16)}  # fmt: skip
+    tensors = [OutputTensor(name, tuple(t.shape), t.dtype, lambda t=t: t, aligned=".experts." in name) for name, t in made.items()]
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + n])
+    starts = {name: 8 + n + entry["data_offsets"][0] for name, entry in header.items() if name != "__metadata__"}
+    assert starts["model.layers.0.mlp.experts.gate_up_proj"] % 64 == 0
+    loaded = load_file(tmp_path / "model.safetensors")
+    assert loaded.keys() == made.keys() and all(torch.equal(loaded[k], made[k]) for k in made)
+
+
 def test_unchanged_tensors_copied_by_the_kernel_equal_the_read_path(tmp_path, monkeypatch):
     """Tensors that pass through unchanged go file to file (os.copy_file_range); where the OS refuses,
     plain reads take over; the zero gate weights are written from a buffer, never made. All give the same files as

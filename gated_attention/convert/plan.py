@@ -338,8 +338,9 @@ def _output(t: Planned, ckpt: SourceCheckpoint, requested: torch.dtype | None) -
     if not t.sources:
         zeros = t.fill == 0.0 and math.copysign(1.0, t.fill) > 0
         return OutputTensor(t.name, t.shape, dtype, partial(_full, t.shape, dtype, t.fill), zeros=zeros)
-    if len(t.sources) > 1:
-        return OutputTensor(t.name, t.shape, dtype, partial(_read_each, ckpt, t.sources, dtype, t.scale), list(t.sources))
+    if len(t.sources) > 1:  # fused experts: SRC's model stacks them into fresh memory as it loads (writer.ALIGNMENT)
+        make = partial(_read_each, ckpt, t.sources, dtype, t.scale)
+        return OutputTensor(t.name, t.shape, dtype, make, list(t.sources), aligned=True)
     info = ckpt.tensors[t.sources[0]]
     unchanged = ckpt.format == "safetensors" and dtype == info.dtype and t.scale == 1.0 and t.rows is None
     make = partial(_read, ckpt, t.sources[0], dtype, t.scale, t.rows)

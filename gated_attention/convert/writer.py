@@ -4,6 +4,16 @@ Shards are planned with huggingface_hub's sharding helper from names, shapes
 and dtypes only, and then written one tensor at a time: the safetensors header
 is known from the plan, so each tensor is produced, written and freed before
 the next one is read.
+
+A tensor marked `aligned` (experts fused from SRC's per-expert tensors) starts
+at a 64-byte boundary of its file (`ALIGNMENT`). transformers' loader maps the
+file and uses a tensor where it lies, and torch's CPU kernels for one row
+(gemv; grouped_mm's group of one token) round by the weight's alignment: an
+expert 8 bytes past a 16-byte boundary gives other bits than one where torch
+allocates. SRC's per-expert tensors are stacked into freshly allocated
+(64-byte aligned) memory as they load, so DST's fused ones must lie aligned
+to give their bits. The other tensors keep their planned order, as SRC's
+keep theirs (where SRC's model uses them mapped, at SRC's offsets).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from tqdm.auto import tqdm
 from .sources import TORCH_TO_SAFETENSORS, ConversionError, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
+ALIGNMENT = 64  # bytes: torch's CPU allocator's (c10's gAlignment), see the module docstring
 # Files copied from SRC unchanged: tokenizer, chat template, generation defaults, license.
 SIDE_FILE_PATTERNS = (
     "generation_config.json",
@@ -61,6 +72,7 @@ class OutputTensor:
     sources: list[str] = field(default_factory=list)  # source tensor names, for ordering and messages
     copy_of: TensorInfo | None = None
     zeros: bool = False  # every byte is zero
+    aligned: bool = False  # starts at an ALIGNMENT boundary of its file (see the module docstring)
 
     @property
     def nbytes(self) -> int:
@@ -70,7 +82,15 @@ class OutputTensor:
 # --- shards ---------------------------------------------------------------------------------------
 
 
+def _aligned_order(tensors: list[OutputTensor]) -> list[OutputTensor]:
+    """The `aligned` tensors first, those whose sizes keep the next one on an `ALIGNMENT` boundary before the
+    others, then the rest in their planned order: the format leaves no room between tensors."""
+    return sorted(tensors, key=lambda t: (not t.aligned, t.aligned and t.nbytes % ALIGNMENT != 0))
+
+
 def _header(tensors: list[OutputTensor]) -> bytes:
+    """The 8-byte length and the JSON header, padded with spaces (as the format allows) to 8 bytes, or, when a
+    tensor is `aligned`, so that the data that follows starts on an `ALIGNMENT` boundary."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for t in tensors:
@@ -81,7 +101,7 @@ def _header(tensors: list[OutputTensor]) -> bytes:
         }
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes with spaces
+    raw += b" " * (-(8 + len(raw)) % (ALIGNMENT if any(t.aligned for t in tensors) else 8))
     return struct.pack("<Q", len(raw)) + raw
 
 
@@ -118,7 +138,8 @@ def _copy_bytes(info: TensorInfo, out) -> None:
 
 
 def write_safetensors(path: Path, tensors: list[OutputTensor], progress: tqdm | None = None) -> None:
-    """Write one safetensors file, making and freeing one tensor at a time."""
+    """Write one safetensors file, making and freeing one tensor at a time, `aligned` ones first."""
+    tensors = _aligned_order(tensors)
     with open(path, "wb", buffering=0) as f:  # unbuffered: _copy_bytes appends at the file's own offset
         _write_all(f, _header(tensors))
         for spec in tensors:
