@@ -1,7 +1,8 @@
 """Attention-sink, massive-activation, gate and spike/plateau analysis of causal LMs.
 
 - `layout`: `model_layout`, the decoder layers, softmax-attention modules and
-  gates of a model, read from its `_can_record_outputs` declaration: the mechanism.
+  gates of a model, read from its `_can_record_outputs` declaration (through
+  `modeling/recorded_outputs`, the reader the declared gate shares): the mechanism.
 - `model_records`: what declarations do not say, per model type or class, as data
   (classes that predate the declaration, models refused and why, output gates),
   and the `View` each model's residual states and attention maps are read
@@ -34,7 +35,7 @@
   --out DIR` parser (no torch) and its run.
 
 Imports: the package root and the layers below it (it uses the root,
-`hub`, `files`, `memory`, `kernels` and `cli_common`); never `training`,
+`modeling`, `hub`, `files`, `memory`, `kernels` and `cli_common`); never `training`,
 `convert` or `recipes`, its peers and the layer above (see
 docs/architecture.md). The names are imported on
 first use, so that `gated_attention.analysis.cli` imports no torch.

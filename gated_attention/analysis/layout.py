@@ -2,11 +2,12 @@
 
 transformers declares, on every model class, which module class yields each decoder layer's hidden
 states and which yields attention weights (`_can_record_outputs`, the mechanism behind
-`output_hidden_states` and `output_attentions`). The analysis reads that declaration, as
-transformers' own recorder does; the package's three families declare it the same way. Where a
-declaration does not say enough, a record in `model_records` says it, as data, and `model_layout`
-picks it here, once: which classes a model without a declaration uses, which models are refused and
-why, and the `View` through which its residual states and attention maps are read.
+`output_hidden_states` and `output_attentions`). The analysis reads that declaration through the
+package's one reader (`modeling/recorded_outputs.py`, which the declared gate's `attention_sites` reads
+it through too), as transformers' own recorder does; the package's three families declare it the same
+way. Where a declaration does not say enough, a record in `model_records` says it, as data, and
+`model_layout` picks it here, once: which classes a model without a declaration uses, which models are
+refused and why, and the `View` through which its residual states and attention maps are read.
 
 Decoder layers: the entries of the `ModuleList` that holds (or is made of) the declared
 hidden-state modules, one per `config.num_hidden_layers` (an encoder-decoder's `decoder_layers`, or
@@ -35,64 +36,21 @@ name for the others.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, NOT_SOFTMAX, OUTPUT_GATES,
-                            PACKAGE_DECLARATIONS, PARALLEL_LAYERS, REQUIRED_FIELDS, UNDECLARED, UNREADABLE, View,
-                            view_of)
+from ..modeling.recorded_outputs import Spec, declared_modules, own_declaration, pretrained_models, softmax_attention
+from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, OUTPUT_GATES, PACKAGE_DECLARATIONS,
+                            PARALLEL_LAYERS, REQUIRED_FIELDS, UNDECLARED, UNREADABLE, View, view_of)
 
 
 class LayoutError(ValueError):
     """A model whose layout cannot be read; the message is one line for the user."""
 
 
-# ---------------------------------------------------------------- reading a declaration
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One entry of a `_can_record_outputs` value: a class, or a class-name suffix, optionally under a named submodule."""
-
-    target_class: type | None = None
-    class_name: str | None = None
-    layer_name: str | None = None
-    # The config field that counts these modules, where it is not num_hidden_layers (Longcat-Flash: num_layers).
-    num_layers_key: str | None = None
-
-    def matches(self, name: str, module: nn.Module) -> bool:
-        hit = (self.target_class is not None and isinstance(module, self.target_class)) or (
-            self.class_name is not None and name.endswith(self.class_name)
-        )
-        if hit and self.layer_name is not None:
-            return f".{self.layer_name.strip('.')}." in f".{name}."
-        return hit
-
-
-def _specs(value) -> list[Spec]:
-    """`_can_record_outputs[key]` (a class, a class name, an `OutputRecorder`, or a list of them) as `Spec`s."""
-    out = []
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(item, type):
-            out.append(Spec(target_class=item))
-        elif isinstance(item, str):
-            out.append(Spec(class_name=item))
-        else:  # transformers' OutputRecorder
-            key = getattr(item, "num_hidden_layers_key", None)
-            out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None),
-                            getattr(item, "layer_name", None), None if key == "num_hidden_layers" else key))
-    return out
-
-
-def _pretrained_models(model: nn.Module) -> Iterator[nn.Module]:
-    """`model` and every `PreTrainedModel` inside it (a composite model declares per submodel)."""
-    from transformers import PreTrainedModel
-
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            yield module
+# ---------------------------------------------------------------- a declaration, completed by the records
 
 
 def _package_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
@@ -132,8 +90,8 @@ def declaration(model: nn.Module) -> dict[str, list[Spec]]:
     """
     declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": [], "legacy": []}
     undeclared_attention = []
-    for sub in _pretrained_models(model):
-        own = {k: _specs(v) for k, v in (getattr(sub, "_can_record_outputs", None) or {}).items()}
+    for sub in pretrained_models(model):
+        own = own_declaration(sub)
         package = _package_declaration(sub)
         model_type = getattr(getattr(sub, "config", None), "model_type", None)
         if model_type in UNREADABLE:
@@ -246,7 +204,7 @@ class ModelLayout:
         block-sparse attention for full attention at inputs too short for blocks)."""
         if not self.is_attention:
             return self.attention_modules.get(layer)
-        blocks = _layer_attentions(self.layers[layer - 1], self.is_attention)
+        blocks = declared_modules(self.layers[layer - 1], self.is_attention)
         return blocks[0][1] if blocks else None
 
     @property
@@ -350,27 +308,10 @@ def input_device(model: nn.Module):
 def _innermost_models(model: nn.Module) -> dict[int, nn.Module]:
     """id of each module -> the innermost `PreTrainedModel` that holds it (a tower, the text model, the whole)."""
     owners = {}
-    for sub in _pretrained_models(model):  # outer models come first: an inner one overrides them
+    for sub in pretrained_models(model):  # outer models come first: an inner one overrides them
         for module in sub.modules():
             owners[id(module)] = sub
     return owners
-
-
-def _softmax_attention(specs: list[Spec]):
-    def is_attention(name: str, module: nn.Module) -> bool:
-        return type(module).__name__ not in NOT_SOFTMAX and any(s.matches(name, module) for s in specs)
-
-    return is_attention
-
-
-def _layer_attentions(layer: nn.Module, is_attention) -> list[tuple[str, nn.Module]]:
-    """The softmax-attention modules in `layer`'s tree (shared modules included), each with its name under the
-    layer, in the order the layer holds them (Longcat-Flash's `self_attn.0`, `self_attn.1`)."""
-    found: dict[int, tuple[str, nn.Module]] = {}
-    for name, module in layer.named_modules(remove_duplicate=False):
-        if is_attention(name, module) and id(module) not in found:
-            found[id(module)] = (name, module)
-    return list(found.values())
 
 
 def layer_type_names(config, num_layers: int) -> list[str] | None:
@@ -428,10 +369,10 @@ def model_layout(model: nn.Module) -> ModelLayout:
     passes_field = LOOPED.get(getattr(config, "model_type", None))
     looped = passes_field is not None and getattr(config, passes_field, 1) > 1
     layers = _decoder_layers(model, declared["hidden_states"], counts, getattr(config, "model_type", None), looped)
-    is_attention = _softmax_attention(declared["attentions"])
+    is_attention = softmax_attention(declared["attentions"])
     attention_modules, gates, later_blocks = {}, {}, {}
     for layer, module in enumerate(layers, start=1):
-        blocks = _layer_attentions(module, is_attention)
+        blocks = declared_modules(module, is_attention)
         if not blocks:
             continue
         (where, attention), *later = blocks
@@ -445,7 +386,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
     return ModelLayout(layers, _layer_types(model, config, layers, attention_modules), attention_modules, gates,
                        names=[paths[id(module)] for module in layers], later_blocks=later_blocks,
                        is_attention=is_attention, weights_on_request=bool(declared["legacy"]),
-                       view=view_of(_pretrained_models(model)))
+                       view=view_of(pretrained_models(model)))
 
 
 def _layer_types(model: nn.Module, config, layers: list[nn.Module], attention_modules: dict[int, nn.Module]) -> list[str]:
@@ -469,7 +410,7 @@ def _parallel_layout(model: nn.Module) -> ModelLayout | None:
     `output_attentions=True`, as a legacy class's; every layer is an attention layer.
     """
     recorded = None
-    for sub in _pretrained_models(model):  # the causal LM shares its base model's model type: the one with the lists
+    for sub in pretrained_models(model):  # the causal LM shares its base model's model type: the one with the lists
         record = PARALLEL_LAYERS.get(getattr(getattr(sub, "config", None), "model_type", None))
         if record is None:
             continue

@@ -1,16 +1,16 @@
 """What transformers' `_can_record_outputs` declarations do not say, per model type or class, as data.
 
-`layout.model_layout` reads a model through its declaration (the mechanism); where a declaration does not say
-enough, a record here says what differs, and the layout picks it once, when it reads the model. Nothing here is
-tested again inside a hook: the hooks call what was picked.
+`layout.model_layout` reads a model through its declaration (the mechanism, read by `modeling/recorded_outputs.py`);
+where a declaration does not say enough, a record here says what differs, and the layout picks it once, when it reads
+the model. Nothing here is tested again inside a hook: the hooks call what was picked. The one record the declared
+gate needs as well, which declared attention classes compute no softmax attention (`NOT_SOFTMAX`, MiniMax's lightning
+attention), sits beside the reader in `modeling/recorded_outputs.py`.
 
 Declarations completed or replaced:
 - `UNDECLARED`: model types that declare nothing because they have no attention (Mamba, RWKV):
   their decoder layer is the class in `_no_split_modules`, and no module is attention.
 - `PACKAGE_DECLARATIONS`: packages whose models declare nothing (fla): their decoder layer is the
   class in `_no_split_modules`, their attention the package's softmax-attention class.
-- `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax map (MiniMax's
-  lightning attention is linear attention).
 - `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
   GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
   Their attention returns its weights only when the model is called with `output_attentions=True`,
@@ -50,8 +50,6 @@ from torch import nn
 UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
 # Packages whose model classes declare nothing: the module of their softmax attention class.
 PACKAGE_DECLARATIONS = {"fla": {"attentions": ("fla.layers.attn", "Attention")}}
-# Classes declared under "attentions" whose output is no softmax attention map.
-NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
 # transformers model types that declare nothing because their classes predate the declaration, although their
 # attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
 # attention class, and the attribute the attention sits under where a layer holds another of the same class

@@ -32,9 +32,13 @@
   tokens kept as attention sinks, the rest a sliding window) for any causal
   LM of this package and transformers' rotate-half RoPE models, the sink keys
   re-rotated for the shifted window.
+- `recorded_outputs`: what a transformers model declares in
+  `_can_record_outputs` (its hidden-state and attention modules), merged over
+  its submodels, and which declared attention classes compute no softmax
+  (`NOT_SOFTMAX`): the one reader `attention_sites` and the analysis share.
 - `attention_sites`: where a transformers model's softmax-attention modules
   and their output projections are, read from its own declarations
-  (`_can_record_outputs`, its tensor-parallel plan), or one line saying what
+  (`recorded_outputs`, its tensor-parallel plan), or one line saying what
   is missing.
 - `declared`: transformers' own model classes with the gate added at
   construction (`GatedGemma2ForCausalLM`, ...): a gate module `attn_gate` on

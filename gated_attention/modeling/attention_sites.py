@@ -1,11 +1,10 @@
 """Where a transformers model's softmax-attention modules and their output projections are, read from its
 declarations: the places a gate can be added to a model whose code the package does not own.
 
-- **Attention modules**: what the model's classes declare under "attentions" in `_can_record_outputs` (the
-  mechanism behind transformers' `output_attentions`; a class, a class-name suffix, or an `OutputRecorder`
-  that may name the attribute it sits under, which leaves an encoder-decoder's cross-attention out),
-  merged over every `PreTrainedModel` inside, within the text model (a vision or audio tower's attention
-  is not the causal LM's). A module several layers share (Zamba's) is one site.
+- **Attention modules**: what the model's classes declare under "attentions" in `_can_record_outputs`, read
+  and merged over every `PreTrainedModel` inside by `recorded_outputs` (the reader the analysis uses too), that
+  compute softmax attention (`recorded_outputs.NOT_SOFTMAX`), within the text model (a vision or audio tower's
+  attention is not the causal LM's). A module several layers share (Zamba's) is one site.
 - **The output projection** of each: the child the model's tensor-parallel plan shards "rowwise" (what
   the plan declares is the attention's last matrix, the one whose input is the heads' output), as wide
   on its output as the attention's input; where the model has no plan, the child of the first name in
@@ -15,8 +14,6 @@ declarations: the places a gate can be added to a model whose code the package d
 
 Where a declaration does not say enough, a record here says it, as data:
 
-- `NOT_SOFTMAX`: classes declared under "attentions" that compute no softmax attention (MiniMax's
-  linear lightning attention).
 - `OUTPUT_PROJECTIONS`: the names an attention's output projection has in models without a plan.
 - `LATENT_FIELDS`: config fields that make an attention a latent one (MLA): its values and output pass
   through a low-rank latent that inference absorbs into the output projection (vLLM's MLA kernels
@@ -33,8 +30,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-# Classes declared under "attentions" whose forward is no softmax attention.
-NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
+from .recorded_outputs import NOT_SOFTMAX, declaration, declared_by, declared_modules, is_softmax
 # An attention's output projection in a model without a tensor-parallel plan, by name, in order of preference.
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "Wo", "wo")
 # Config fields (of the text config) whose value makes the attention latent (multi-head latent attention).
@@ -72,27 +68,6 @@ def _linear_widths(module: nn.Module) -> tuple[int, int] | None:
     if type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers"):
         return module.weight.shape[0], module.nf
     return None
-
-
-def _specs(value) -> list[tuple[type | None, str | None, str | None]]:
-    """A `_can_record_outputs` value (a class, a class name, an `OutputRecorder`, or a list of them) as
-    (class, class-name suffix, attribute it sits under)."""
-    out = []
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(item, type):
-            out.append((item, None, None))
-        elif isinstance(item, str):
-            out.append((None, item, None))
-        else:  # transformers' OutputRecorder
-            out.append((getattr(item, "target_class", None), getattr(item, "class_name", None),
-                        getattr(item, "layer_name", None)))  # fmt: skip
-    return out
-
-
-def _matches(spec, name: str, module: nn.Module) -> bool:
-    cls, class_name, layer_name = spec
-    hit = (cls is not None and isinstance(module, cls)) or (class_name is not None and type(module).__name__.endswith(class_name))
-    return hit and (layer_name is None or f".{layer_name.strip('.')}." in f".{name}.")
 
 
 def source_name(model: nn.Module) -> str:
@@ -177,29 +152,16 @@ def _head_dim(model: nn.Module, attention: nn.Module, width: int) -> int:
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The declared softmax-attention modules of `model`'s text model, each once, with its name in `model`."""
-    from transformers import PreTrainedModel
-
     prefix, text = text_model(model)
-    specs = []
-    undeclared = []
-    for sub in model.modules():
-        if isinstance(sub, PreTrainedModel):
-            declared = (getattr(sub, "_can_record_outputs", None) or {}).get("attentions")
-            if declared is None:
-                undeclared.append(type(sub).__name__)
-            else:
-                specs += _specs(declared)
-    if not specs:
+    attentions = declaration(model).get("attentions")
+    if not attentions:
         raise AttentionSiteError(
             f"{source_name(model)} declares no attention modules (transformers' `_can_record_outputs` names none)"
         )
-    found: dict[int, tuple[str, nn.Module]] = {}
-    for name, module in text.named_modules():
-        if id(module) not in found and any(_matches(s, name, module) for s in specs):
-            found[id(module)] = (f"{prefix}.{name}".strip("."), module)
-    softmax = [(n, m) for n, m in found.values() if type(m).__name__ not in NOT_SOFTMAX]
+    found = [(f"{prefix}.{name}".strip("."), module) for name, module in declared_modules(text, declared_by(attentions))]
+    softmax = [(name, module) for name, module in found if is_softmax(module)]
     if not softmax:
-        what = ", ".join(sorted({f"{type(m).__name__} ({NOT_SOFTMAX[type(m).__name__]})" for _, m in found.values()}))
+        what = ", ".join(sorted({f"{type(m).__name__} ({NOT_SOFTMAX[type(m).__name__]})" for _, m in found}))
         raise AttentionSiteError(f"{source_name(model)} has no softmax attention to gate" + (f": {what}" if what else ""))
     return softmax
 
