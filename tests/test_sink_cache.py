@@ -194,6 +194,35 @@ def test_generate_past_the_window_equals_a_forward_loop(name):
     torch.testing.assert_close(torch.stack(out.logits, dim=1), looped[:, ids.shape[1] - 1 :], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["dense-g1", "hybrid"])
+def test_beam_search_past_the_window_scores_each_beam_as_a_forward_loop(name):
+    """Beam search reorders the cache at every step (`reorder_cache`), sinks and GDN states included: the returned
+    beams' scores are their own tokens' log-probabilities under a forward loop through the same window (a cache
+    left unreordered is off by 3e-3 and more)."""
+    model = tiny(name)
+    ids = torch.randint(3, VOCAB, (2, 5))
+    with torch.no_grad():
+        out = model.generate(ids, past_key_values=SinkCache(8, 2, config=model.config), max_new_tokens=15, num_beams=3,
+                             do_sample=False, return_dict_in_generate=True, output_scores=True, pad_token_id=0,
+                             eos_token_id=None)
+        looped = stream(model, out.sequences[:, :-1], SinkCache(8, 2, config=model.config))
+    new = out.sequences[:, ids.shape[1] :]
+    logp = looped[:, ids.shape[1] - 1 :].log_softmax(-1).gather(-1, new[..., None])[..., 0]
+    torch.testing.assert_close(out.sequences_scores, logp.sum(-1) / new.shape[1], atol=ATOL, rtol=0)
+
+
+def test_a_bfloat16_window_covering_the_text_equals_full_attention():
+    """In bfloat16 too, a window that evicts nothing changes no token and no logit."""
+    model = tiny("dense-g1").to(torch.bfloat16)
+    ids = torch.randint(3, VOCAB, (2, 7))
+    kwargs = dict(max_new_tokens=9, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        full = model.generate(ids, **kwargs)
+        windowed = model.generate(ids, past_key_values=SinkCache(16, 4, config=model.config), **kwargs)
+    assert torch.equal(windowed.sequences, full.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(windowed.logits, full.logits))
+
+
 def test_several_tokens_into_a_full_cache_stay_causal():
     """After evictions, a forward of 4 tokens at once: each sees the cache and the tokens before it, not those after
     it. Its first token sees what it would see alone, so it gets the same logits."""
