@@ -51,7 +51,8 @@ from transformers.utils import logging
 
 from ..fla_cpu import fla_torch_paths
 from .metrics import gate_summary, scores_per_head
-from .layout import GateSite, ModelLayout, model_layout
+from ..modeling.gate_sites import GateSite
+from .layout import ModelLayout, model_layout
 
 logger = logging.get_logger(__name__)
 
@@ -69,7 +70,7 @@ _LAYER_DELTA_RULE_ATTRS = {
 }
 
 
-# The activations of `model_records.OUTPUT_GATES`.
+# The activations of `modeling.gate_sites.OUTPUT_GATES`.
 GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
 
 

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..modeling.gate_sites import GateSite, gate_site
 from ..modeling.recorded_outputs import Spec, declared_modules, own_declaration, pretrained_models, softmax_attention
-from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, OUTPUT_GATES, PACKAGE_DECLARATIONS,
+from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, PACKAGE_DECLARATIONS,
                             PARALLEL_LAYERS, REQUIRED_FIELDS, UNDECLARED, UNREADABLE, View, view_of)
 
 
@@ -123,28 +124,6 @@ def declaration(model: nn.Module) -> dict[str, list[Spec]]:
 
 
 # ---------------------------------------------------------------- the layout
-
-
-@dataclass
-class GateSite:
-    """Where an attention module's gate scores come from.
-
-    kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the gate's logits flat and whose
-    `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
-    output gate, the second half of each head's q_proj output, `sigmoid`-ed. kind "projection": a linear
-    map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]` or `[B, T, H * W]`).
-    kind "sinks": no gate module but a learned sink logit per head (our `attention_sinks`, GPT-OSS's
-    `sinks`): the attention module itself, whose weights leave the sink its share of each row; the score is
-    what the keys keep, `sigmoid(lse - s_h)`, a headwise gate the attention computes itself.
-    `name`: the gate's module under the decoder layer, as the model names its parameters.
-    """
-
-    kind: str
-    module: nn.Module
-    num_heads: int = 0
-    head_dim: int = 0
-    activation: str = "sigmoid"
-    name: str = ""
 
 
 @dataclass
@@ -323,34 +302,6 @@ def layer_type_names(config, num_layers: int) -> list[str] | None:
     return None
 
 
-def _gate_site(config, attention: nn.Module) -> GateSite | None:
-    gate = getattr(attention, "attn_gate", None)
-    if isinstance(gate, nn.Module):
-        return GateSite("attn_gate", gate, name="attn_gate")
-    q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
-    num_heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
-    if (record := OUTPUT_GATES.get(type(attention).__name__)) is not None:
-        names, activation = record
-        name = next((n for n in ((names,) if isinstance(names, str) else names) if _has_submodule(attention, n)), None)
-        projection = attention.get_submodule(name) if name else None
-        if isinstance(projection, nn.Linear) and num_heads and projection.out_features % num_heads == 0:
-            return GateSite("projection", projection, num_heads, projection.out_features // num_heads, activation, name)
-        return None  # the model was built without its gate (Lfm3's `use_attention_gate=False`)
-    if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
-        return GateSite("q_proj", q_proj, num_heads, head_dim, name="q_proj")
-    sinks = getattr(attention, "sinks", None)
-    if isinstance(sinks, nn.Parameter) and sinks.dim() == 1:  # only where no gate module is: that one is the gate
-        return GateSite("sinks", attention, sinks.numel(), 1, name="sinks")
-    return None
-
-
-def _has_submodule(module: nn.Module, name: str) -> bool:
-    try:
-        return module.get_submodule(name) is not None
-    except AttributeError:
-        return False
-
-
 def model_layout(model: nn.Module) -> ModelLayout:
     """Decoder layers, softmax-attention layers (1-based), their attention modules and gate sites, and the view
     their states and maps are read through.
@@ -379,7 +330,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
         attention_modules[layer] = attention
         if later:
             later_blocks[layer] = later
-        if (site := _gate_site(config, attention)) is not None:
+        if (site := gate_site(config, attention)) is not None:
             site.name = f"{where}.{site.name}".strip(".")
             gates[layer] = site
     paths = {id(m): n for n, m in model.named_modules()}

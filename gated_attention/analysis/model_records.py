@@ -15,7 +15,6 @@ Declarations completed or replaced:
   GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
   Their attention returns its weights only when the model is called with `output_attentions=True`,
   which `Capture` then passes (`ModelLayout.weights_on_request`).
-- `OUTPUT_GATES`: attention output gates transformers ships (their projection and activation).
 - `PARALLEL_LAYERS`: model types whose layers are no modules (XLM: parallel lists of attention, norm and feed-forward
   modules): the list whose entry starts each layer and the one whose entry's output is the layer's output.
 - `LOOPED`: model types whose layers run several times in one forward although their declared layer count
@@ -71,24 +70,6 @@ LEGACY_DECLARATIONS = {
     "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
     "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
     "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: `VIEWS`
-}
-# Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
-# (named under the attention module as the model names its parameters; where releases put it in different places,
-# each name in turn, the first the model has) and the activation the model applies to its output, `[B, T, H]` (a score
-# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width (`layout`). Inkling2's gate
-# sits in its output projection (`Inkling2GatedOutputProjection`) in transformers 5.24 and later, on the attention in
-# 5.23: the same map of the same input, applied to the same output.
-INKLING2_GATE = ("o_proj.gate_proj", "gate_proj")
-OUTPUT_GATES = {
-    "Lfm3Attention": ("g_proj", "sigmoid"),
-    "BailingHybridAttention": ("g_proj", "sigmoid"),
-    "LagunaAttention": ("g_proj", "softplus"),
-    "Dots3NoteTextAttention": ("g_proj", "sigmoid"),
-    "HYV4Attention": ("gate_proj", "sigmoid"),
-    "Inkling2SlidingAttention": (INKLING2_GATE, "sigmoid"),
-    "Inkling2FullAttention": (INKLING2_GATE, "sigmoid"),
-    "Inkling2LoopSlidingAttention": (INKLING2_GATE, "sigmoid"),
-    "Inkling2LoopFullAttention": (INKLING2_GATE, "sigmoid"),
 }
 # Model types whose layers are no modules: the base model holds parallel lists of per-layer modules and runs entry i of
 # each in turn (XLM: attentions, layer_norm1, ffns, layer_norm2). The list whose entry i starts layer i + 1 (its

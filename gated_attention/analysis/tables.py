@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from . import metrics
-from .layout import GateSite, ModelLayout
+from ..modeling.gate_sites import GateSite
+from .layout import ModelLayout
 from .samples import Sample
 
 ANCHORS = ("consensus_sink", "first_token")

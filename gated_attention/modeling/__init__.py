@@ -36,6 +36,10 @@
   `_can_record_outputs` (its hidden-state and attention modules), merged over
   its submodels, and which declared attention classes compute no softmax
   (`NOT_SOFTMAX`): the one reader `attention_sites` and the analysis share.
+- `gate_sites`: where an attention module's output gate is, for every gate the
+  package reads (ours, the output gates transformers ships, Qwen3.5's rows of
+  `q_proj`, learned sinks) and which linear rows hold it: the one rule the
+  analysis and the quantization share.
 - `attention_sites`: where a transformers model's softmax-attention modules
   and their output projections are, read from its own declarations
   (`recorded_outputs`, its tensor-parallel plan), or one line saying what
