@@ -272,12 +272,16 @@ def run_analysis(
     n_bootstrap: int = 1000,
     seed: int = 0,
     sink_epsilon: float = metrics.SINK_EPSILON,
+    quantization: Sequence[str] = (),
 ) -> list[dict]:
     """Analyse `samples` with `model`; write everything to `out_dir`; return the metric rows.
 
     `intervention` ("deletion", "set-mean", "connection") acts on the `intervene_tokens` (0-based) at the residual
     positions `intervene_layers` (X[l], l = 0..L: X[0] the embedding output, X[l] the output of decoder layer l;
-    None: the inputs of the attention layers, X[f-1])."""
+    None: the inputs of the attention layers, X[f-1]).
+
+    `quantization`: compressed-tensors' preset names; each scheme's arms are measured against the model on the
+    same inputs (`quantization.measure`), with the outlier statistics of the layers' inputs."""
     from .plots import plot_all
 
     out_dir = Path(out_dir)
@@ -294,6 +298,14 @@ def run_analysis(
         positions = attention_inputs(layout.attention_layers) if intervene_layers is None else intervene_layers
         intervention_rows = run_interventions(model, inputs, device, intervention, k, positions, intervene_tokens)
 
+    quantization_rows, outlier_rows = [], []
+    if quantization:
+        from ..quantization import measure
+
+        ids = [ids.to(device) for _, ids in inputs]
+        _, quantization_rows = measure.measure(model, ids, quantization)
+        outlier_rows = measure.outliers(model, ids)
+
     out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails before this leaves no empty folder
     tables.write_arrays(out_dir, layout, results, gates, sink_epsilon)
     tables.write_inputs(out_dir, layout, results, per_input)
@@ -303,6 +315,9 @@ def run_analysis(
     tables.write_metrics(out_dir, metric_rows)
     if intervention_rows:
         tables.write_intervention(out_dir, intervention_rows)
+    if quantization_rows:
+        tables.write_quantization(out_dir, quantization_rows, outlier_rows)
     plots = plot_all(out_dir)
-    tables.write_summary(out_dir, model_name, layout, results, metric_rows, intervention_rows, plots, sink_epsilon)
+    tables.write_summary(out_dir, model_name, layout, results, metric_rows, intervention_rows, plots, sink_epsilon,
+                         quantization_rows, outlier_rows)
     return metric_rows

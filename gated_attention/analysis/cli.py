@@ -127,6 +127,14 @@ def register(subparsers) -> None:
     p.add_argument("--intervene-tokens", type=bounded(int, 0), nargs="+", metavar="T",
                    help="--intervene on these token positions (0-based, each below the shortest input's length) "
                    "instead of the first token; set-mean takes each token's own mean over the inputs (default: 0)")
+    p.add_argument("--quantization", nargs="+", metavar="SCHEME",
+                   help="also measure what each compressed-tensors preset scheme (W8A8, W4A16, FP8, NVFP4, MXFP4, ...; "
+                   "any case) costs the model on the same inputs, rounded to nearest with min-max scales: every linear "
+                   "map but lm_head (arm all), all but the gates (gates_kept), the gates alone (gates_only), and a "
+                   "gate fused into q_proj's rows apart from the query's (gate_rows_only, query_rows_only); perplexity, "
+                   "KL from the unquantized model and top-1 agreement go to quantization.csv, the outlier statistics "
+                   "of each attention output projection's, MLP down projection's and gate's input to "
+                   "quantization_layers.csv (needs compressed-tensors: pip install \"gated-attention[quant]\")")
     p.add_argument("--sink-epsilon", type=_epsilon, default=0.3, metavar="EPS",
                    help="the sink rate's threshold (Gu et al. 2024): a head is a sink head where its mean attention on "
                    "the first token, over all queries, exceeds EPS; layers.csv and summary.md give the fraction of "
@@ -155,6 +163,18 @@ def _check_inputs(args) -> None:
         raise CLIError(f"{'--text-field' if fields else '--domain-field'} is for --dataset, which is not given")
     if args.dataset and len(fields) not in (0, 1, len(args.dataset)):
         raise CLIError(f"--text-field is given {len(fields)} times for {len(args.dataset)} --dataset: give it once, or once per --dataset")
+
+
+def _check_quantization(args) -> None:
+    """--quantization: compressed-tensors' preset names (which needs compressed-tensors installed)."""
+    if not args.quantization:
+        return
+    from ..quantization.schemes import QuantizationError, canonical
+
+    try:
+        args.quantization = list(dict.fromkeys(canonical(name) for name in args.quantization))
+    except QuantizationError as e:
+        raise CLIError(f"--quantization: {e}") from None
 
 
 def _check_intervention(args) -> None:
@@ -194,7 +214,7 @@ def _check_out(args) -> None:
 
 # The files the comparison writes beside the model folders (`compare.FILES`), written out so that the parser imports
 # no matplotlib (tests/test_analyze_cli.py checks they agree)
-COMPARISON_FILES = ("comparison.csv", "comparison.png", "summary.md")
+COMPARISON_FILES = ("comparison.csv", "comparison.png", "summary.md", "quantization.csv")
 
 
 def output_names(models: list[str]) -> list[str]:
@@ -313,6 +333,7 @@ def run(args) -> int:
     _check_names(args)
     _check_inputs(args)
     _check_intervention(args)
+    _check_quantization(args)
     _check_out(args)
     where = {name: _resolve(name) for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
     for model in args.model:
@@ -353,6 +374,7 @@ def run(args) -> int:
                             n_bootstrap=args.bootstrap,
                             seed=args.seed,
                             sink_epsilon=args.sink_epsilon,
+                            quantization=args.quantization or (),
                         )
                     except ValueError as e:
                         raise CLIError(first_line(e)) from e

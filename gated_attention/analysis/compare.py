@@ -8,7 +8,9 @@
   the first token's (`m_first`) and of the largest over all tokens (`m_act`);
 - `comparison.png`: one panel per model, the consensus sink's max activation layer by layer, the
   attention layers marked (the first token's for a model without softmax attention, dashed);
-- `summary.md`: the models, their folders and each one's headline numbers.
+- `summary.md`: the models, their folders and each one's headline numbers;
+- `quantization.csv`, where the models were measured under `--quantization`: every model's rows of its own
+  `quantization.csv` (one per scheme and arm) after a `model` and a `folder` column.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 # What `write_comparison` writes beside the model folders: no model folder may take one of these names.
-FILES = ("comparison.csv", "comparison.png", "summary.md")
+FILES = ("comparison.csv", "comparison.png", "summary.md", "quantization.csv")
 COLUMNS = ["model", "folder", "layer", "layer_type", "is_attention", "m_sink", "m_first", "m_act"]
 
 
@@ -81,6 +83,16 @@ def _headline(folder: Path) -> dict[str, str]:
     return out
 
 
+def _quantization_rows(out_dir: Path, models: dict[str, str]) -> list[dict]:
+    rows = []
+    for folder, model in models.items():
+        path = out_dir / folder / "quantization.csv"
+        if path.is_file():
+            with open(path, newline="") as f:
+                rows += [{"model": model, "folder": folder, **row} for row in csv.DictReader(f)]
+    return rows
+
+
 def write_comparison(out_dir: Path, models: dict[str, str]) -> None:
     """`comparison.csv`, `comparison.png` and `summary.md` in `out_dir`, from its model folders."""
     out_dir = Path(out_dir)
@@ -97,5 +109,12 @@ def write_comparison(out_dir: Path, models: dict[str, str]) -> None:
             f"| `{model}` | [{folder}]({folder}/summary.md) | {h.get('f_attn', 'no attention')} | {h.get('m_act', '')} "
             f"| {h.get('sink_spike_alignment', 'no attention')} |"
         )
-    lines += ["", "Files: `comparison.csv`, `comparison.png`, and each model's folder.", ""]
+    quantized = _quantization_rows(out_dir, models)
+    if quantized:
+        with open(out_dir / "quantization.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(quantized[0]))
+            writer.writeheader()
+            writer.writerows(quantized)
+    files = "`comparison.csv`, `comparison.png`" + (", `quantization.csv`" if quantized else "")
+    lines += ["", f"Files: {files}, and each model's folder.", ""]
     (out_dir / "summary.md").write_text("\n".join(lines))

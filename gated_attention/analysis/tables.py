@@ -8,7 +8,7 @@ scores' sums over inputs), the per-input metric rows (`analyze.input_metrics`) a
   `first_token_attention` and `first_token_importance` `[N, n_attn, H]` (n_attn: one row per attention block,
   `attention_rows`), `consensus_sink`, gate histograms and per-head gate stats.
 - `inputs.csv`, `layers.csv`, `peak_excess.csv`, `gates.csv`, `metrics.csv` (metric, anchor, mean and 95% bootstrap
-  CI over inputs), `intervention.csv`.
+  CI over inputs), `intervention.csv`, `quantization.csv` and `quantization_layers.csv` (`write_quantization`).
 - `summary.md` (`write_summary`), written last by `run_analysis`: a folder without it is an interrupted run.
 
 Layers are decoder-layer calls (`ModelLayout.layers`): in a model that runs some layers several times in one
@@ -234,8 +234,49 @@ def _gate_name(site: GateSite) -> str:
     return f"`{site.name}`, {how}"
 
 
+def write_quantization(out_dir: Path, rows: list[dict], outlier_rows: list[dict]) -> None:
+    """`quantization.csv`: perplexity, KL and top-1 agreement per scheme and arm, the unquantized model's first
+    (`quantization.measure`); `quantization_layers.csv`: the outlier statistics of each measured layer's input."""
+    _write_csv(out_dir / "quantization.csv", rows, list(rows[0]))
+    if outlier_rows:
+        _write_csv(out_dir / "quantization_layers.csv", outlier_rows, list(outlier_rows[0]))
+
+
+def _quantization_lines(rows: list[dict], outlier_rows: list[dict]) -> list[str]:
+    """The summary's quantization section: the table, then per scheme whether keeping the gates paid."""
+    reference = rows[0]
+    lines = ["", "## Quantization (compressed-tensors' schemes, round-to-nearest, min-max scales)", "",
+             f"Unquantized: perplexity {_fmt(reference['perplexity'])} over {reference['n_tokens']} predictions, "
+             f"{reference['weight_bytes']:,} bytes of rounded linear maps at 16 bits. KL: mean KL(unquantized || "
+             "quantized) of the next-token distributions, in nats.", "",
+             "| scheme | arm | perplexity | change | KL | top-1 agreement | bytes |", "|---|---|---|---|---|---|---|"]
+    for row in rows[1:]:
+        lines.append(f"| {row['scheme']} | {row['arm']} | {_fmt(row['perplexity'])} | {row['perplexity_change']:+.2%} | "
+                     f"{row['kl']:.3g} | {row['top1_agreement']:.3f} | {row['weight_bytes']:,} |")
+    by_arm = {(row["scheme"], row["arm"]): row for row in rows[1:]}
+    lines.append("")
+    for scheme in dict.fromkeys(row["scheme"] for row in rows[1:]):
+        every, kept = by_arm[(scheme, "all")], by_arm.get((scheme, "gates_kept"))
+        if kept is None:
+            lines.append(f"- {scheme}: the model has no gate of linear maps: `all` is the only arm.")
+            continue
+        paid = kept["kl"] < every["kl"]
+        change = (kept["kl"] - every["kl"]) / every["kl"] if every["kl"] else math.nan
+        extra = kept["weight_bytes"] - every["weight_bytes"]
+        lines.append(f"- {scheme}: keeping the gates in 16 bits {'paid' if paid else 'did not pay'}: KL "
+                     f"{every['kl']:.3g} -> {kept['kl']:.3g} ({change:+.1%}) for {extra:+,} bytes "
+                     f"({extra / every['weight_bytes']:+.1%} of the quantized linear maps).")
+    if outlier_rows:
+        lines += ["", "Inputs of the layers (`quantization_layers.csv`), mean over layers: "
+                  + "; ".join(f"{kind} kurtosis {_fmt(float(np.mean([r['kurtosis'] for r in outlier_rows if r['kind'] == kind])))}, "
+                              f"max/median {_fmt(float(np.mean([r['max_over_median'] for r in outlier_rows if r['kind'] == kind])))}"
+                              for kind in dict.fromkeys(r["kind"] for r in outlier_rows)) + "."]
+    return lines
+
+
 def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: list[InputResult],
-                  metric_rows: list[dict], intervention_rows: list[dict], plots: list[str], sink_epsilon: float) -> None:
+                  metric_rows: list[dict], intervention_rows: list[dict], plots: list[str], sink_epsilon: float,
+                  quantization_rows: Sequence[dict] = (), outlier_rows: Sequence[dict] = ()) -> None:
     fa = layout.attention_layers
     domains: dict[str, int] = {}
     for r in results:
@@ -293,7 +334,11 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: 
             f"Identity check (endpoints pinned only): exact on {first['identity_exact_inputs']}/{first['n_inputs']} "
             f"inputs, max |logit diff| {first['identity_max_abs_diff']:.3g}.",
         ]
+    if quantization_rows:
+        lines += _quantization_lines(list(quantization_rows), list(outlier_rows))
     files = ["arrays.npz", "inputs.csv", "layers.csv", "peak_excess.csv", "gates.csv", "metrics.csv"]
     files += ["intervention.csv"] if intervention_rows else []
+    files += ["quantization.csv"] if quantization_rows else []
+    files += ["quantization_layers.csv"] if outlier_rows else []
     lines += ["", "Files: " + ", ".join(f"`{f}`" for f in files + plots), ""]
     (out_dir / "summary.md").write_text("\n".join(lines))
