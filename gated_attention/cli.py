@@ -33,6 +33,7 @@ _COMMAND_MODULES = [
     "gated_attention.analysis.cli",
     "gated_attention.analysis.stream_cli",
     "gated_attention.recipes.cli",
+    "gated_attention.recipes.quantize_cli",
 ]
 
 
