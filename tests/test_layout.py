@@ -26,6 +26,7 @@ LAYERS = [
     {"files", "memory", "fla_cpu"},
     {"modeling"},
     {"__init__"},  # the package itself: public names, CLIError and the Auto registration
+    {"quantization"},  # compressed-tensors' schemes on a model's linear maps: the analysis measures, `quantize` writes
     {"training", "analysis", "convert"},
     {"recipes"},
     {"cli"},

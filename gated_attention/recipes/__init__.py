@@ -22,9 +22,12 @@ the library.
 - `stability`: the ungated model, its G1 twin and a qk-norm twin from the same weights, each trained at
   every rate of a learning-rate sweep: divergence, loss spikes, attention and output logits, and each one's
   learning-rate sensitivity (Wortsman et al. 2023);
-- `report`: plain-text tables, CSV files and the plots drawn from them.
+- `report`: plain-text tables, CSV files and the plots drawn from them;
+- `quantize_cli` and `quantize`: `gated-attention quantize MODEL DST --scheme SCHEME`, the measured arm of
+  `analyze --quantization` written as a compressed-tensors checkpoint (inputs read as `analyze` reads them,
+  DST staged and checked as `convert` writes it).
 
 Each recipe's `run(args)` reads top-down as named steps: prepare the data,
 build the models, train, measure, report. The recipes import the library
-(`training`, `analysis`, `convert`, `modeling`); nothing imports them but the CLI.
+(`training`, `analysis`, `convert`, `quantization`, `modeling`); nothing imports them but the CLI.
 """
