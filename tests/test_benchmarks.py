@@ -112,6 +112,7 @@ OUT_OF_RANGE = {
     "gdn_cpu": ["--lengths", "-5"],
     "gpu_models": ["--parts", "everything"],
     "long_document": ["--mb", "0"],
+    "quantization_pairs": ["--steps", "0"],
     "serving_check": ["--prompts", "0"],
     "sink_search": ["--probe-every", "-1"],
     "stability_search": ["--max-grad-norm", "-1"],

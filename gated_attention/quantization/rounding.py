@@ -107,6 +107,20 @@ def _calibrate_inputs(model: nn.Module, linears: list[nn.Linear], inputs: Iterab
         _set_qparams(module, "input", args, low.reshape(1), high.reshape(1), (low, high))
 
 
+@torch.no_grad()
+def _round_weight_once(linear: nn.Linear) -> None:
+    """Store the weight quantized and dequantized, and mark it so: compressed-tensors' forward then rounds only the
+    activations. The same numbers as rounding the weight at every call (the scales are fixed), at a fraction of the
+    cost: the weight's round trip per call otherwise costs more than the matmul. Only for a copy that is measured,
+    never compressed: `ModelCompressor` reads a status of `COMPRESSED` as weights that are packed already."""
+    from compressed_tensors.quantization import QuantizationStatus, forward_quantize
+
+    if linear.quantization_scheme.weights is None:
+        return
+    linear.weight.data = forward_quantize(linear, linear.weight.data, "weight", linear.quantization_scheme.weights)
+    linear.quantization_status = QuantizationStatus.COMPRESSED
+
+
 def _round_rows(linear: nn.Linear, rows: torch.Tensor) -> None:
     """Only `rows` (a boolean mask `[out_features]`) of `linear`'s output come from its quantized forward."""
     quantized = linear.forward  # compressed-tensors' quantize-dequantize forward, bound to the module
@@ -126,7 +140,9 @@ def quantized_copy(model: nn.Module, name: str, targets: dict[str, torch.Tensor 
     quantized = copy.deepcopy(model)
     _apply(quantized, name, list(targets), calibration)
     for path, rows in targets.items():
-        if rows is not None:
+        if rows is None:
+            _round_weight_once(quantized.get_submodule(path))
+        else:  # the other rows keep the weight as it was
             _round_rows(quantized.get_submodule(path), rows)
     return quantized
 
