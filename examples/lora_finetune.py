@@ -17,16 +17,19 @@ merged model's. Training options, data, checkpoints and resume are those of
 `continued_pretraining.py`.
 
 QLoRA (`--load-in-4bit`, needs bitsandbytes: `pip install "gated-attention[quant]"`):
-the base is loaded with its Linear layers in 4-bit NF4 (bitsandbytes'
-`Linear4bit`, computed in `--dtype`), except the gates and `lm_head`, which stay
-in `--dtype` (`llm_int8_skip_modules`), so the gates train in full precision as
-above. The LoRA adapters learn against the 4-bit base. A 4-bit base cannot take
-the merge exactly (the sum would be rounded to 4 bits again), so the merged
-model is `--model` reloaded in `--dtype` with the trained adapters and gates
-applied and merged: the full-precision base plus adapters trained against its
-4-bit copy. Its logits differ from the 4-bit model's that was trained by the
-quantization error of the base; the run prints that difference next to the
-reload check.
+the base's Linear layers are loaded in 4-bit NF4 (bitsandbytes' `Linear4bit`,
+computed in `--dtype`), except the gates and `lm_head` (`llm_int8_skip_modules`).
+peft's `prepare_model_for_kbit_training` casts the layers left unquantized
+(gates, embeddings, norms, `lm_head`) to float32 whatever `--dtype` is, so the
+gates train in float32, and the LoRA adapters learn against the 4-bit base. A
+4-bit base cannot take the merge exactly (the sum would be rounded to 4 bits
+again), so the merged model is `--model` reloaded in `--dtype` with the trained
+adapters and gates applied and merged: the full-precision base plus adapters
+trained against its 4-bit copy. Its logits differ from those of the 4-bit
+model that was trained by the base's quantization error; the run prints the
+largest difference on two rows next to the reload check. A 4-bit run cannot be
+resumed (`--resume` is refused: bitsandbytes' 4-bit layers cannot load the
+state they save).
 """
 
 from __future__ import annotations
@@ -82,9 +85,11 @@ def four_bit_config(args) -> BitsAndBytesConfig:
     if args.resume:  # loading would fail only after the model is loaded, with a list of unexpected keys
         raise InputError("--resume with --load-in-4bit: bitsandbytes' 4-bit layers cannot load the state they save "
                          "(bitsandbytes issue #1946), so a 4-bit run cannot be resumed from its checkpoints")
+    # transformers matches a plain name here only as a prefix or a suffix of a module's path: "attn_gate" would
+    # leave the Linear layers inside a low-rank gate (attn_gate.down, attn_gate.up) to be quantized.
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=DTYPES[args.dtype],
-                              llm_int8_skip_modules=["attn_gate", "lm_head"])
+                              llm_int8_skip_modules=[r".*\.attn_gate", "lm_head"])
 
 
 def load_base(args, quantization: BitsAndBytesConfig | None):
