@@ -152,13 +152,18 @@ def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_qlora_trains_on_a_4bit_base_and_merges_onto_full_precision(env, tiny_model, tmp_path, monkeypatch, capsys):
+def test_qlora_trains_on_a_4bit_base_and_merges_onto_full_precision(env, tmp_path, monkeypatch, capsys):
     """--load-in-4bit: every Linear layer but the gates and lm_head is NF4 while training and the gates train in
-    float32; the merged model is the float32 base plus the trained deltas, and reloads with the same logits."""
+    float32; the merged model is the float32 base plus the trained deltas, and reloads with the same logits.
+
+    The gates are low-rank (two nn.Linear each): transformers leaves tiny_model's full-rank gate (a subclass of
+    nn.Linear) unquantized whatever the skip list says, so only these show that the script keeps gates out."""
     import bitsandbytes as bnb
     from peft.tuners.lora import LoraLayer
     from safetensors import safe_open
 
+    model = save_tiny_model(tmp_path / "tiny", MAX_CHARS, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            max_position_embeddings=64, attn_gate={"position": "G1", "rank": 4})
     lora = import_example("lora_finetune")
     load_base, bases = lora.load_base, []
 
@@ -168,7 +173,7 @@ def test_qlora_trains_on_a_4bit_base_and_merges_onto_full_precision(env, tiny_mo
 
     monkeypatch.setattr(lora, "load_base", keep)
     out = tmp_path / "qlora"
-    merged = lora.main(["--model", str(tiny_model), "--output-dir", str(out), "--steps", "3", "--rank", "4",
+    merged = lora.main(["--model", str(model), "--output-dir", str(out), "--steps", "3", "--rank", "4",
                         "--lr", "1e-2", "--gate-lr", "1e-2", "--load-in-4bit", *COMMON])
     trained = bases[0]  # with the LoRA layers get_peft_model put into it
     linears = {n: m for n, m in trained.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n}
@@ -178,11 +183,11 @@ def test_qlora_trains_on_a_4bit_base_and_merges_onto_full_precision(env, tiny_mo
     kept = [m.weight for n, m in linears.items() if n not in four_bit]  # gates (trained copy and original), lm_head
     assert all(type(w) is torch.nn.Parameter and w.dtype == torch.float32 for w in kept)
 
-    start = gated_attention.GatedAttentionForCausalLM.from_pretrained(tiny_model).state_dict()
+    start = gated_attention.GatedAttentionForCausalLM.from_pretrained(model).state_dict()
     state = merged.state_dict()
     gates = {n.replace("modules_to_save.default.", ""): p for n, p in trained.named_parameters()
              if "attn_gate" in n and p.requires_grad}
-    assert len(gates) == 2
+    assert sorted(gates) == [f"model.layers.{i}.self_attn.attn_gate.{w}.weight" for i in (0, 1) for w in ("down", "up")]
     for name, p in gates.items():
         assert not torch.equal(p, start[name]) and torch.equal(state[name], p)
     # Merged onto the float32 base, not the dequantized 4-bit one (which is ~1e-2 off): W + delta - W is delta
