@@ -151,6 +151,69 @@ def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
     assert torch.equal(torch.load(tmp_path / "logits.pt"), before)
 
 
+@pytest.mark.slow
+def test_qlora_trains_on_a_4bit_base_and_merges_onto_full_precision(env, tmp_path, monkeypatch, capsys):
+    """--load-in-4bit: every Linear layer but the gates and lm_head is NF4 while training and the gates train in
+    float32; the merged model is the float32 base plus the trained deltas, and reloads with the same logits.
+
+    The gates are low-rank (two nn.Linear each): transformers leaves tiny_model's full-rank gate (a subclass of
+    nn.Linear) unquantized whatever the skip list says, so only these show that the script keeps gates out."""
+    import bitsandbytes as bnb
+    from peft.tuners.lora import LoraLayer
+    from safetensors import safe_open
+
+    model = save_tiny_model(tmp_path / "tiny", MAX_CHARS, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            max_position_embeddings=64, attn_gate={"position": "G1", "rank": 4})
+    lora = import_example("lora_finetune")
+    load_base, bases = lora.load_base, []
+
+    def keep(*args):  # the model that trains, to look at after the run
+        bases.append(load_base(*args))
+        return bases[-1]
+
+    monkeypatch.setattr(lora, "load_base", keep)
+    out = tmp_path / "qlora"
+    merged = lora.main(["--model", str(model), "--output-dir", str(out), "--steps", "3", "--rank", "4",
+                        "--lr", "1e-2", "--gate-lr", "1e-2", "--load-in-4bit", *COMMON])
+    trained = bases[0]  # with the LoRA layers get_peft_model put into it
+    linears = {n: m for n, m in trained.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n}
+    four_bit = {n for n, m in linears.items() if isinstance(m, bnb.nn.Linear4bit)}
+    assert four_bit == {n for n in linears if "attn_gate" not in n and n != "lm_head"} and len(four_bit) == 2 * 7
+    assert {linears[n].weight.quant_type for n in four_bit} == {"nf4"}
+    kept = [m.weight for n, m in linears.items() if n not in four_bit]  # gates (trained copy and original), lm_head
+    assert all(type(w) is torch.nn.Parameter and w.dtype == torch.float32 for w in kept)
+
+    start = gated_attention.GatedAttentionForCausalLM.from_pretrained(model).state_dict()
+    state = merged.state_dict()
+    gates = {n.replace("modules_to_save.default.", ""): p for n, p in trained.named_parameters()
+             if "attn_gate" in n and p.requires_grad}
+    assert sorted(gates) == [f"model.layers.{i}.self_attn.attn_gate.{w}.weight" for i in (0, 1) for w in ("down", "up")]
+    for name, p in gates.items():
+        assert not torch.equal(p, start[name]) and torch.equal(state[name], p)
+    # Merged onto the float32 base, not the dequantized 4-bit one (which is ~1e-2 off): W + delta - W is delta
+    # up to float32 rounding of W + delta, half an ulp of |W| < 1, i.e. under 6e-8.
+    adapted = {n: m for n, m in trained.named_modules() if isinstance(m, LoraLayer)}
+    assert len(adapted) == 2 * 7
+    for name, layer in adapted.items():
+        torch.testing.assert_close(state[f"{name}.weight"] - start[f"{name}.weight"],
+                                   layer.get_delta_weight("default"), rtol=0, atol=1e-7)
+    assert torch.equal(state["model.embed_tokens.weight"], start["model.embed_tokens.weight"])
+    # The run prints how far the merged logits lie from the 4-bit model's: NF4's error on these random weights
+    # moves them by about 1e-2. On the CPU the 4-bit layers compute with their dequantized weights exactly, so a
+    # merge onto those would leave float rounding alone, far under 1e-4.
+    quantization_error = float(re.search(r"from the 4-bit model as trained (\S+)", capsys.readouterr().out)[1])
+    assert 1e-4 < quantization_error < 0.1
+
+    with safe_open(out / "merged" / "model.safetensors", "pt") as saved:
+        assert not any("lora_" in k or "modules_to_save" in k for k in [*saved.keys(), *state])
+    # In this interpreter the package's registered class reads the folder, not its remote-code bundle: the
+    # bundle is the same for every merge and test_lora_merge_save_reload_same_logits loads it in a fresh one.
+    reloaded = AutoModelForCausalLM.from_pretrained(out / "merged", trust_remote_code=True)
+    ids = torch.randint(3, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # fp32 weights round-trip through safetensors exactly: the same logits
+        assert torch.equal(reloaded.eval()(input_ids=ids).logits, merged.eval()(input_ids=ids).logits)
+
+
 def test_long_context_table_and_yarn_checkpoint(env, tiny_model, tmp_path):
     """examples/long_context.py: RoPE base change, training at 80 tokens (the model has 64 positions: with a
     RoPE change that is allowed), perplexity by length with and without YaRN.
