@@ -9,8 +9,10 @@ holds `{"jobs": [{"name", "path", "prompts": [[token ids]], "max_tokens",
 "dtype", "model_impl", "tensor_parallel_size", "texts"}]}`; RESULTS.json gets one record per job with
 the greedy tokens, the log-probability of each chosen token, the engine's own
 tokenization of `texts`, load and generate seconds, or the first line of the
-error that stopped it. Every job runs in a fresh child process, so an engine
-that aborts (llama.cpp's GGML_ASSERT) costs that job only.
+error that stopped it. A vLLM job with `decode_tokens` is timed instead
+(`quantized_serving.py`): its record holds decode tokens/s and load seconds.
+Every job runs in a fresh child process, so an engine that aborts
+(llama.cpp's GGML_ASSERT) costs that job only.
 """
 
 from __future__ import annotations
@@ -52,16 +54,13 @@ def run_vllm(job: dict) -> dict:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tp)  # read only by the CPU backend
     if job.get("server"):
         return run_vllm_server(job)
-    from vllm import LLM, SamplingParams
+    if job.get("decode_tokens"):
+        return time_vllm_decode(job)
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    llm = LLM(
-        model=job["path"], model_impl=job.get("model_impl", "auto"), trust_remote_code=True, dtype=job["dtype"],
-        max_model_len=job["max_model_len"], seed=0, enforce_eager=job.get("enforce_eager", True),
-        tensor_parallel_size=tp,
-        kv_cache_memory_bytes=256 << 20,  # tiny models: the CPU backend otherwise reserves most of RAM
-    )
+    llm = vllm_engine(job)
     t1 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=1, ignore_eos=True)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["prompts"]], params, use_tqdm=False)
@@ -71,6 +70,47 @@ def run_vllm(job: dict) -> dict:
     tokenizer = llm.get_tokenizer()
     tokenized = [tokenizer.encode(text, add_special_tokens=False) for text in job.get("texts", [])]
     return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
+
+
+def vllm_engine(job: dict, **settings):
+    """vLLM's offline engine on the job's checkpoint, remote code trusted, with a small KV cache."""
+    from vllm import LLM
+
+    return LLM(
+        model=job["path"], model_impl=job.get("model_impl", "auto"), trust_remote_code=True, dtype=job["dtype"],
+        max_model_len=job["max_model_len"], seed=0, enforce_eager=job.get("enforce_eager", True),
+        tensor_parallel_size=job.get("tensor_parallel_size", 1),
+        kv_cache_memory_bytes=256 << 20,  # tiny models: the CPU backend otherwise reserves most of RAM
+        **settings,
+    )
+
+
+def time_vllm_decode(job: dict) -> dict:
+    """Decode tokens/s at batch 1 (`benchmarks/quantized_serving.py`): `decode_tokens` over the time generating
+    1 + `decode_tokens` tokens from the first prompt takes beyond generating 1 (the prefill and its token), each the
+    fastest of `repeats` interleaved runs after one warm-up. Prefix caching is off, so every run prefills."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm = vllm_engine(job, enable_prefix_caching=False)
+    load_s = time.perf_counter() - t0
+    prompt = [TokensPrompt(prompt_token_ids=job["prompts"][0])]
+
+    def seconds(n: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    n = job["decode_tokens"]
+    seconds(n + 1)
+    first, whole = [], []
+    for _ in range(job.get("repeats", 3)):
+        first.append(seconds(1))
+        whole.append(seconds(n + 1))
+    return {"decode_tok_s": n / (min(whole) - min(first)), "load_s": load_s, "first_token_s": min(first),
+            "generate_s": min(whole)}
 
 
 def _post(url: str, body: dict, timeout: float = 600) -> dict:

@@ -113,6 +113,7 @@ OUT_OF_RANGE = {
     "gpu_models": ["--parts", "everything"],
     "long_document": ["--mb", "0"],
     "quantization_pairs": ["--steps", "0"],
+    "quantized_serving": ["--repeats", "0"],
     "serving_check": ["--prompts", "0"],
     "sink_search": ["--probe-every", "-1"],
     "stability_search": ["--max-grad-norm", "-1"],
