@@ -27,7 +27,7 @@ from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from ..quantization import measure
 from ..quantization.rounding import quantize_in_place
 from ..quantization.schemes import QuantizationError, canonical
-from ..quantization.targets import arms, ignore_lists
+from ..quantization.targets import arms, ignore_lists_markdown
 
 # `--gates` when it is not given, per scheme: keep where the measurement on the trained models showed keeping
 # the gates lowering the KL (docs/quantization.md has the figures); every other scheme rounds them.
@@ -116,7 +116,6 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
     model.save_pretrained(stage)
     compressor.update_config(stage)
     tokenizer.save_pretrained(stage)
-    lists = ignore_lists(fused)
     write_model_card(
         stage, "quantized_model",
         title=f"{Path(args.model).name} ({scheme})",
@@ -129,8 +128,7 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
                      f"{measured['perplexity']:.4g} against {ref.perplexity:.4g} unquantized, mean KL "
                      f"{measured['kl']:.3g} nats, top-1 agreement {measured['top1_agreement']:.3f}; its linear maps "
                      f"take {measured['weight_bytes']:,} bytes."),
-        fused_note="; a gate fused into `q_proj` is kept by keeping that `q_proj`" if fused else "",
-        ignore_lists="\n".join(f"- {tool}: `{lists[tool]}`" for tool in lists),
+        ignore_lists=ignore_lists_markdown(fused),
         repo=args.dst, version=__version__,
     )
 
