@@ -29,9 +29,6 @@ from ..quantization.rounding import quantize_in_place
 from ..quantization.schemes import QuantizationError, canonical
 from ..quantization.targets import arms, ignore_lists_markdown
 
-# `--gates` when it is not given, per scheme: keep where the measurement on the trained models showed keeping
-# the gates lowering the KL (docs/quantization.md has the figures); every other scheme rounds them.
-KEEP_GATES_BY_DEFAULT: frozenset[str] = frozenset()
 # Formats whose packed weights transformers decompresses into bfloat16 when it runs them compressed on a CPU, so
 # that a float32 model cannot run them there: the written weights are checked, the KL is not.
 BFLOAT16_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
@@ -81,11 +78,10 @@ def quantize_checkpoint(args) -> Path:
     try:
         ids = [i for _, i in checked_inputs(model, tokenizer, samples, args.max_length, args.model)]
         plan = arms(model)
-        gates = args.gates or ("keep" if scheme in KEEP_GATES_BY_DEFAULT and "gates_kept" in plan else "quantize")
-        if gates == "keep" and "gates_kept" not in plan:
+        if args.gates == "keep" and "gates_kept" not in plan:
             raise QuantizationError(f"MODEL {args.model} has no gate of linear maps: --gates keep would keep nothing "
                                     "(leave --gates out)")
-        arm = "gates_kept" if gates == "keep" else "all"
+        arm = "gates_kept" if args.gates == "keep" else "all"
         measure.check_schemes(model, [scheme])
         ref = measure.reference(model, ids)
         quantize_in_place(model, scheme, list(plan[arm]), ids)
