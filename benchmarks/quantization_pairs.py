@@ -1,15 +1,21 @@
-"""Does the G1 gate make a model easier or harder to quantize? The quickstart pair, from scratch, under every
-scheme and arm of `analyze --quantization`.
+"""Does the G1 gate make a model easier or harder to quantize? A pair from scratch, ungated and G1, under
+every scheme and arm of `analyze --quantization`.
 
-The ungated `GatedAttentionForCausalLM` and its G1 twin are built as `gated-attention quickstart` builds them
-(`recipes.common.model_pair`: the same weights apart from the gates), trained on the same batches of the
-embedded corpus with quickstart's recipe (its `Settings`: AdamW, warmup, gate learning rate), then measured
-on the same validation sequences by `quantization.measure` (round-to-nearest, min-max scales): perplexity, KL
-from the model's own unquantized distribution and top-1 agreement per arm, and the outlier statistics of the
-layers' inputs. It prints one table and writes `quantization.csv` and `quantization_layers.csv` (a `model`
-column first) to --out.
+`--pair quickstart` (the default): the ungated `GatedAttentionForCausalLM` and its G1 twin as `gated-attention
+quickstart` builds them (`recipes.common.model_pair`: the same weights apart from the gates), trained on the same
+batches of the embedded corpus with quickstart's recipe (its `Settings`: AdamW, warmup, cosine, gate learning
+rate), measured on its validation sequences. `--pair backcopy`: the control and G1 of `quickstart --preset
+backcopy` (`BackcopySettings`: 1 layer, width 64, Bigram-Backcopy; the control grows a first-token sink, G1 does
+not), trained as that preset trains them (constant rate after warmup), measured on its held-out sequences. A
+scheme whose groups do not tile the pair's widths (W4A16's 128 on width 64) is left out with one line.
 
-Usage: python benchmarks/quantization_pairs.py [--steps 200] [--schemes W8A8 W4A16 FP8 NVFP4 MXFP4] [--out DIR]
+Each model is measured by `quantization.measure` (round-to-nearest, min-max scales): perplexity, KL from the
+model's own unquantized distribution and top-1 agreement per arm, and the outlier statistics of the layers'
+inputs. It prints one table and writes `quantization.csv` and `quantization_layers.csv` (a `model` column
+first) to --out.
+
+Usage: python benchmarks/quantization_pairs.py [--pair quickstart|backcopy] [--steps N]
+       [--schemes W8A8 W4A16 FP8 NVFP4 MXFP4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -23,19 +29,43 @@ import torch
 
 from gated_attention.cli_common import OneLineErrorParser, bounded
 from gated_attention.quantization import measure
-from gated_attention.recipes.common import model_pair
+from gated_attention.quantization.schemes import QuantizationError
+from gated_attention.recipes.backcopy_task import BackcopyTask
+from gated_attention.recipes.common import model_arms, model_pair
 from gated_attention.recipes.quickstart import load_data
-from gated_attention.recipes.settings import Settings
+from gated_attention.recipes.settings import BackcopySettings, Settings
 from gated_attention.training import TrainConfig, make_optimizer, make_scheduler, train
 
 SCHEMES = ("W8A8", "W4A16", "FP8", "NVFP4", "MXFP4")
 
 
-def _train(model, rows, s: Settings) -> None:
+def _train(model, rows, s, min_ratio: float) -> None:
     config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
-                         warmup_steps=max(1, int(s.warmup_fraction * s.steps)))
+                         weight_decay=s.weight_decay, warmup_steps=max(1, int(s.warmup_fraction * s.steps)))
     optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
-    train(model, rows, config, optimizer, make_scheduler(optimizer, config.steps, config.warmup_steps), desc="train")
+    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps, min_ratio)
+    train(model, rows, config, optimizer, scheduler, desc="train")
+
+
+def quickstart_pair(steps: int | None, n_eval: int):
+    """(settings, {name: model}, training rows, validation inputs, the schedule's final rate ratio)."""
+    s = Settings() if steps is None else Settings(steps=steps)
+    torch.manual_seed(s.seed)
+    d = load_data(s, None)
+    ungated, gated = model_pair(s, d.tokenizer)
+    return s, {"ungated": ungated, "G1": gated}, d.train, [row[None] for row in d.valid[:n_eval]], 0.1
+
+
+def backcopy_pair(steps: int | None, n_eval: int):
+    s = BackcopySettings() if steps is None else BackcopySettings(steps=steps)
+    task = BackcopyTask(n_tokens=s.n_tokens, n_triggers=s.n_triggers, successors=s.successors,
+                        trigger_prob=s.trigger_prob, seed=s.seed)
+    train_rows, valid = task.sample(s.train_sequences, s.seq_len, seed=1), task.sample(n_eval, s.seq_len, seed=2)
+    models = model_arms(s, task, {"ungated": {"attn_gate": None}, "G1": {"attn_gate": {"position": "G1"}}})
+    return s, models, train_rows, [row[None] for row in valid], s.lr_min_ratio
+
+
+PAIRS = {"quickstart": quickstart_pair, "backcopy": backcopy_pair}
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -47,22 +77,27 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 def main() -> None:
     parser = OneLineErrorParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=bounded(int, 1), default=Settings().steps, help="training steps (default: %(default)s)")
+    parser.add_argument("--pair", choices=list(PAIRS), default="quickstart", help="which pair (default: %(default)s)")
+    parser.add_argument("--steps", type=bounded(int, 1), help="training steps (default: the preset's: quickstart "
+                        f"{Settings().steps}, backcopy {BackcopySettings().steps})")
     parser.add_argument("--eval-sequences", type=bounded(int, 1), default=16,
                         help="validation sequences measured (default: %(default)s)")
     parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), help="compressed-tensors presets (default: %(default)s)")
     parser.add_argument("--out", default="quantization_pairs", help="output folder (default: %(default)s)")
     args = parser.parse_args()
 
-    s = Settings(steps=args.steps)
-    torch.manual_seed(s.seed)
-    d = load_data(s, None)
-    inputs = [row[None] for row in d.valid[: args.eval_sequences]]
+    s, models, train_rows, inputs, min_ratio = PAIRS[args.pair](args.steps, args.eval_sequences)
+    schemes = []
+    for name in args.schemes:
+        try:
+            schemes += measure.check_schemes(models["G1"], [name])
+        except QuantizationError as e:
+            print(f"left out: {e}")
     results, layers = [], []
-    for name, model in zip(("ungated", "G1"), model_pair(s, d.tokenizer)):
-        _train(model, d.train, s)
+    for name, model in models.items():
+        _train(model, train_rows, s, min_ratio)
         model.eval()
-        _, rows = measure.measure(model, inputs, args.schemes)
+        _, rows = measure.measure(model, inputs, schemes)
         results += [{"model": name, **row} for row in rows]
         layers += [{"model": name, **row} for row in measure.outliers(model, inputs)]
     out = Path(args.out)
@@ -70,7 +105,7 @@ def main() -> None:
     _write(out / "quantization.csv", results)
     _write(out / "quantization_layers.csv", layers)
 
-    print(f"quickstart pair, {s.steps} steps from the same init; {len(inputs)} validation sequences of {s.seq_len} tokens")
+    print(f"{args.pair} pair, {s.steps} steps from the same init; {len(inputs)} held-out sequences of {s.seq_len} tokens")
     by = {(r["model"], r["scheme"], r["arm"]): r for r in results}
     print(f"{'scheme':<7} {'arm':<11} {'ppl ungated':>11} {'ppl G1':>8} {'KL ungated':>11} {'KL G1':>9} {'G1/ungated':>10}")
     for (model, scheme, arm), row in by.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -72,9 +73,11 @@ def test_output_is_sharded_with_index_and_side_files(converted):
     assert config["attn_gate"]["position"] == "sdpa" and config["attn_gate"]["bias"] is False
     assert config["qkv_bias"] is True and config["attention_bias"] is False
     card = (dst / "README.md").read_text()
-    for section in ("## Base model", "## Conversion options", "## What changed", "## How to load", "## How to continue pretraining"):
+    for section in ("## Base model", "## Conversion options", "## What changed", "## How to load", "## How to continue pretraining",
+                    "## Quantizing it"):
         assert section in card
-    assert "$" not in card.replace("$ ", "")  # every template field was filled
+    assert "llm-compressor: `[" in card  # the gate ignore list another quantizer takes
+    assert not re.search(r"\$\w", card)  # every template field was filled (a regex's `$` is no field)
     assert not list(dst.parent.glob(".*incomplete*"))
 
 

@@ -9,8 +9,14 @@ import torch
 
 from .. import __version__
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
+from ..quantization.targets import ignore_lists_markdown
 from .plan import GATE_BIAS_INIT
 from .rope import RopeChange
+
+
+QUANTIZATION = ("`gated-attention quantize PATH DST --scheme W8A8` writes a compressed-tensors checkpoint of it, and "
+                "`gated-attention analyze PATH --out DIR --quantization W8A8 NVFP4` measures what each format costs "
+                "it, gates kept or not. ")
 
 
 def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str,
@@ -109,6 +115,7 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         what_changed="\n".join(changed),
         how_to_load=how_to_load,
         continue_pretraining=continue_pretraining,
+        quantization=QUANTIZATION + ignore_lists_markdown(),
         command=f"gated-attention {command}",
         version=__version__,
         **base_model_fields(str(src)),
@@ -154,6 +161,7 @@ def write_export_card(stage: Path, src: str, config, layout: str = "text") -> No
         'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")  # Qwen3_5ForCausalLM, no remote code\n```',
         continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
         "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
+        quantization=QUANTIZATION + ignore_lists_markdown(fused=True),
         command="gated-attention export",
         version=__version__,
         **base_model_fields(str(src)),

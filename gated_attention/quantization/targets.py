@@ -47,6 +47,14 @@ def ignore_lists(fused: bool = False) -> dict[str, list[str]]:
     }
 
 
+def ignore_lists_markdown(fused: bool = False) -> str:
+    """The model card's section on keeping the gates out of another quantizer: one line per tool."""
+    lists = ignore_lists(fused)
+    what = "every gate module" + ("; a gate fused into `q_proj` is kept by keeping that `q_proj`" if fused else "")
+    return ("To quantize this checkpoint and keep its gates in full precision, give the quantizer this list of what "
+            f"to skip ({what}):\n\n" + "\n".join(f"- {tool}: `{value}`" for tool, value in lists.items()))
+
+
 def _wildcard(pattern: str) -> str:
     """A path regex of `GATE_PATTERNS` as Model-Optimizer's fnmatch key."""
     text = pattern.removesuffix("$").replace(r"(\..*)?", "*").replace(".*", "*").replace(r"\.", ".")

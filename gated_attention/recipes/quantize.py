@@ -27,11 +27,8 @@ from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from ..quantization import measure
 from ..quantization.rounding import quantize_in_place
 from ..quantization.schemes import QuantizationError, canonical
-from ..quantization.targets import arms, ignore_lists
+from ..quantization.targets import arms, ignore_lists_markdown
 
-# `--gates` when it is not given, per scheme: keep where the measurement on the trained models showed keeping
-# the gates lowering the KL (docs/quantization.md has the figures); every other scheme rounds them.
-KEEP_GATES_BY_DEFAULT: frozenset[str] = frozenset()
 # Formats whose packed weights transformers decompresses into bfloat16 when it runs them compressed on a CPU, so
 # that a float32 model cannot run them there: the written weights are checked, the KL is not.
 BFLOAT16_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
@@ -81,11 +78,10 @@ def quantize_checkpoint(args) -> Path:
     try:
         ids = [i for _, i in checked_inputs(model, tokenizer, samples, args.max_length, args.model)]
         plan = arms(model)
-        gates = args.gates or ("keep" if scheme in KEEP_GATES_BY_DEFAULT and "gates_kept" in plan else "quantize")
-        if gates == "keep" and "gates_kept" not in plan:
+        if args.gates == "keep" and "gates_kept" not in plan:
             raise QuantizationError(f"MODEL {args.model} has no gate of linear maps: --gates keep would keep nothing "
                                     "(leave --gates out)")
-        arm = "gates_kept" if gates == "keep" else "all"
+        arm = "gates_kept" if args.gates == "keep" else "all"
         measure.check_schemes(model, [scheme])
         ref = measure.reference(model, ids)
         quantize_in_place(model, scheme, list(plan[arm]), ids)
@@ -116,7 +112,6 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
     model.save_pretrained(stage)
     compressor.update_config(stage)
     tokenizer.save_pretrained(stage)
-    lists = ignore_lists(fused)
     write_model_card(
         stage, "quantized_model",
         title=f"{Path(args.model).name} ({scheme})",
@@ -129,8 +124,7 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
                      f"{measured['perplexity']:.4g} against {ref.perplexity:.4g} unquantized, mean KL "
                      f"{measured['kl']:.3g} nats, top-1 agreement {measured['top1_agreement']:.3f}; its linear maps "
                      f"take {measured['weight_bytes']:,} bytes."),
-        fused_note="; a gate fused into `q_proj` is kept by keeping that `q_proj`" if fused else "",
-        ignore_lists="\n".join(f"- {tool}: `{lists[tool]}`" for tool in lists),
+        ignore_lists=ignore_lists_markdown(fused),
         repo=args.dst, version=__version__,
     )
 
