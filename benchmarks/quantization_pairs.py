@@ -40,8 +40,9 @@ SCHEMES = ("W8A8", "W4A16", "FP8", "NVFP4", "MXFP4")
 
 
 def _train(model, rows, s, min_ratio: float) -> None:
+    decay = {"weight_decay": s.weight_decay} if hasattr(s, "weight_decay") else {}  # quickstart keeps TrainConfig's
     config = TrainConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, gate_lr=s.gate_lr, seed=s.seed,
-                         weight_decay=s.weight_decay, warmup_steps=max(1, int(s.warmup_fraction * s.steps)))
+                         warmup_steps=max(1, int(s.warmup_fraction * s.steps)), **decay)
     optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
     scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps, min_ratio)
     train(model, rows, config, optimizer, scheduler, desc="train")

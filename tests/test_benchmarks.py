@@ -111,6 +111,7 @@ OUT_OF_RANGE = {
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],
     "gpu_models": ["--parts", "everything"],
+    "llmcompressor_agreement": ["--rows", "0"],
     "long_document": ["--mb", "0"],
     "quantization_pairs": ["--steps", "0"],
     "quantized_serving": ["--repeats", "0"],

@@ -57,6 +57,26 @@ def test_gates_at_their_exact_init_quantize_for_free_in_every_scheme():
         assert rows[(scheme, "gates_kept")]["weight_bytes"] > rows[(scheme, "all")]["weight_bytes"]
 
 
+def test_nvfp4_gives_projections_an_engine_fuses_one_global_scale():
+    # vLLM multiplies q/k/v as one qkv_proj and gate/up as one gate_up_proj, with one NVFP4 global scale each
+    # (llm-compressor's oneshot shares it so): their group scales must be relative to the same one. The gate and
+    # the output projection keep their own; a group not rounded whole (the arm gates_only) shares nothing.
+    model = _model(attn_gate={"position": "G1"})
+    layer = "model.layers.0"
+    model.get_submodule(f"{layer}.self_attn.k_proj").weight.data *= 4  # the group's largest weight is k's
+    plan = targets.arms(model)
+    copy = quantized_copy(model, "NVFP4", plan["all"], _inputs(1))
+    scale = {name: copy.get_submodule(f"{layer}.{name}").weight_global_scale.item()
+             for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.attn_gate",
+                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")}
+    assert scale["self_attn.q_proj"] == scale["self_attn.k_proj"] == scale["self_attn.v_proj"]
+    assert scale["mlp.gate_proj"] == scale["mlp.up_proj"]
+    assert len({scale["self_attn.q_proj"], scale["mlp.gate_proj"], scale["self_attn.attn_gate"], scale["self_attn.o_proj"]}) == 4
+    alone = {"model.layers.0.self_attn.q_proj": None}
+    own = quantized_copy(model, "NVFP4", alone, _inputs(1)).get_submodule(f"{layer}.self_attn.q_proj").weight_global_scale
+    assert own.item() != scale["self_attn.q_proj"]
+
+
 def test_a_planted_outlier_channel_raises_the_kurtosis_and_the_w8a8_error():
     # Scaling one value channel up and o_proj's column for it down by the same power of two changes no output,
     # and puts one channel 64 times the rest into o_proj's input: per-token INT8 then rounds the rest coarsely.
@@ -173,6 +193,14 @@ def test_analyze_quantization_and_quantize_agree_and_the_checkpoint_loads(model_
         f"m = AutoModelForCausalLM.from_pretrained({str(dst)!r}, trust_remote_code=True)\n"
         "print(json.dumps(m(torch.tensor([[5, 6, 7, 8]])).logits[0, -1].tolist()))\n")
     assert json.loads(got.strip().splitlines()[-1]) == expected
+
+    # Without --gates, a model with gates keeps them (docs/quantization.md has the measurements behind it)
+    assert main(["quantize", str(model_dir), str(tmp_path / "kept"), "--scheme", "W8A8", *FLAGS]) == 0
+    printed = capsys.readouterr().out
+    kl = float(rows[("W8A8", "gates_kept")]["kl"])
+    assert "gates kept (arm gates_kept)" in printed and f"KL {kl:.3g} (measured {kl:.3g})" in printed
+    kept = AutoModelForCausalLM.from_pretrained(tmp_path / "kept")
+    assert kept.model.layers[0].self_attn.attn_gate.weight.dtype == torch.float32
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -11,7 +11,9 @@ calibration algorithm would choose, and here is the plainest choice, round-to-ne
 - activations that the scheme rounds dynamically (per token, group) get their scales as compressed-tensors
   computes them, per call;
 - static activation scales (FP8's per-tensor input scale) and global scales (NVFP4's) from the minimum and
-  maximum of each layer's input over the calibration inputs, run through the model unquantized.
+  maximum of each layer's input over the calibration inputs, run through the model unquantized;
+- a weight's global scale (NVFP4's) from its own minimum and maximum, or its fused siblings' together
+  (`FUSED_SIBLINGS`: q/k/v, gate/up), which an engine multiplies as one matrix.
 
 A fused projection whose output rows hold two things (Qwen3.5's `q_proj`: each head's query, then its gate) can
 have some rows rounded and the others not (`rows`), which no stored format can: the measurement's way of telling
@@ -28,6 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .schemes import scheme as preset_scheme
+
+# Sibling projections that engines load as one matrix (vLLM's qkv_proj and gate_up_proj, DeepSeek's fused latent
+# projection), whose NVFP4 group scales must then be relative to one global scale: where all of a group are
+# rounded, the weights' global scale comes from the group's minimum and maximum, as llm-compressor's oneshot does.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
 
 def _minmax(value: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,14 +75,31 @@ def _set_qparams(module: nn.Module, base: str, args, low: torch.Tensor, high: to
         zp.data = zero_point.to(zp.dtype).reshape(zp.shape)
 
 
+def _fused_siblings(paths: list[str]) -> dict[str, list[str]]:
+    """Each path -> the paths whose weights share its global scale: its `FUSED_SIBLINGS` when every one of them is
+    rounded, else itself alone."""
+    rounded = set(paths)
+    groups = {path: [path] for path in paths}
+    for path in paths:
+        parent, _, leaf = path.rpartition(".")
+        for names in FUSED_SIBLINGS:
+            members = [f"{parent}.{name}" if parent else name for name in names]
+            if leaf in names and rounded.issuperset(members):
+                groups[path] = members
+    return groups
+
+
 @torch.no_grad()
-def _calibrate_weights(linears: Iterable[nn.Linear]) -> None:
-    for linear in linears:
+def _calibrate_weights(model: nn.Module, paths: list[str]) -> None:
+    groups = _fused_siblings(paths)
+    for path in paths:
+        linear = model.get_submodule(path)
         args = linear.quantization_scheme.weights
         if args is None:
             continue
-        weight = linear.weight.float()
-        _set_qparams(linear, "weight", args, *_minmax(weight, args), (weight.amin(), weight.amax()))
+        siblings = [model.get_submodule(p).weight.float() for p in groups[path]]
+        overall = (min(w.amin() for w in siblings), max(w.amax() for w in siblings))
+        _set_qparams(linear, "weight", args, *_minmax(linear.weight.float(), args), overall)
 
 
 @torch.no_grad()
@@ -158,5 +182,5 @@ def _apply(model: nn.Module, name: str, paths: list[str], calibration: Iterable[
     linears = [model.get_submodule(path) for path in paths]
     config = QuantizationConfig(config_groups={"group_0": preset_scheme(name)})
     apply_quantization_config(model, config, show_progress=False, allowed_modules=linears)
-    _calibrate_weights(linears)
+    _calibrate_weights(model, paths)
     _calibrate_inputs(model, linears, calibration)

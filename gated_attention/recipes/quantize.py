@@ -33,7 +33,8 @@ from ..quantization.targets import arms, ignore_lists_markdown
 # that a float32 model cannot run them there: the written weights are checked, the KL is not.
 BFLOAT16_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
 RECIPE = ("compressed-tensors alone, round-to-nearest with min-max scales (static activation and global scales "
-          "from the calibration inputs); llm-compressor's oneshot is not used")
+          "from the calibration inputs), the scales llm-compressor's QuantizationModifier computes; llm-compressor "
+          "itself is not run")
 
 
 def _samples(args):
@@ -81,7 +82,8 @@ def quantize_checkpoint(args) -> Path:
         if args.gates == "keep" and "gates_kept" not in plan:
             raise QuantizationError(f"MODEL {args.model} has no gate of linear maps: --gates keep would keep nothing "
                                     "(leave --gates out)")
-        arm = "gates_kept" if args.gates == "keep" else "all"
+        keep = args.gates == "keep" or (args.gates is None and "gates_kept" in plan)  # the default: keep what there is
+        arm = "gates_kept" if keep else "all"
         measure.check_schemes(model, [scheme])
         ref = measure.reference(model, ids)
         quantize_in_place(model, scheme, list(plan[arm]), ids)

@@ -26,10 +26,10 @@ def register(subparsers) -> None:
     p.add_argument("dst", metavar="DST", help="output folder, created whole at the end")
     p.add_argument("--scheme", required=True, metavar="SCHEME",
                    help="compressed-tensors' preset scheme: W8A8, W4A16, FP8, FP8_DYNAMIC, NVFP4, MXFP4, ... (any case)")
-    p.add_argument("--gates", choices=GATES, default="quantize",
+    p.add_argument("--gates", choices=GATES,
                    help="keep every gate module (a gate fused into q_proj: that whole q_proj) in full precision, or "
-                   "round it as the rest (default: %(default)s, as measured in docs/quantization.md); keep on a model "
-                   "without a gate is refused")
+                   "round it as the rest (default: keep where the model has a gate; docs/quantization.md has the "
+                   "measurements); keep on a model without a gate is refused")
     inputs = p.add_mutually_exclusive_group()
     inputs.add_argument("--text-file", metavar="PATH", type=existing_file,
                         help="calibration and verification inputs: UTF-8 text, one input per blank-line-separated "
