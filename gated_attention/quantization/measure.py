@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..modeling.attention_sites import OUTPUT_PROJECTIONS
 from ..modeling.recorded_outputs import declaration, declared_modules, softmax_attention
-from .rounding import quantized_copy
+from .rounding import quantized_copy, run_observed
 from .schemes import QuantizationError, canonical, check_shapes, scheme
 from .targets import FUSED_ARMS, arms, gate_rows, linear_paths
 
@@ -189,13 +189,7 @@ def outliers(model: nn.Module, inputs: Sequence[torch.Tensor]) -> list[dict]:
             acc[2] = max(acc[2], float(magnitude.max()))
         return hook
 
-    hooks = [model.get_submodule(path).register_forward_pre_hook(observe(path)) for path in sites]
-    try:
-        for ids in inputs:
-            model(input_ids=ids, use_cache=False)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    run_observed(model, {model.get_submodule(path): observe(path) for path in sites}, inputs)
     n = len(inputs)
     return [{"module": path, "kind": kind, "layer": layer, "kurtosis": sums[path][0] / n,
              "max_over_median": sums[path][1] / n, "max_abs": sums[path][2]} for path, (kind, layer) in sites.items()]

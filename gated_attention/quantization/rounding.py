@@ -23,7 +23,7 @@ which half a quantizer hurts.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +103,19 @@ def _calibrate_weights(model: nn.Module, paths: list[str]) -> None:
 
 
 @torch.no_grad()
+def run_observed(model: nn.Module, observers: dict[nn.Module, Callable], inputs: Iterable[torch.Tensor]) -> None:
+    """Run `model` on each of `inputs` (token ids `[1, T]`), each observer called with its module's input first
+    (`observer(module, args)`, a forward pre-hook, removed afterwards)."""
+    hooks = [module.register_forward_pre_hook(observer) for module, observer in observers.items()]
+    try:
+        for ids in inputs:
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@torch.no_grad()
 def _calibrate_inputs(model: nn.Module, linears: list[nn.Linear], inputs: Iterable[torch.Tensor]) -> None:
     """Static input scales and global scales from each layer's input over `inputs`, the model run unquantized."""
     static = [m for m in linears if (a := m.quantization_scheme.input_activations) is not None and a.dynamic is not True]
@@ -115,15 +128,11 @@ def _calibrate_inputs(model: nn.Module, linears: list[nn.Linear], inputs: Iterab
         low, high = seen.get(module, (x.amin(), x.amax()))
         seen[module] = (torch.minimum(low, x.amin()), torch.maximum(high, x.amax()))
 
-    hooks = [m.register_forward_pre_hook(observe) for m in static]
     for m in linears:
         m.quantization_enabled = False
     try:
-        for ids in inputs:
-            model(input_ids=ids, use_cache=False)
+        run_observed(model, {m: observe for m in static}, inputs)
     finally:
-        for hook in hooks:
-            hook.remove()
         for m in linears:
             m.quantization_enabled = True
     for module, (low, high) in seen.items():
