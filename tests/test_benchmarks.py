@@ -110,6 +110,7 @@ OUT_OF_RANGE = {
     "gate_precision": ["--tokens", "0"],
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],
+    "gguf_quant": ["--sequences", "0"],
     "gpu_models": ["--parts", "everything"],
     "long_document": ["--mb", "0"],
     "quantization_pairs": ["--steps", "0"],
