@@ -178,7 +178,7 @@ SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_at
              num_key_value_heads=2, max_position_embeddings=256)
 
 
-def _randomize(model, seed: int = 1):
+def randomize(model, seed: int = 1):
     """Gates (and norms after SDPA) at random values: what training leaves, not the constant 0.5 of a conversion."""
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -187,6 +187,27 @@ def _randomize(model, seed: int = 1):
                 p.normal_(0, 0.5)
             elif name.endswith(".sinks"):
                 p.normal_(0, 2)  # a sink logit of a few units takes a visible share of each row
+    return model
+
+
+def hybrid_config(special: dict, **schedule):
+    """The hybrid's shape: 4 layers, width 256, GDN head dim 128 (vLLM's CPU GDN kernel runs nothing else),
+    attention heads of 64; `special` the tokenizer's vocabulary size and token ids, `schedule` its layer kinds."""
+    import gated_attention as ga
+
+    return ga.GatedDeltaNetHybridConfig(
+        **{**SHAPE, "hidden_size": 256, "num_hidden_layers": 4}, **special, head_dim=64, qk_norm=True,
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
+        **schedule)
+
+
+def randomize_hybrid(model):
+    """`randomize`, and every norm weight at 1 + N(0, 0.2): the exported norms store w - 1, exact there."""
+    randomize(model)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
     return model
 
 
@@ -235,7 +256,7 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         source = _save(model_cls(config_cls(**SHAPE, **special, **extra)), tokenizer, work / "sources" / family)
         folder = work / family
         convert_checkpoint(str(source), folder, overwrite=True, log=quiet)
-        _save(_randomize(ga.GatedAttentionForCausalLM.from_pretrained(folder)), tokenizer, folder)
+        _save(randomize(ga.GatedAttentionForCausalLM.from_pretrained(folder)), tokenizer, folder)
         routes = [backend]
         if family == "llama":  # "auto" falls back to the backend for an architecture vLLM does not know
             routes += [Route("vllm", "transformers backend (auto)", model_impl="auto"),
@@ -247,7 +268,7 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
             out.append(Checkpoint(family, folder, routes))
         if family in ("llama", "qwen3") and wanted(headwise):
             convert_checkpoint(str(source), work / headwise, gate="headwise", overwrite=True, log=quiet)
-            model = _randomize(ga.GatedAttentionForCausalLM.from_pretrained(work / headwise))
+            model = randomize(ga.GatedAttentionForCausalLM.from_pretrained(work / headwise))
             out.append(Checkpoint(headwise, _save(model, tokenizer, work / headwise), [backend, backend_tp2]))
         if family == "qwen3" and wanted("qwen3-native"):
             out.append(Checkpoint("qwen3-native", export(folder, "qwen3-native"), native=True, routes=[
@@ -272,7 +293,7 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
     for name, fields in VARIANTS.items():
         if wanted(f"variant-{name}") or wanted("variants"):
             torch.manual_seed(0)
-            model = _randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**SHAPE, **special, **fields)))
+            model = randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**SHAPE, **special, **fields)))
             out.append(Checkpoint(f"variant-{name}", _save(model, tokenizer, work / f"variant-{name}"),
                                   [backend, backend_tp2]))
 
@@ -280,7 +301,7 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         torch.manual_seed(0)
         config = ga.GatedAttentionMoeConfig(**SHAPE, **special, num_experts=4, num_experts_per_tok=2,
                                             moe_intermediate_size=64)
-        out.append(Checkpoint("moe", _save(_randomize(ga.GatedAttentionMoeForCausalLM(config)), tokenizer,
+        out.append(Checkpoint("moe", _save(randomize(ga.GatedAttentionMoeForCausalLM(config)), tokenizer,
                                            work / "moe"), [backend, backend_tp2]))
 
     if wanted("olmo2-declared"):  # transformers' own OLMo 2 class, gated by declaration (modeling/declared.py)
@@ -290,23 +311,14 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         torch.manual_seed(0)
         source = _save(Olmo2ForCausalLM(Olmo2Config(**SHAPE, **special)), tokenizer, work / "sources" / "olmo2")
         convert_checkpoint(str(source), work / "olmo2-declared", overwrite=True, log=quiet)
-        model = _randomize(AutoModelForCausalLM.from_pretrained(work / "olmo2-declared"))
+        model = randomize(AutoModelForCausalLM.from_pretrained(work / "olmo2-declared"))
         out.append(Checkpoint("olmo2-declared", _save(model, tokenizer, work / "olmo2-declared"), [
             backend, Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False),
             backend_tp2]))
 
     def hybrid(name: str, **schedule) -> Path:
         torch.manual_seed(0)
-        # GDN head dim 128: vLLM's CPU GDN kernel runs nothing else. Attention heads of 64; 4 layers.
-        config = ga.GatedDeltaNetHybridConfig(
-            **{**SHAPE, "hidden_size": 256, "num_hidden_layers": 4}, **special, head_dim=64, qk_norm=True,
-            linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
-            **schedule)
-        model = _randomize(ga.GatedDeltaNetHybridForCausalLM(config))
-        with torch.no_grad():  # the exported norms store w - 1: keep them where that is exact
-            for key, p in model.named_parameters():
-                if key.endswith("norm.weight"):
-                    p.copy_(1 + 0.2 * torch.randn_like(p))
+        model = randomize_hybrid(ga.GatedDeltaNetHybridForCausalLM(hybrid_config(special, **schedule)))
         return _save(model, tokenizer, work / name)
 
     if wanted("hybrid") or wanted("hybrid-native") or wanted("hybrid-mlx"):
@@ -371,7 +383,7 @@ def paper_source(folder: Path, granularity: str, tokenizer, special: dict) -> Pa
     torch.manual_seed(0)
     shape = {**SHAPE, "head_dim": 32}  # vLLM's CPU attention takes 32 and up
     gate = {"position": "G1", "granularity": granularity}
-    model = _randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**shape, **special, qk_norm=True,
+    model = randomize(ga.GatedAttentionForCausalLM(ga.GatedAttentionConfig(**shape, **special, qk_norm=True,
                                                                              attn_gate=gate)))
     config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **shape, **special, "rope_theta": 10000.0,
               "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "float32", "use_qk_norm": True,

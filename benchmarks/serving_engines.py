@@ -13,6 +13,11 @@ error that stopped it. A vLLM job with `decode_tokens` is timed instead
 (`quantized_serving.py`): its record holds decode tokens/s and load seconds.
 Every job runs in a fresh child process, so an engine that aborts
 (llama.cpp's GGML_ASSERT) costs that job only.
+
+`benchmarks/gguf_quant.py` runs two more kinds in the llama-cpp-python
+environment the same way: `llama.cpp-quantize` (llama-quantize's function on a
+GGUF, jobs `{"name", "path", "out", "type"}`) and `llama.cpp-logits` (every
+position's logits of each prompt, saved to the job's `out` as `.npy`).
 """
 
 from __future__ import annotations
@@ -196,6 +201,54 @@ def run_llama_cpp(job: dict) -> dict:
     return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
 
 
+def run_llama_cpp_quantize(job: dict) -> dict:
+    """llama-quantize's own function (`llama_model_quantize`, default parameters, no importance matrix) on a GGUF:
+    `job["path"]` -> `job["out"]` as `job["type"]` (a `LLAMA_FTYPE_MOSTLY_*` suffix, e.g. Q4_K_M). llama.cpp's
+    log during the call (its stderr) is kept, and its warnings returned: they name the tensors that fell back."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{job['type']}")
+    params.nthread = job.get("threads") or 0  # 0: llama.cpp's own choice, the hardware's threads
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)  # llama.cpp writes its log to the process's stderr, one line per tensor
+        try:
+            code = llama_cpp.llama_model_quantize(job["path"].encode(), job["out"].encode(), ctypes.byref(params))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        lines = log.read().decode("utf-8", "replace").splitlines()
+    if code != 0:
+        raise RuntimeError(f"llama_model_quantize returned {code}: {(lines or ['(no log)'])[-1].strip()}")
+    warnings = [" ".join(line.split()) for line in lines if "warning" in line.lower() or "fallback" in line.lower()]
+    return {"seconds": time.perf_counter() - t0, "bytes": os.path.getsize(job["out"]), "warnings": warnings}
+
+
+def run_llama_cpp_logits(job: dict) -> dict:
+    """Every position's logits of each prompt (`logits_all`), from a fresh state per prompt, saved to
+    `job["out"]` as float32 `[prompts, T, V]` (prompts of one length T)."""
+    import llama_cpp
+    import numpy as np  # a dependency of llama-cpp-python
+
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=job["path"], n_ctx=job["max_model_len"], n_batch=job["max_model_len"],
+                          logits_all=True, verbose=False, seed=0, n_threads=job.get("threads"))
+    t1 = time.perf_counter()
+    prompts = job["prompts"]
+    logits = np.empty((len(prompts), len(prompts[0]), llm.n_vocab()), dtype=np.float32)  # [N, T, V]
+    for i, ids in enumerate(prompts):
+        llm.reset()
+        llm.eval(ids)
+        logits[i] = llm.scores[: len(ids)]
+    np.save(job["out"], logits)
+    return {"load_s": t1 - t0, "eval_s": time.perf_counter() - t1}
+
+
 def run_mlx_lm(job: dict) -> dict:
     """mlx-lm's own load and greedy `generate_step` (what `mlx_lm.generate` runs), from token ids.
 
@@ -229,7 +282,9 @@ def run_mlx_lm(job: dict) -> dict:
     return {"tokens": tokens, "logprobs": logprobs, "tokenized": tokenized, "load_s": t1 - t0, "generate_s": t2 - t1}
 
 
-RUNNERS = {"vllm": run_vllm, "llama.cpp": run_llama_cpp, "mlx-lm": run_mlx_lm}
+RUNNERS = {"vllm": run_vllm, "llama.cpp": run_llama_cpp, "mlx-lm": run_mlx_lm,
+           # benchmarks/gguf_quant.py: llama-quantize, and the logits its perplexity is computed from
+           "llama.cpp-quantize": run_llama_cpp_quantize, "llama.cpp-logits": run_llama_cpp_logits}
 
 
 def _child(engine: str, job: dict, queue) -> None:

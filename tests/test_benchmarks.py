@@ -110,6 +110,7 @@ OUT_OF_RANGE = {
     "gate_precision": ["--tokens", "0"],
     "gated_sdpa": ["--seqlens", "1024", "0"],
     "gdn_cpu": ["--lengths", "-5"],
+    "gguf_quant": ["--sequences", "0"],
     "gpu_models": ["--parts", "everything"],
     "llmcompressor_agreement": ["--rows", "0"],
     "long_document": ["--mb", "0"],
