@@ -9,7 +9,7 @@ import torch
 
 from .. import __version__
 from ..hub.model_card import base_model_fields, options_rows, write_model_card
-from ..quantization.targets import ignore_lists_markdown
+from ..quantization.ignore import FUSED_GATE, OWN_GATE, ignore_section
 from .plan import GATE_BIAS_INIT
 from .rope import RopeChange
 
@@ -115,7 +115,7 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         what_changed="\n".join(changed),
         how_to_load=how_to_load,
         continue_pretraining=continue_pretraining,
-        quantization=QUANTIZATION + ignore_lists_markdown(),
+        quantization=QUANTIZATION + ignore_section([OWN_GATE], "its `attn_gate` modules"),
         command=f"gated-attention {command}",
         version=__version__,
         **base_model_fields(str(src)),
@@ -161,7 +161,8 @@ def write_export_card(stage: Path, src: str, config, layout: str = "text") -> No
         'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")  # Qwen3_5ForCausalLM, no remote code\n```',
         continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
         "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
-        quantization=QUANTIZATION + ignore_lists_markdown(fused=True),
+        quantization=QUANTIZATION + ignore_section([FUSED_GATE], "the gate is the second half of each head's rows of "
+                                                   "`q_proj`, kept by keeping that `q_proj`"),
         command="gated-attention export",
         version=__version__,
         **base_model_fields(str(src)),

@@ -8,8 +8,10 @@
   weights per the scheme's strategy, static activation and global scales from calibration inputs. The same state
   `ModelCompressor` compresses and saves (`recipes/quantize.py`).
 - `targets`: which linear maps each arm rounds (`all`, `gates_kept`, `gates_only`, and for a gate fused into
-  `q_proj`, `gate_rows_only` and `query_rows_only`), read from `modeling.gate_sites`, and the ignore list the
-  ecosystem's quantizers take for keeping the gates.
+  `q_proj`, `gate_rows_only` and `query_rows_only`), read from `modeling.gate_sites`, and the gate patterns of
+  every gate the package knows;
+- `ignore`: the ignore lists the ecosystem's quantizers take for keeping the gates, as text (the converted and
+  exported models' cards carry them without importing the models).
 - `measure`: each arm against the unquantized model on the same inputs (perplexity, mean KL of the next-token
   distributions, top-1 agreement, bytes), and the outlier statistics of the inputs to each attention output
   projection, MLP down projection and gate (kurtosis, max/median magnitude).

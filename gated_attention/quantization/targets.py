@@ -21,44 +21,27 @@ import torch
 from torch import nn
 
 from ..modeling.gate_sites import OUTPUT_GATES, gate_sites
+from .ignore import FUSED_GATE, OWN_GATE
+from .ignore import ignore_lists as quantizer_ignore_lists
 
 ARMS = ("all", "gates_kept", "gates_only")
 FUSED_ARMS = ("gate_rows_only", "query_rows_only")
 
-# The ignore list that keeps every gate module the package writes or reads out of a quantizer's recipe, in the
-# three forms the quantizers take: llm-compressor's and compressed-tensors' `ignore` ("re:" + a Python regex of the
-# module path), Model-Optimizer's `quant_cfg` keys (fnmatch wildcards of the path) and GPTQModel's
-# `dynamic` keys ("-:" + a regex, to skip). Ours is `attn_gate` (its `proj`, or low-rank `down`/`up`); transformers'
-# own output gates are the projections of `OUTPUT_GATES`; a gate fused into `q_proj` is kept by keeping that
-# `q_proj` (`fused_ignore`), which holds the query too, so it is written only for models that fuse it.
-GATE_PATTERNS = (r".*\.attn_gate(\..*)?$",
+# Every gate module the package writes or reads, as path regexes (`ignore`): ours, and the projections of
+# transformers' own output gates (`OUTPUT_GATES`).
+GATE_PATTERNS = (OWN_GATE,
                  *sorted({rf".*\.self_attn\.{re.escape(name)}$" for names, _ in OUTPUT_GATES.values()
                           for name in ((names,) if isinstance(names, str) else names)}))
-FUSED_PATTERN = r".*\.self_attn\.q_proj$"
+
+
+def gate_patterns(fused: bool = False) -> list[str]:
+    """`GATE_PATTERNS`, and with `fused` the `q_proj` a gate is fused into."""
+    return [*GATE_PATTERNS, *([FUSED_GATE] if fused else [])]
 
 
 def ignore_lists(fused: bool = False) -> dict[str, list[str]]:
-    """The gate ignore list per quantizer: `llm-compressor` (also compressed-tensors), `modelopt`, `gptqmodel`."""
-    patterns = [*GATE_PATTERNS, *([FUSED_PATTERN] if fused else [])]
-    return {
-        "llm-compressor": ["lm_head", *(f"re:{p}" for p in patterns)],
-        "modelopt": ["*lm_head*", *(_wildcard(p) for p in patterns)],
-        "gptqmodel": [f"-:{p}" for p in patterns],
-    }
-
-
-def ignore_lists_markdown(fused: bool = False) -> str:
-    """The model card's section on keeping the gates out of another quantizer: one line per tool."""
-    lists = ignore_lists(fused)
-    what = "every gate module" + ("; a gate fused into `q_proj` is kept by keeping that `q_proj`" if fused else "")
-    return ("To quantize this checkpoint and keep its gates in full precision, give the quantizer this list of what "
-            f"to skip ({what}):\n\n" + "\n".join(f"- {tool}: `{value}`" for tool, value in lists.items()))
-
-
-def _wildcard(pattern: str) -> str:
-    """A path regex of `GATE_PATTERNS` as Model-Optimizer's fnmatch key."""
-    text = pattern.removesuffix("$").replace(r"(\..*)?", "*").replace(".*", "*").replace(r"\.", ".")
-    return text.replace("\\", "")
+    """The gate ignore list per quantizer (`ignore.ignore_lists`) for every gate the package knows."""
+    return quantizer_ignore_lists(gate_patterns(fused))
 
 
 def linear_paths(model: nn.Module) -> dict[str, nn.Linear]:

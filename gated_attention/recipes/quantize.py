@@ -27,7 +27,8 @@ from ..hub.model_card import base_model_fields, options_rows, write_model_card
 from ..quantization import measure
 from ..quantization.rounding import quantize_in_place
 from ..quantization.schemes import QuantizationError, canonical
-from ..quantization.targets import arms, ignore_lists_markdown
+from ..quantization.ignore import ignore_section
+from ..quantization.targets import arms, gate_patterns
 
 # Formats whose packed weights transformers decompresses into bfloat16 when it runs them compressed on a CPU, so
 # that a float32 model cannot run them there: the written weights are checked, the KL is not.
@@ -126,7 +127,8 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
                      f"{measured['perplexity']:.4g} against {ref.perplexity:.4g} unquantized, mean KL "
                      f"{measured['kl']:.3g} nats, top-1 agreement {measured['top1_agreement']:.3f}; its linear maps "
                      f"take {measured['weight_bytes']:,} bytes."),
-        ignore_lists=ignore_lists_markdown(fused),
+        ignore_lists=ignore_section(gate_patterns(fused), "every gate module" + ("; a gate fused into `q_proj` is kept by "
+                                    "keeping that `q_proj`" if fused else "")),
         repo=args.dst, version=__version__,
     )
 
