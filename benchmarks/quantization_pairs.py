@@ -8,13 +8,16 @@ rate), measured on its validation sequences. `--pair backcopy`: the control and 
 backcopy` (`BackcopySettings`: 1 layer, width 64, Bigram-Backcopy; the control grows a first-token sink, G1 does
 not), trained as that preset trains them (constant rate after warmup), measured on its held-out sequences. A
 scheme whose groups do not tile the pair's widths (W4A16's 128 on width 64) is left out with one line.
+`--pair hybrid`: quickstart's data and recipe on its 3:1 Gated DeltaNet hybrid, q/k norms in both arms; the
+trained G1 hybrid is also exported to transformers' native Qwen3.5 (`gated-attention export --format qwen3_5`)
+and measured there, where the gate is rows of `q_proj` (the arms `gate_rows_only` and `query_rows_only`).
 
 Each model is measured by `quantization.measure` (round-to-nearest, min-max scales): perplexity, KL from the
 model's own unquantized distribution and top-1 agreement per arm, and the outlier statistics of the layers'
 inputs. It prints one table and writes `quantization.csv` and `quantization_layers.csv` (a `model` column
 first) to --out.
 
-Usage: python benchmarks/quantization_pairs.py [--pair quickstart|backcopy] [--steps N]
+Usage: python benchmarks/quantization_pairs.py [--pair quickstart|backcopy|hybrid] [--steps N]
        [--schemes W8A8 W4A16 FP8 NVFP4 MXFP4] [--out DIR]
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -48,13 +52,18 @@ def _train(model, rows, s, min_ratio: float) -> None:
     train(model, rows, config, optimizer, scheduler, desc="train")
 
 
-def quickstart_pair(steps: int | None, n_eval: int):
-    """(settings, {name: model}, training rows, validation inputs, the schedule's final rate ratio)."""
+def _quickstart_data(steps: int | None, n_eval: int):
     s = Settings() if steps is None else Settings(steps=steps)
     torch.manual_seed(s.seed)
     d = load_data(s, None)
+    return s, d, [row[None] for row in d.valid[:n_eval]]
+
+
+def quickstart_pair(steps: int | None, n_eval: int):
+    """(settings, {name: model}, training rows, validation inputs, the schedule's final rate ratio)."""
+    s, d, inputs = _quickstart_data(steps, n_eval)
     ungated, gated = model_pair(s, d.tokenizer)
-    return s, {"ungated": ungated, "G1": gated}, d.train, [row[None] for row in d.valid[:n_eval]], 0.1
+    return s, {"ungated": ungated, "G1": gated}, d.train, inputs, 0.1
 
 
 def backcopy_pair(steps: int | None, n_eval: int):
@@ -66,7 +75,30 @@ def backcopy_pair(steps: int | None, n_eval: int):
     return s, models, train_rows, [row[None] for row in valid], s.lr_min_ratio
 
 
-PAIRS = {"quickstart": quickstart_pair, "backcopy": backcopy_pair}
+def hybrid_pair(steps: int | None, n_eval: int):
+    """quickstart's data and recipe on its 3:1 Gated DeltaNet hybrid (`--architecture hybrid`), q/k norms on in both
+    arms, as Qwen3.5 has them: the G1 arm exports to transformers' native Qwen3.5 (`export_native`)."""
+    s, d, inputs = _quickstart_data(steps, n_eval)
+    models = model_arms(s, d.tokenizer, {"ungated": {"attn_gate": None, "qk_norm": True},
+                                         "G1": {"attn_gate": {"position": "G1"}, "qk_norm": True}}, "hybrid")
+    models["G1"].tokenizer = d.tokenizer  # for the export
+    return s, models, d.train, inputs, 0.1
+
+
+def export_native(model, work: Path):
+    """`model` as `gated-attention export --format qwen3_5` writes it (verified there), loaded back by transformers:
+    Qwen3.5's layout, the gate as the second half of each head's rows of `q_proj`."""
+    from transformers import AutoModelForCausalLM
+
+    from gated_attention.convert.export import export_checkpoint
+
+    model.save_pretrained(work / "G1")
+    model.tokenizer.save_pretrained(work / "G1")
+    export_checkpoint(str(work / "G1"), work / "G1-qwen3_5", log=lambda *_: None)
+    return AutoModelForCausalLM.from_pretrained(work / "G1-qwen3_5", dtype=torch.float32).eval()
+
+
+PAIRS = {"quickstart": quickstart_pair, "backcopy": backcopy_pair, "hybrid": hybrid_pair}
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -98,9 +130,14 @@ def main() -> None:
     for name, model in models.items():
         _train(model, train_rows, s, min_ratio)
         model.eval()
-        _, rows = measure.measure(model, inputs, schemes)
-        results += [{"model": name, **row} for row in rows]
-        layers += [{"model": name, **row} for row in measure.outliers(model, inputs)]
+        measured = {name: model}
+        if args.pair == "hybrid" and name == "G1":
+            with tempfile.TemporaryDirectory(prefix="quantization-pairs-") as work:
+                measured["G1 Qwen3.5 export"] = export_native(model, Path(work))
+        for label, m in measured.items():
+            _, rows = measure.measure(m, inputs, schemes)
+            results += [{"model": label, **row} for row in rows]
+            layers += [{"model": label, **row} for row in measure.outliers(m, inputs)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "quantization.csv", results)
@@ -108,18 +145,20 @@ def main() -> None:
 
     print(f"{args.pair} pair, {s.steps} steps from the same init; {len(inputs)} held-out sequences of {s.seq_len} tokens")
     by = {(r["model"], r["scheme"], r["arm"]): r for r in results}
-    print(f"{'scheme':<7} {'arm':<11} {'ppl ungated':>11} {'ppl G1':>8} {'KL ungated':>11} {'KL G1':>9} {'G1/ungated':>10}")
+    print(f"{'model':<17} {'scheme':<7} {'arm':<15} {'ppl ungated':>11} {'ppl':>8} {'KL ungated':>11} {'KL':>9} "
+          f"{'/ ungated':>9}")
     for (model, scheme, arm), row in by.items():
-        if model != "G1":
+        if model == "ungated":
             continue
         other = by.get(("ungated", scheme, arm))
         ungated_kl = f"{other['kl']:.3g}" if other else "-"
         ratio = f"{row['kl'] / other['kl']:.2f}" if other and other["kl"] else "-"
         ungated_ppl = f"{other['perplexity']:.2f}" if other else "-"
-        print(f"{scheme:<7} {arm:<11} {ungated_ppl:>11} {row['perplexity']:>8.2f} {ungated_kl:>11} {row['kl']:>9.3g} {ratio:>10}")
+        print(f"{model:<17} {scheme:<7} {arm:<15} {ungated_ppl:>11} {row['perplexity']:>8.2f} {ungated_kl:>11} "
+              f"{row['kl']:>9.3g} {ratio:>9}")
     for kind in dict.fromkeys(r["kind"] for r in layers):
         means = {m: statistics.mean(r["kurtosis"] for r in layers if r["kind"] == kind and r["model"] == m)
-                 for m in ("ungated", "G1") if any(r["kind"] == kind and r["model"] == m for r in layers)}
+                 for m in dict.fromkeys(r["model"] for r in layers) if any(r["kind"] == kind and r["model"] == m for r in layers)}
         print(f"input kurtosis of {kind}, mean over layers: " + ", ".join(f"{m} {v:.3g}" for m, v in means.items()))
     print(f"wrote {out / 'quantization.csv'}")
 
