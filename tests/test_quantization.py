@@ -127,6 +127,10 @@ def test_a_gate_fused_into_q_proj_has_row_arms_that_split_the_tensor():
     assert path.endswith("self_attn.q_proj") and int(rows.sum()) == rows.numel() // 2
     assert torch.equal(plan["query_rows_only"][path], ~rows)
     assert all(p.endswith("self_attn.q_proj") for p in plan["gates_only"])
+    # Kept, the fused q_proj keeps the k_proj and v_proj vLLM multiplies it with (it refuses them kept unlike)
+    attention = path.removesuffix(".q_proj")
+    assert not {f"{attention}.{name}" for name in ("q_proj", "k_proj", "v_proj")} & set(plan["gates_kept"])
+    assert f"{attention}.o_proj" in plan["gates_kept"]
     # Rounding the gate rows leaves the query rows' outputs as they were, bit for bit.
     quantized = quantized_copy(model, "W8A8", plan["gate_rows_only"])
     x = torch.randn(1, 5, model.config.hidden_size)
@@ -137,17 +141,20 @@ def test_a_gate_fused_into_q_proj_has_row_arms_that_split_the_tensor():
 
 @pytest.mark.parametrize("family", [f for f, (_, _, kind) in FAMILIES.items() if kind in ("attn_gate", "q_proj")])
 def test_the_ignore_list_matches_every_gate_module_and_nothing_else(family):
+    # ... nothing else than what `quantize --gates keep` keeps: the gates, and beside a fused q_proj its k and v
     model = build(family)
     fused = FAMILIES[family][2] == "q_proj"
     patterns = [p.removeprefix("re:") for p in targets.ignore_lists(fused)["llm-compressor"] if p != "lm_head"]
     gates = set(targets.gate_rows(model))
     linears = set(targets.linear_paths(model))
+    kept = linears - set(targets.arms(model)["gates_kept"])
+    assert gates and gates <= kept and (kept == gates) != fused
     matched = {path for path in linears if any(re.fullmatch(p, path) for p in patterns)}
-    assert gates and matched == gates
+    assert matched == kept
     gptq = [p.removeprefix("-:") for p in targets.ignore_lists(fused)["gptqmodel"]]
-    assert {path for path in linears if any(re.fullmatch(p, path) for p in gptq)} == gates
+    assert {path for path in linears if any(re.fullmatch(p, path) for p in gptq)} == kept
     modelopt = [p for p in targets.ignore_lists(fused)["modelopt"] if "lm_head" not in p]
-    assert {path for path in linears if any(fnmatch.fnmatch(path, p) for p in modelopt)} == gates
+    assert {path for path in linears if any(fnmatch.fnmatch(path, p) for p in modelopt)} == kept
 
 
 @pytest.fixture(scope="module")

@@ -162,7 +162,8 @@ def write_export_card(stage: Path, src: str, config, layout: str = "text") -> No
         continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
         "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
         quantization=QUANTIZATION + ignore_section([FUSED_GATE], "the gate is the second half of each head's rows of "
-                                                   "`q_proj`, kept by keeping that `q_proj`"),
+                                                   "`q_proj`, kept by keeping that `q_proj` and the `k_proj` and `v_proj` "
+                                                   "engines fuse it with"),
         command="gated-attention export",
         version=__version__,
         **base_model_fields(str(src)),

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 OWN_GATE = r".*\.attn_gate(\..*)?$"  # our attn_gate: its `proj`, or a low-rank gate's `down` and `up`
 # A gate fused into `q_proj` (Qwen3.5, Qwen3-Next, `export --format qwen3_5`) is kept by keeping that `q_proj`, which
-# holds the query too: a quantizer rounds a tensor whole.
-FUSED_GATE = r".*\.self_attn\.q_proj$"
+# holds the query too (a quantizer rounds a tensor whole), and the `k_proj` and `v_proj` vLLM fuses it with (it
+# refuses a fused layer whose parts are kept and rounded unlike).
+FUSED_GATE = r".*\.self_attn\.[qkv]_proj$"
 
 
 def ignore_lists(patterns: list[str]) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ calibration algorithm would choose, and here is the plainest choice, round-to-ne
 - static activation scales (FP8's per-tensor input scale) and global scales (NVFP4's) from the minimum and
   maximum of each layer's input over the calibration inputs, run through the model unquantized;
 - a weight's global scale (NVFP4's) from its own minimum and maximum, or its fused siblings' together
-  (`FUSED_SIBLINGS`: q/k/v, gate/up), which an engine multiplies as one matrix.
+  (`targets.FUSED_SIBLINGS`: q/k/v, gate/up), which an engine multiplies as one matrix.
 
 A fused projection whose output rows hold two things (Qwen3.5's `q_proj`: each head's query, then its gate) can
 have some rows rounded and the others not (`rows`), which no stored format can: the measurement's way of telling
@@ -30,11 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .schemes import scheme as preset_scheme
+from .targets import sibling_groups
 
-# Sibling projections that engines load as one matrix (vLLM's qkv_proj and gate_up_proj, DeepSeek's fused latent
-# projection), whose NVFP4 group scales must then be relative to one global scale: where all of a group are
-# rounded, the weights' global scale comes from the group's minimum and maximum, as llm-compressor's oneshot does.
-FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
 
 def _minmax(value: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,31 +72,23 @@ def _set_qparams(module: nn.Module, base: str, args, low: torch.Tensor, high: to
         zp.data = zero_point.to(zp.dtype).reshape(zp.shape)
 
 
-def _fused_siblings(paths: list[str]) -> dict[str, list[str]]:
-    """Each path -> the paths whose weights share its global scale: its `FUSED_SIBLINGS` when every one of them is
-    rounded, else itself alone."""
-    rounded = set(paths)
-    groups = {path: [path] for path in paths}
-    for path in paths:
-        parent, _, leaf = path.rpartition(".")
-        for names in FUSED_SIBLINGS:
-            members = [f"{parent}.{name}" if parent else name for name in names]
-            if leaf in names and rounded.issuperset(members):
-                groups[path] = members
-    return groups
-
-
 @torch.no_grad()
 def _calibrate_weights(model: nn.Module, paths: list[str]) -> None:
-    groups = _fused_siblings(paths)
+    """Each weight's scales; its global scale (NVFP4's) over its `FUSED_SIBLINGS` where every one of them is
+    rounded, which an engine multiplies as one matrix (vLLM's qkv_proj, gate_up_proj) with one global scale, as
+    llm-compressor's oneshot shares it; else over itself."""
+    rounded = set(paths)
+    overall: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
     for path in paths:
         linear = model.get_submodule(path)
         args = linear.quantization_scheme.weights
         if args is None:
             continue
-        siblings = [model.get_submodule(p).weight.float() for p in groups[path]]
-        overall = (min(w.amin() for w in siblings), max(w.amax() for w in siblings))
-        _set_qparams(linear, "weight", args, *_minmax(linear.weight.float(), args), overall)
+        group = next((g for g in sibling_groups(path) if rounded.issuperset(g)), (path,))
+        if group not in overall:
+            weights = [model.get_submodule(p).weight.float() for p in group]
+            overall[group] = (min(w.amin() for w in weights), max(w.amax() for w in weights))
+        _set_qparams(linear, "weight", args, *_minmax(linear.weight.float(), args), overall[group])
 
 
 @torch.no_grad()

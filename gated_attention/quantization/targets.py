@@ -7,7 +7,8 @@ since a quantizer rounds that tensor whole. Learned sinks and input-independent 
 
 The arms:
 - `all`: every linear map;
-- `gates_kept`: all but the gates (what `quantize --gates keep` writes: a fused `q_proj` kept whole);
+- `gates_kept`: all but the gates (what `quantize --gates keep` writes: a fused `q_proj` kept whole, with the
+  `k_proj` and `v_proj` an engine fuses it with);
 - `gates_only`: the gates alone;
 - where a gate is fused: `gate_rows_only` and `query_rows_only`, the fused projections' gate rows or their
   other rows alone, which no stored format can do but which tells which half the error comes from.
@@ -25,6 +26,10 @@ from .ignore import FUSED_GATE, OWN_GATE
 from .ignore import ignore_lists as quantizer_ignore_lists
 
 ARMS = ("all", "gates_kept", "gates_only")
+# Sibling projections that engines load as one matrix (vLLM's qkv_proj and gate_up_proj, DeepSeek's fused latent
+# projection): they take one NVFP4 global scale (`rounding`), and vLLM refuses a checkpoint that keeps some of them
+# in full precision and rounds the others, so a gate fused into `q_proj` is kept with its `k_proj` and `v_proj`.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa"))
 FUSED_ARMS = ("gate_rows_only", "query_rows_only")
 
 # Every gate module the package writes or reads, as path regexes (`ignore`): ours, and the projections of
@@ -60,6 +65,12 @@ def gate_rows(model: nn.Module) -> dict[str, torch.Tensor | None]:
     return found
 
 
+def sibling_groups(path: str) -> list[tuple[str, ...]]:
+    """The `FUSED_SIBLINGS` groups `path` belongs to, as paths beside it."""
+    parent, _, leaf = path.rpartition(".")
+    return [tuple(f"{parent}.{name}" if parent else name for name in names) for names in FUSED_SIBLINGS if leaf in names]
+
+
 def arms(model: nn.Module) -> dict[str, dict[str, torch.Tensor | None]]:
     """Arm name -> {path: rows} of the linear maps it rounds (rows: None for all, or the mask of those that round).
     A model without a gate of linear maps has the arm `all` alone."""
@@ -68,9 +79,10 @@ def arms(model: nn.Module) -> dict[str, dict[str, torch.Tensor | None]]:
     out = {"all": dict.fromkeys(linears)}
     if not gates:
         return out
-    out["gates_kept"] = {path: None for path in linears if path not in gates}
-    out["gates_only"] = dict.fromkeys(gates)
     fused = {path: rows for path, rows in gates.items() if rows is not None}
+    kept = set(gates) | {p for path in fused for group in sibling_groups(path) for p in group}
+    out["gates_kept"] = {path: None for path in linears if path not in kept}
+    out["gates_only"] = dict.fromkeys(gates)
     if fused:
         out["gate_rows_only"] = dict(fused)
         out["query_rows_only"] = {path: ~rows for path, rows in fused.items()}

@@ -128,7 +128,7 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
                      f"{measured['kl']:.3g} nats, top-1 agreement {measured['top1_agreement']:.3f}; its linear maps "
                      f"take {measured['weight_bytes']:,} bytes."),
         ignore_lists=ignore_section(gate_patterns(fused), "every gate module" + ("; a gate fused into `q_proj` is kept by "
-                                    "keeping that `q_proj`" if fused else "")),
+                                    "keeping that `q_proj` with its `k_proj` and `v_proj`" if fused else "")),
         repo=args.dst, version=__version__,
     )
 

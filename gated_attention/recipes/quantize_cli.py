@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--scheme", required=True, metavar="SCHEME",
                    help="compressed-tensors' preset scheme: W8A8, W4A16, FP8, FP8_DYNAMIC, NVFP4, MXFP4, ... (any case)")
     p.add_argument("--gates", choices=GATES,
-                   help="keep every gate module (a gate fused into q_proj: that whole q_proj) in full precision, or "
+                   help="keep every gate module (a gate fused into q_proj: that whole q_proj, with k_proj and v_proj) in full precision, or "
                    "round it as the rest (default: keep where the model has a gate; docs/quantization.md has the "
                    "measurements); keep on a model without a gate is refused")
     inputs = p.add_mutually_exclusive_group()
