@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))  # serving_check, whose engine finding, GGUF conve
 import serving_check  # noqa: E402
 
 from gated_attention.cli_common import OneLineErrorParser, bounded  # noqa: E402
+from gated_attention.recipes.report import format_columns  # noqa: E402
 
 # llama.cpp's file types this offers (`LLAMA_FTYPE_MOSTLY_<name>` in llama-cpp-python); each takes the shape
 # of this model (every matrix input a multiple of 256).
@@ -144,12 +145,10 @@ def tensor_types(path: Path, converter: str) -> dict[str, dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    header = ["type", "file MB", "ratio to f32", "perplexity", "change vs f32", "KL vs f32", "top-1 agreement"]
-    cells = [[r["type"], f"{r['bytes'] / 1e6:.2f}", f"{r['ratio']:.3f}", f"{r['perplexity']:.3f}",
-              f"{r['change']:+.2%}", f"{r['kl']:.3g}", f"{r['top1']:.4f}"] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(c, widths)) for c in cells])
+    columns = [("type", "type", "{}"), ("mb", "file MB", "{:.2f}"), ("ratio", "ratio to f32", "{:.3f}"),
+               ("perplexity", "perplexity", "{:.3f}"), ("change", "change vs f32", "{:+.2%}"),
+               ("kl", "KL vs f32", "{:.3g}"), ("top1", "top-1 agreement", "{:.4f}")]
+    return format_columns([{**r, "mb": r["bytes"] / 1e6} for r in rows], columns)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 from gated_attention.cli_common import OneLineErrorParser, bounded
+from gated_attention.recipes.report import format_columns
 
 HERE = Path(__file__).resolve().parent
 SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
@@ -80,13 +81,13 @@ def weight_bytes(folder: Path) -> int:
 
 
 def format_table(rows: list[dict]) -> str:
-    header = ["checkpoint", "weights MB", "/ unquantized", "decode tok/s", "/ unquantized", "load s", "note"]
-    cells = [[r["checkpoint"], f"{r['bytes'] / 1e6:.1f}", f"{r['bytes_ratio']:.3f}",
-              f"{r['tok_s']:.2f}" if "tok_s" in r else "-", f"{r['tok_s_ratio']:.2f}" if "tok_s_ratio" in r else "-",
-              f"{r['load_s']:.0f}" if "load_s" in r else "-", r.get("note", "")] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(v.ljust(w) for v, w in zip(c, widths)) for c in cells])
+    """One row per checkpoint; what was not measured (a checkpoint the engine cannot run) prints as "-"."""
+    columns = [("checkpoint", "checkpoint", "{}"), ("mb", "weights MB", "{:.1f}"),
+               ("bytes_ratio", "/ unquantized", "{:.3f}"), ("tok_s", "decode tok/s", "{:.2f}"),
+               ("tok_s_ratio", "/ unquantized", "{:.2f}"), ("load_s", "load s", "{:.0f}"), ("note", "note", "{}")]
+    nan = float("nan")
+    return format_columns([{"tok_s": nan, "tok_s_ratio": nan, "load_s": nan, "note": "", **r, "mb": r["bytes"] / 1e6}
+                           for r in rows], columns)
 
 
 def main(argv: list[str] | None = None) -> int:
