@@ -264,7 +264,7 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
 
     from ..configuration.gated_attention import GatedAttentionConfig
     from ..hub.loading import WeightsMismatch, from_pretrained_checked
-    from ..hub.paper_layout import PaperLayout, split_q_proj, unsupported
+    from ..hub.paper_layout import LayoutMismatch, PaperLayout, unsupported
     from ..modeling.gated_attention import GatedAttentionForCausalLM
 
     if (reason := unsupported(raw)) is not None:
@@ -273,7 +273,7 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
     qwen3 = Qwen3Config.from_dict({k: v for k, v in raw.items() if k != "auto_map"})  # defaults, RoPE, window
     ours = inspect.get_annotations(GatedAttentionConfig)
     fields = {k: getattr(qwen3, k) for k in ours if k in qwen3.to_dict()}
-    config = GatedAttentionConfig(**{**fields, **layout.target_fields()})
+    config = GatedAttentionConfig(**{**fields, **layout.target_fields(), "attn_gate": layout.gate_spec()})
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -291,16 +291,10 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
         raise CLIError(f"MODEL {model_name}: the paper's checkpoint is read whole into memory ({format_size(size)} of "
                        f"weights), and --max-memory {format_size(budget.limit)} leaves {format_size(max(room, 0))}; "
                        "give a larger --max-memory, or convert it first (its layers are then read from disk as they run)")
-    state = {}
-    for file in files:
-        for name, tensor in load_file(file).items():
-            if name.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias")):
-                if (reason := layout.check_q_proj(name, tensor.shape[0])) is not None:
-                    raise CLIError(f"cannot load model {model_name!r}: {reason}")
-                stem, suffix = name.rsplit("q_proj", 1)
-                state.update({f"{stem}{part}{suffix}": t for part, t in split_q_proj(tensor, layout).items()})
-            else:
-                state[name] = tensor
+    try:
+        state = layout.split_state(item for file in files for item in load_file(file).items())
+    except LayoutMismatch as e:
+        raise CLIError(f"cannot load model {model_name!r}: {e}") from None
     try:
         model = from_pretrained_checked(GatedAttentionForCausalLM, None, config=config, state_dict=state, dtype=dtype)
     except WeightsMismatch as e:

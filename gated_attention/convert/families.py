@@ -56,7 +56,7 @@ class Family:
     derived: tuple[Callable, ...] = ()  # each sets fields on the read config, in order
     default_theta: float = 1e4
     rope: Callable | None = None  # the class's own `convert_rope_params_to_dict`, where it overrides the mixin's
-    target: dict = field(default_factory=dict)
+    target: dict | Callable[..., dict] = field(default_factory=dict)  # or source config -> those fields
     reader: Callable = SourceConfig  # (config.json as a dict, this record) -> the source config the rest reads
     unsupported: tuple[Callable, ...] = ()  # each: source config -> the reason it cannot convert exactly, or None
     rules: tuple = ()  # `plan.Rule`s, applied in this order
@@ -154,12 +154,12 @@ def _paper_reference(c) -> dict | None:
     return {"attention_bias": layout.bias}
 
 
-def _paper_rows(c) -> dict[str, list[int]]:
-    return {f"self_attn.{part}": rows for part, rows in _paper(c).rows().items()}
+def _paper_parts(c, name: str, rows: int) -> dict[str, list[int]] | None:
+    return _paper(c).parts(name, rows)
 
 
-def _paper_q_proj(c, name: str, rows: int) -> str | None:
-    return _paper(c).check_q_proj(name, rows)
+def _paper_fields(c) -> dict:
+    return _paper(c).target_fields()
 
 
 # --- the records --------------------------------------------------------------------------------------
@@ -219,13 +219,13 @@ FAMILIES = (
         matches=paper_layout.is_paper_config,
         defaults=dict(_QWEN3, **paper_layout.DEFAULTS),  # their Qwen3Config's are Qwen3's, plus the flags'
         derived=(_window_only_if_used, _window_from_max_window_layers),
-        target=dict(qk_norm=From("use_qk_norm"), attention_bias=From("qkv_bias")),
+        target=_paper_fields,
         unsupported=(_paper_unsupported,),
         gate=lambda c: _paper(c).gate_spec(),
         reference=_paper_reference,
         # q_proj's query and gate rows to q_proj and attn_gate; the gate then, where --gate asks for one
         # on the baseline (a kept gate is there already, and AddGate makes none).
-        rules=(SplitRows("self_attn.q_proj", _paper_rows, _paper_q_proj), GATE),
+        rules=(SplitRows(_paper_parts), GATE),
     ),
     Family(
         "Qwen3", ("qwen3",), "dense",

@@ -158,26 +158,27 @@ class Split(Rule):
 
 @dataclass(frozen=True)
 class SplitRows(Rule):
-    """One fused source module's rows dealt out to several target modules by a table the source config gives,
-    weight and bias alike: the paper's q_proj, whose query and gate rows alternate per key/value group
-    (`hub.paper_layout`). `rows(source)` is {target module: its rows, in order}; a target given none is not
-    made. `check(source, name, rows)` names what is wrong with a source tensor of `rows` rows, or None."""
+    """Source tensors whose rows are dealt out to several target tensors by a table the source config gives,
+    weight and bias alike: the paper's q_proj, whose query and gate rows alternate per key/value group.
+    `parts(source, name, rows)` is {target tensor: its rows, in order} for a tensor it deals out, None for one
+    it leaves as it is, and raises ValueError naming what is wrong. The table is the source's own rule
+    (`hub.paper_layout.PaperLayout.parts`), whose load-time form (`split_state`) is what `analyze` reads the
+    paper's checkpoints with: transformers' `key_mapping` only renames, so this rule has none here."""
 
-    source: str  # a module, e.g. "self_attn.q_proj"
-    rows: Callable[..., dict[str, list[int]]]
-    check: Callable[..., str | None]
+    parts: Callable[..., dict[str, list[int]] | None]
 
     def apply(self, tensors: list[Planned], target: Target) -> list[Planned]:
         planned = []
         for t in tensors:
-            if not t.name.endswith((f".{self.source}.weight", f".{self.source}.bias")):
+            try:
+                parts = self.parts(target.source, t.name, t.shape[0])
+            except ValueError as e:
+                raise ConversionError(str(e)) from None
+            if parts is None:
                 planned.append(t)
                 continue
-            if (reason := self.check(target.source, t.origin, t.shape[0])) is not None:
-                raise ConversionError(reason)
-            stem, suffix = t.name.rsplit(self.source, 1)
-            for part, rows in self.rows(target.source).items():
-                planned.append(replace(t, name=f"{stem}{part}{suffix}", shape=(len(rows), *t.shape[1:]), rows=tuple(rows)))
+            for name, rows in parts.items():
+                planned.append(replace(t, name=name, shape=(len(rows), *t.shape[1:]), rows=tuple(rows)))
         return planned
 
 

@@ -62,9 +62,11 @@ def _attention_kwargs(src, gate_spec: dict) -> dict:
 
 
 def _record_fields(src, family: Family) -> dict:
-    """The record's `target`: fixed values, and `From` fields read from the source (lists copied)."""
+    """The record's `target`: fixed values, and `From` fields read from the source (lists copied); a record
+    whose fields follow from the source as a whole (the paper's flags) gives a function of it instead."""
     fields = {}
-    for name, value in family.target.items():
+    target = family.target(src) if callable(family.target) else family.target
+    for name, value in target.items():
         if isinstance(value, From):
             value = getattr(src, value.field)
         fields[name] = list(value) if isinstance(value, (list, tuple)) else value

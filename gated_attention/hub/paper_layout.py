@@ -26,7 +26,7 @@ gate rows (G for headwise, G * D for elementwise):
 h // G in both). Their code is never run here; tests/test_paper_layouts.py
 checks this reading against outputs their code produced (tests/paper_reference.py).
 
-Standard library only, but for `split_q_proj` (torch, imported there).
+Standard library only, but for `split_state` (torch, imported there).
 """
 
 from __future__ import annotations
@@ -102,8 +102,10 @@ class PaperLayout:
         return {"position": "sdpa", "granularity": self.granularity, "bias": self.bias}
 
     def target_fields(self) -> dict:
-        """This package's config fields that the paper's flags set (the others keep Qwen3's names)."""
-        return dict(qk_norm=self.qk_norm, attention_bias=self.bias, qkv_bias=False, attn_gate=self.gate_spec())
+        """This package's config fields that the paper's flags set, but for the gate (`gate_spec`, which `convert
+        --gate` may add to the baseline); the others keep Qwen3's names. `convert`'s record and `analyze` read
+        these."""
+        return dict(qk_norm=self.qk_norm, attention_bias=self.bias, qkv_bias=False)
 
     def rows(self) -> dict[str, list[int]]:
         """q_proj's rows dealt out: {"q_proj": query rows, "attn_gate": gate rows}; no gate, no "attn_gate"."""
@@ -120,15 +122,33 @@ class PaperLayout:
                 f"{self.num_key_value_heads} key/value group(s); q_proj packs per group {self.group * self.head_dim} "
                 f"query rows then {self.gate_width} gate rows, {self.q_proj_rows} in all")
 
-    def check_q_proj(self, name: str, rows: int) -> str | None:
-        """A reason when SRC's q_proj has another number of rows than this layout packs, else None."""
-        if rows == self.q_proj_rows:
+    def parts(self, name: str, rows: int) -> dict[str, list[int]] | None:
+        """The paper's one weight rule: a packed `*.self_attn.q_proj.weight` or `.bias` of `rows` rows as {this
+        package's tensor name: its rows of it} (`rows()`: the query rows to q_proj, the gate rows to attn_gate);
+        None for every other tensor, which is ours as it is. `convert` applies it to its plan (`plan.SplitRows`),
+        `analyze` to the tensors it loads (`split_state`). Raises `LayoutMismatch` for rows this layout does not
+        pack."""
+        if not name.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias")):
             return None
-        return f"tensor {name} has {rows} rows, and {self.describe()}: config.json and the weights disagree"
+        if rows != self.q_proj_rows:
+            raise LayoutMismatch(f"tensor {name} has {rows} rows, and {self.describe()}: config.json and the weights "
+                                 "disagree")
+        stem, suffix = name.rsplit("q_proj", 1)
+        return {f"{stem}{part}{suffix}": part_rows for part, part_rows in self.rows().items()}
+
+    def split_state(self, tensors) -> dict:
+        """`parts` at load time: (name, tensor) pairs as read from the checkpoint -> our state dict."""
+        import torch
+
+        state = {}
+        for name, tensor in tensors:
+            parts = self.parts(name, tensor.shape[0])
+            if parts is None:
+                state[name] = tensor
+            else:
+                state.update({part: tensor.index_select(0, torch.tensor(rows)) for part, rows in parts.items()})
+        return state
 
 
-def split_q_proj(tensor, layout: PaperLayout) -> dict:
-    """One packed q_proj weight `[rows, hidden]` or bias `[rows]` as {"q_proj": ..., "attn_gate": ...} tensors."""
-    import torch
-
-    return {part: tensor.index_select(0, torch.tensor(rows)) for part, rows in layout.rows().items()}
+class LayoutMismatch(ValueError):
+    """config.json and a weight of the paper's checkpoint disagree (the message says how)."""
