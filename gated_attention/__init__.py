@@ -95,16 +95,15 @@ def __dir__() -> list[str]:
 
 
 def register_auto_classes() -> None:
-    """Register the three model types with AutoConfig, AutoModel and AutoModelForCausalLM (idempotent)."""
+    """Register our model types (`hub.remote_code.MODEL_TYPES`) with AutoConfig, AutoModel and
+    AutoModelForCausalLM (idempotent)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    registry = [
-        ("GatedAttentionConfig", "GatedAttentionModel", "GatedAttentionForCausalLM"),
-        ("GatedAttentionMoeConfig", "GatedAttentionMoeModel", "GatedAttentionMoeForCausalLM"),
-        ("GatedDeltaNetHybridConfig", "GatedDeltaNetHybridModel", "GatedDeltaNetHybridForCausalLM"),
-    ]
-    for config, model, causal_lm in ((__getattr__(c), __getattr__(m), __getattr__(lm)) for c, m, lm in registry):
-        AutoConfig.register(config.model_type, config, exist_ok=True)
+    from .hub.remote_code import MODEL_TYPES
+
+    for model_type, record in MODEL_TYPES.items():
+        config, model, causal_lm = map(__getattr__, (record.config_class, record.base_model, record.causal_lm))
+        AutoConfig.register(model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
         AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
     # transformers' own models gated by declaration: one config class per source, made as a checkpoint names it

@@ -144,3 +144,21 @@ def test_the_graph_holds_function_level_and_string_imports():
     assert "gated_attention.modeling.gated_attention" in GRAPH["gated_attention"]  # `_EXPORTS`
     assert "gated_attention.convert.convert" in GRAPH["gated_attention.recipes.quickstart"]  # inside a function
     assert RANK[_part("gated_attention.recipes.quickstart")] > RANK[_part("gated_attention.convert.convert")]
+
+
+def test_our_model_types_are_listed_once():
+    """`hub.remote_code.MODEL_TYPES` is the list; the config classes (their `model_type`), the presets' tables and
+    the Auto registration agree with it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import gated_attention as ga
+    from gated_attention.configuration.presets import PRESETS
+    from gated_attention.hub.remote_code import MODEL_TYPES
+
+    assert set(PRESETS) == set(MODEL_TYPES)
+    for model_type, record in MODEL_TYPES.items():
+        config, causal_lm = getattr(ga, record.config_class), getattr(ga, record.causal_lm)
+        assert (config.model_type, config.__module__) == (model_type, record.config_module)
+        assert causal_lm.__module__ == getattr(ga, record.base_model).__module__ == record.model_module
+        assert type(AutoConfig.for_model(model_type)) is config
+        assert AutoModelForCausalLM._model_mapping[config] is causal_lm

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from .. import register_auto_classes
+from ..hub.remote_code import MODEL_TYPES
 from .sources import ConversionError, read_config_dict
 
-GATED_MODEL_TYPES = ("gated_attention", "gated_attention_moe", "gated_deltanet_hybrid")
+GATED_MODEL_TYPES = tuple(MODEL_TYPES)  # a SRC of one of these is read as ours, already gated
 
 
 # --- source configs, read without transformers' per-family classes ----------------------------------

@@ -4,7 +4,9 @@ files and the paper's released checkpoints as sources, and loading a checkpoint 
 - `remote_code`: copies the modeling and config modules flat into a
   checkpoint (`modeling_attention.py`, ...), rewrites their relative imports,
   and sets `auto_map`, so that `trust_remote_code=True` loads without this
-  package.
+  package. Its `MODEL_TYPES` is the one list of our model types and their
+  classes, which the Auto registration and `convert` read too; `auto_map`
+  builds every checkpoint's (ours and the declared models').
 - `model_card`: renders the cards of converted checkpoints from the templates
   in `model_cards/` (reached through the link `hub/model_cards`).
 - `repo_ids`: whether a model argument is a local folder or could be a Hub repo

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "gated_attention"
@@ -70,36 +71,43 @@ def bundle_sources(*modules: str) -> dict[str, str]:
     return files
 
 
-def package_class(obj) -> type:
-    """The class of `obj` that this package defines: `type(obj)` itself, or the one it was made from where
-    something swapped the class of a built model (FSDP2's `fully_shard`, which transformers 5.19 applies under
-    `DistributedConfig(tp_size=N, ep_size=N)`, makes an `FSDP<name>` subclass in torch's own module)."""
-    for cls in type(obj).__mro__:
-        if cls.__module__ == PACKAGE or cls.__module__.startswith(PACKAGE + "."):
-            return cls
-    raise ValueError(f"{type(obj).__name__} is not a class of {PACKAGE}")
+def auto_map(config_module: str, config_class: str, model_module: str, **classes: str) -> dict[str, str]:
+    """The `auto_map` that points the Auto classes at the flat files: the config class, then each Auto class
+    (`AutoModel=...`) as a class of `model_module`."""
+    flat = flat_module_name(model_module)
+    return {"AutoConfig": f"{flat_module_name(config_module)}.{config_class}",
+            **{auto: f"{flat}.{name}" for auto, name in classes.items()}}
 
 
-def auto_map_for(model) -> dict[str, str]:
-    """The `auto_map` that points the Auto classes at the flat files."""
-    config_cls = type(model.config)
-    model_cls = package_class(model)
-    model_module = flat_module_name(model_cls.__module__)
-    config_ref = f"{flat_module_name(config_cls.__module__)}.{config_cls.__name__}"
-    base = package_class(model.base_model) if model.base_model is not model else model_cls
-    auto_map = {"AutoConfig": config_ref, "AutoModel": f"{model_module}.{base.__name__}"}
-    causal_lm = getattr(importlib.import_module(model_cls.__module__), base.__name__.replace("Model", "ForCausalLM"), None)
-    if causal_lm is not None:
-        auto_map["AutoModelForCausalLM"] = f"{model_module}.{causal_lm.__name__}"
-    return auto_map
+@dataclass(frozen=True)
+class ModelType:
+    """One of this package's model types: its classes, as module paths and names (reading them imports nothing)."""
+
+    config_module: str
+    config_class: str
+    model_module: str
+    base_model: str
+    causal_lm: str
+
+    def auto_map(self) -> dict[str, str]:
+        return auto_map(self.config_module, self.config_class, self.model_module, AutoModel=self.base_model,
+                        AutoModelForCausalLM=self.causal_lm)
 
 
-# model_type -> (modeling module, base model class, causal-LM class): the classes `import gated_attention` registers
-MODEL_CLASSES = {
-    "gated_attention": (f"{PACKAGE}.modeling.gated_attention", "GatedAttentionModel", "GatedAttentionForCausalLM"),
-    "gated_attention_moe": (f"{PACKAGE}.modeling.gated_attention_moe", "GatedAttentionMoeModel", "GatedAttentionMoeForCausalLM"),
-    "gated_deltanet_hybrid": (
-        f"{PACKAGE}.modeling.gated_deltanet_hybrid", "GatedDeltaNetHybridModel", "GatedDeltaNetHybridForCausalLM"),
+def _model_type(name: str, config_class: str, model_prefix: str) -> ModelType:
+    return ModelType(f"{PACKAGE}.configuration.{name}", config_class, f"{PACKAGE}.modeling.{name}",
+                     f"{model_prefix}Model", f"{model_prefix}ForCausalLM")
+
+
+# config.json's model_type -> its classes: the one list of this package's own model types. `import
+# gated_attention` registers these with the Auto classes, `convert` reads a SRC of one of them as already gated,
+# and a checkpoint's `auto_map` names them. (Each config class also says its `model_type`, as transformers has it,
+# and `configuration.presets` files its shapes under it; both sit below this layer, and
+# tests/test_layout.py checks that they agree with this list.)
+MODEL_TYPES = {
+    "gated_attention": _model_type("gated_attention", "GatedAttentionConfig", "GatedAttention"),
+    "gated_attention_moe": _model_type("gated_attention_moe", "GatedAttentionMoeConfig", "GatedAttentionMoe"),
+    "gated_deltanet_hybrid": _model_type("gated_deltanet_hybrid", "GatedDeltaNetHybridConfig", "GatedDeltaNetHybrid"),
 }
 
 
@@ -119,23 +127,17 @@ def write_remote_code_for_config(save_directory: str | os.PathLike, config) -> l
 
     Sets `config.auto_map` and `config.architectures`; returns the names of the files written.
     """
-    module, base, causal_lm = MODEL_CLASSES[config.model_type]
-    files = write_bundle(save_directory, module, type(config).__module__)
-    flat = flat_module_name(module)
-    config.auto_map = {
-        "AutoConfig": f"{flat_module_name(type(config).__module__)}.{type(config).__name__}",
-        "AutoModel": f"{flat}.{base}",
-        "AutoModelForCausalLM": f"{flat}.{causal_lm}",
-    }
-    config.architectures = [causal_lm]
+    model_type = MODEL_TYPES[config.model_type]
+    files = write_bundle(save_directory, model_type.model_module, model_type.config_module)
+    config.auto_map = model_type.auto_map()
+    config.architectures = [model_type.causal_lm]
     return files
 
 
 def write_remote_code(save_directory: str | os.PathLike, model) -> list[str]:
-    """Write the flat modeling files into `save_directory` and set `model.config.auto_map`.
+    """Write the flat modeling files into `save_directory` and set `model.config.auto_map` (`save_pretrained` then
+    names the model's own class in `architectures`).
 
     Returns the names of the files written.
     """
-    files = write_bundle(save_directory, package_class(model).__module__, type(model.config).__module__)
-    model.config.auto_map = auto_map_for(model)
-    return files
+    return write_remote_code_for_config(save_directory, model.config)

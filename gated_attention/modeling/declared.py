@@ -52,7 +52,7 @@ from .attention_sites import AttentionSite, attention_sites
 from .tensor_parallel import check_distributed_config  # noqa: F401  # importing registers the plan's own styles
 
 try:
-    from gated_attention.hub.remote_code import flat_module_name, write_bundle
+    from gated_attention.hub.remote_code import auto_map, write_bundle
 except ImportError:  # running from a remote-code copy, where transformers copies the files itself
     write_bundle = None
 
@@ -277,11 +277,8 @@ def source_model_classes(model_type: str) -> dict[str, type]:
 
 def declared_auto_map(config) -> dict[str, str]:
     """The `auto_map` of a declared config's checkpoint: the flat copies of this file's and the config's module."""
-    models = flat_module_name(__name__)
-    auto_map = {"AutoConfig": f"{flat_module_name(GatedDeclaredConfig.__module__)}.{GatedDeclaredConfig.__name__}"}
-    for auto, made in declared_models(type(config)).items():
-        auto_map[auto] = f"{models}.{made.__name__}"
-    return auto_map
+    return auto_map(GatedDeclaredConfig.__module__, GatedDeclaredConfig.__name__, __name__,
+                    **{auto: made.__name__ for auto, made in declared_models(type(config)).items()})
 
 
 def declared_models(config_class: type) -> dict[str, type]:
