@@ -470,9 +470,6 @@ def constraint(route: Route, config: dict) -> str | None:
         if "full_attention" in layer_types or not layer_types:
             if head_dim not in VLLM_CPU_HEAD_SIZES:
                 return f"vLLM's CPU attention takes head dims {VLLM_CPU_HEAD_SIZES}, this model has {head_dim}"
-        if route.model_impl == "transformers" and config.get("attention_sinks"):
-            return ("vLLM's attention function takes no sinks, and the model refuses an attention that would drop "
-                    "them: it stops with one line saying so")
         gate = config.get("attn_gate") or {}
         if (route.tensor_parallel_size > 1 and gate.get("position") not in (None, "dense")
                 and not gate.get("input_dependent", True) and not gate.get("head_shared")):

