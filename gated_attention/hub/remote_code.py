@@ -102,8 +102,8 @@ def _model_type(name: str, config_class: str, model_prefix: str) -> ModelType:
 # config.json's model_type -> its classes: the one list of this package's own model types. `import
 # gated_attention` registers these with the Auto classes, `convert` reads a SRC of one of them as already gated,
 # and a checkpoint's `auto_map` names them. (Each config class also says its `model_type`, as transformers has it,
-# and `configuration.presets` files its shapes under it; both sit below this layer, and
-# tests/test_layout.py checks that they agree with this list.)
+# and `configuration.presets` files its shapes under it; `configuration` may not import `hub`, and the presets
+# are bundled into every checkpoint, so tests/test_layout.py checks that they agree with this list instead.)
 MODEL_TYPES = {
     "gated_attention": _model_type("gated_attention", "GatedAttentionConfig", "GatedAttention"),
     "gated_attention_moe": _model_type("gated_attention_moe", "GatedAttentionMoeConfig", "GatedAttentionMoe"),
