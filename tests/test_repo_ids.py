@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gated_attention.hub.model_card import base_model_fields
+from gated_attention.hub.provenance import read_provenance
 from gated_attention.hub.repo_ids import HubUnavailable, cached_or_downloaded, is_hub_id, missing_folder
 
 
@@ -24,15 +24,17 @@ def test_an_existing_folder_is_neither(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org" / "name").mkdir(parents=True)
     assert not is_hub_id("org/name") and not missing_folder("org/name")
-    assert base_model_fields("org/name") == {"base_model_yaml": "", "base_model_line": "A local checkpoint, `name`."}
+    local = read_provenance("org/name", tmp_path / "org" / "name")
+    assert local.base_model is None and local.base_model_line().startswith("A local checkpoint, `name`; it names no Hub repo")
 
 
-def test_a_hub_id_names_its_base_model():
-    assert base_model_fields("someone/tiny-llama")["base_model_yaml"] == "base_model: someone/tiny-llama\n"
+def test_a_hub_id_names_its_base_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert read_provenance("someone/tiny-llama", None).card_data("finetune").base_model == "someone/tiny-llama"
     # A folder in a repo of several models: the Hub's base_model is the repo, the link goes to the folder.
-    fields = base_model_fields("QwQZh/gated_attention/1B_gate_headwise")
-    assert fields["base_model_yaml"] == "base_model: QwQZh/gated_attention\n"
-    assert fields["base_model_line"].endswith("(https://huggingface.co/QwQZh/gated_attention/tree/main/1B_gate_headwise)")
+    source = read_provenance("QwQZh/gated_attention/1B_gate_headwise", None)
+    assert source.card_data("finetune").to_yaml() == "base_model: QwQZh/gated_attention\nbase_model_relation: finetune"
+    assert "(https://huggingface.co/QwQZh/gated_attention/tree/main/1B_gate_headwise)" in source.base_model_line()
 
 
 def test_a_cached_repo_is_read_offline_and_a_missing_one_says_why(tmp_path, monkeypatch):

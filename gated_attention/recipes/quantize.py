@@ -23,7 +23,8 @@ from ..analysis.samples import DatasetSpec, builtin_samples, dataset_samples, re
 from ..convert.errors import ConversionError
 from ..convert.folders import check_destination, check_source, staged_folder
 from ..files.datasets import DataError
-from ..hub.model_card import base_model_fields, options_rows, write_model_card
+from ..hub.model_card import options_rows, write_model_card
+from ..hub.provenance import cached_folder, read_provenance, record_commit
 from ..quantization import measure
 from ..quantization.rounding import quantize_in_place
 from ..quantization.schemes import QuantizationError, canonical
@@ -115,11 +116,13 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
     model.save_pretrained(stage)
     compressor.update_config(stage)
     tokenizer.save_pretrained(stage)
+    source = read_provenance(args.model, cached_folder(args.model))
+    record_commit(stage, source.commit)
     write_model_card(
-        stage, "quantized_model",
+        stage, "quantized_model", source=source, relation="quantized",
+        tags=["gated-attention", "compressed-tensors", scheme.lower()],
         title=f"{Path(args.model).name} ({scheme})",
-        scheme=scheme, scheme_tag=scheme.lower(), recipe=RECIPE + ".",
-        **base_model_fields(args.model),
+        scheme=scheme, recipe=RECIPE + ".",
         options_rows=options_rows({"source": args.model, "--scheme": scheme, "--gates": "keep" if arm == "gates_kept" else "quantize",
                                    "calibration": args.text_file or (" ".join(args.dataset) if args.dataset else "built-in samples"),
                                    "--max-length": args.max_length}),
