@@ -227,7 +227,7 @@ def test_a_local_source_without_a_card_is_said_to_name_nothing(converted):
 
     _, dst, _ = converted["qwen2", "float32"]
     card = ModelCard((dst / "README.md").read_text())
-    assert card.data.base_model is None and card.data.license is None and "base_model_relation" not in card.data
+    assert card.data.base_model is None and card.data.license is None and card.data.base_model_relation == "finetune"
     assert "No license was found" in card.text and "no commit is known" in card.text
     assert json.loads((dst / "config.json").read_text())["source_commit"] is None
 

@@ -45,14 +45,15 @@ class Provenance:
 
     def card_data(self, relation: str, **fields):
         """huggingface_hub's `ModelCardData` of a checkpoint made from this source by `relation`, plus `fields`
-        (library_name, tags, ...). `base_model_relation` only where there is a base model to relate to."""
+        (library_name, tags, ...). The relation is written also where no base model is known: it says what
+        the checkpoint is, and a `base_model` added by hand then places it."""
         from huggingface_hub import ModelCardData
 
         if relation not in RELATIONS:
             raise ValueError(f"base_model_relation {relation!r} is none of the Hub's: {', '.join(RELATIONS)}")
-        extra = {}
+        extra = {"base_model_relation": relation}
         if self.base_model:
-            extra.update(base_model=self.base_model, base_model_relation=relation)
+            extra["base_model"] = self.base_model
         if self.license:
             extra["license"] = self.license
         if self.license_name:
