@@ -127,6 +127,15 @@ def add_revision(p: argparse.ArgumentParser, what: str = "SRC") -> None:
                         "Face cache at that revision, else downloaded where the network allows (default: main)")
 
 
+def revision_problem(names: list[str], revision: str | None, what: str = "MODEL") -> str | None:
+    """Why `--revision` cannot apply (None when it can): it names a revision of a Hub id, and every one of
+    `names` is a local path. With several names it applies to those that are Hub ids."""
+    local = [name for name in names if Path(name).expanduser().exists()]
+    if revision is not None and names and len(local) == len(names):
+        return f"--revision is for a Hub repo id, and {what} {local[0]} is a local folder"
+    return None
+
+
 def add_push_to_hub(p: argparse.ArgumentParser, what: str = "DST") -> None:
     """`--push-to-hub REPO_ID` and `--private`, the same on every command that writes a checkpoint."""
     p.add_argument("--push-to-hub", metavar="REPO_ID",
