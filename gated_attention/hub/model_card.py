@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
-from .provenance import Provenance
+from .provenance import Provenance, cached_folder, read_provenance, record_commit
 
 # A link to the repository's model_cards/, so the templates also ship inside wheels.
 TEMPLATE_DIR = Path(__file__).parent / "model_cards"
@@ -48,3 +48,16 @@ def write_model_card(folder: str | Path, template: str, *, source: Provenance, r
     path = Path(folder) / "README.md"
     path.write_text(render_model_card(template, source=source, relation=relation, tags=tags, **fields), encoding="utf-8")
     return path
+
+
+def write_training_card(folder: str | Path, model: str, *, relation: str, title: str, summary: str,
+                        options: dict[str, object], command: str) -> Path:
+    """The card of a training run's saved model (`model_cards/trained_model.md`), its base `model` (`--model`,
+    a folder or a Hub id read from the cache) as the source; the base's commit goes into config.json too."""
+    from .. import __version__
+
+    source = read_provenance(model, cached_folder(model))
+    record_commit(folder, source.commit)
+    return write_model_card(folder, "trained_model", source=source, relation=relation, tags=["gated-attention"],
+                            title=title, summary=summary, options_rows=options_rows(options), command=command,
+                            version=__version__)
