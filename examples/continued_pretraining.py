@@ -357,7 +357,7 @@ def model_card(args, script: str, summary: str, relation: str = "finetune", **op
             "--gate-lr": args.gate_lr, "--train": args.train, "--dtype": args.dtype, **options}
     return lambda stage: write_training_card(stage, args.model, relation=relation, title=f"{Path(args.model).name}, "
                                              f"trained by {script}", summary=summary, options=rows,
-                                             command=f"examples/{script}")
+                                             command=f"examples/{script}", version=gated_attention.__version__)
 
 
 def push_saved(args, folder: Path, script: str) -> None:

@@ -51,13 +51,11 @@ def write_model_card(folder: str | Path, template: str, *, source: Provenance, r
 
 
 def write_training_card(folder: str | Path, model: str, *, relation: str, title: str, summary: str,
-                        options: dict[str, object], command: str) -> Path:
+                        options: dict[str, object], command: str, version: str) -> Path:
     """The card of a training run's saved model (`model_cards/trained_model.md`), its base `model` (`--model`,
     a folder or a Hub id read from the cache) as the source; the base's commit goes into config.json too."""
-    from .. import __version__
-
     source = read_provenance(model, cached_folder(model))
     record_commit(folder, source.commit)
     return write_model_card(folder, "trained_model", source=source, relation=relation, tags=["gated-attention"],
                             title=title, summary=summary, options_rows=options_rows(options), command=command,
-                            version=__version__)
+                            version=version)
