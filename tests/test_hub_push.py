@@ -10,7 +10,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 from transformers import AutoModelForCausalLM
 
-from convert_helpers import PROMPT, file_hashes, make_source
+from convert_helpers import PROMPT, file_hashes, make_gated, make_source
 from gated_attention.cli import main
 
 
@@ -104,6 +104,25 @@ def test_extend_pushes_too(source, tmp_path, monkeypatch):
                  "--push-to-hub", "me/long"]) == 0
     assert [(name, repo) for name, repo, _ in hub.calls] == [("create_repo", "me/long"), ("upload_folder", "me/long")]
     assert "gated-attention extend" in hub.calls[1][2]["commit_message"]
+
+
+def test_export_pushes_a_card_the_hub_reads(tmp_path, monkeypatch):
+    """export's card, like convert's: parsed without a warning, its relation, a pinned revision; then pushed."""
+    import json
+    import warnings
+
+    from huggingface_hub import ModelCard
+
+    hub = FakeHub().install(monkeypatch)
+    dst = tmp_path / "native"
+    assert main(["export", str(make_gated(tmp_path / "gated")), str(dst), "--format", "qwen3_5",
+                 "--push-to-hub", "me/native"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        card = ModelCard((dst / "README.md").read_text())
+    assert card.data.base_model_relation == "finetune" and 'revision="COMMIT"' in card.text
+    assert json.loads((dst / "config.json").read_text())["source_commit"] is None  # a plain folder has no commit
+    assert hub.calls[1][2]["commit_message"].startswith("Upload with `gated-attention export ")
 
 
 def test_save_pretrained_pushes_through_transformers_with_the_remote_code(tmp_path, monkeypatch):
