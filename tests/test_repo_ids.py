@@ -72,3 +72,27 @@ def test_a_folder_in_a_cached_repo_is_read_offline_and_a_missing_folder_says_so(
     assert folder == repo / "snapshots" / commit / "1B_gate_headwise"
     with pytest.raises(HubUnavailable, match=r"^the repo QwQZh/gated_attention has no folder 1B_gate_elementwise$"):
         cached_or_downloaded("QwQZh/gated_attention/1B_gate_elementwise")
+
+
+def test_provenance_of_a_folder_in_a_cached_repo_by_id_and_by_path(tmp_path, monkeypatch):
+    """The snapshot's path names the repo and the commit; the repo's own card, at its root, the license."""
+    from huggingface_hub import constants
+
+    from gated_attention.hub.provenance import cached_folder
+
+    commit = "c" * 40
+    repo = tmp_path / "hub" / "models--org--multi"
+    snapshot = repo / "snapshots" / commit
+    (snapshot / "sub").mkdir(parents=True)
+    (snapshot / "sub" / "config.json").write_text("{}")
+    (snapshot / "README.md").write_text("---\nlicense: other\nlicense_name: acme\nbase_model: x/y\n---\n")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    assert cached_folder("org/multi/sub") == snapshot / "sub"
+    for name in ("org/multi/sub", str(snapshot / "sub")):
+        source = read_provenance(name, snapshot / "sub")
+        assert (source.base_model, source.subfolder, source.commit) == ("org/multi", "sub", commit)
+        assert (source.license, source.license_name) == ("other", "acme")
+    assert "license_name: acme" in source.card_data("finetune").to_yaml()

@@ -133,7 +133,7 @@ def cached_folder(name: str, revision: str | None = None) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
     repo_id, subfolder = split_subfolder(name)
-    found = try_to_load_from_cache(repo_id, "config.json", revision=revision, subfolder=subfolder)
+    found = try_to_load_from_cache(repo_id, f"{subfolder}/config.json" if subfolder else "config.json", revision=revision)
     return Path(found).parent if isinstance(found, str) else None
 
 
