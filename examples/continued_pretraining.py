@@ -45,7 +45,10 @@ with the same number of processes, batch size and accumulation to keep the order
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
 gated models) together with the tokenizer, written as OUTPUT/.final.incomplete-PID
 and renamed when whole; weights that are not finite (a run that diverged) are
-never saved, as a checkpoint or as final/: the run stops with one line naming the step.
+never saved, as a checkpoint or as final/: the run stops with one line naming the step. final/ has a
+model card naming `--model` as its base (`base_model_relation: finetune`, its license and commit;
+docs/models.md), and `--push-to-hub REPO_ID [--private]` uploads final/ in one commit once the run is
+done (lora_finetune.py: merged/, after its reload check); a refused push is one line, final/ stays.
 
 An OUTPUT that already holds a run (log.jsonl, checkpoints/, final/, ...) is
 continued with `--resume`, or replaced with `--overwrite` (which removes only
