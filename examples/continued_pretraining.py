@@ -78,7 +78,7 @@ from accelerate.utils import set_seed
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.cli_common import OneLineErrorParser, add_push_to_hub, bounded, first_line, push_flags_problem
+from gated_attention.cli_common import OneLineErrorParser, add_push_to_hub, bounded, first_line
 from gated_attention.training.data import packed_rows, spread_rows, text_file_paths, tokenizer_for
 from gated_attention.files.datasets import DataError
 from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream
@@ -88,7 +88,7 @@ from gated_attention.files.output_folders import OutputFolderError, check_output
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.loading import from_pretrained_checked
 from gated_attention.hub.model_card import write_training_card
-from gated_attention.hub.push import PushFailed, check_repo_id, push_folder
+from gated_attention.hub.push import PushFailed, push_folder, push_problem
 from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
     CheckpointError,
@@ -225,10 +225,8 @@ def check_inputs(args, *, rope_change: bool = False):
         if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
             corpus = open_corpus(spec[0] if len(spec) == 1 else spec, args.split)
             check_corpus(corpus, args.text_field, " ".join(spec))
-    if problem := push_flags_problem(args):
+    if problem := push_problem(args):
         raise InputError(problem)
-    if args.push_to_hub and (problem := check_repo_id(args.push_to_hub)):
-        raise InputError(f"--push-to-hub {args.push_to_hub}: {problem}")
     check_output_dir(args)
     config = check_model(args)
     positions = getattr(config, "max_position_embeddings", None)

@@ -145,13 +145,6 @@ def add_push_to_hub(p: argparse.ArgumentParser, what: str = "DST") -> None:
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
 
 
-def push_flags_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with `--push-to-hub` / `--private` as given (None: nothing), checked before anything runs."""
-    if getattr(args, "private", False) and not getattr(args, "push_to_hub", None):
-        return "--private applies to the repo --push-to-hub REPO_ID creates; give --push-to-hub too"
-    return None
-
-
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (the usage block is what `--help` is for)."""
 

@@ -211,6 +211,7 @@ REFUSED_BEFORE_IMPORTS = {
     "analyze-revision-of-a-folder": (["analyze", "src", "--out", "o", "--revision", "v1"], "--revision is for a Hub repo id, and MODEL src is a local folder"),
     "stream-revision-of-a-folder": (["stream", "src", "--text-file", "afile", "--window", "8", "--out", "o", "--revision", "v1"], "--revision is for a Hub repo id, and MODEL src is a local folder"),
     "convert-private-alone": (["convert", "src", "out", "--private"], "--private applies to the repo --push-to-hub REPO_ID creates"),
+    "quantize-bad-repo-id": (["quantize", "src", "out", "--scheme", "W8A8", "--push-to-hub", "a/b/c"], "--push-to-hub a/b/c: "),
     "stream-out-working-folder": (["stream", "src", "--text-file", "afile", "--window", "8", "--out", "."], "--out . is the working folder"),
 }
 

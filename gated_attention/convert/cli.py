@@ -11,7 +11,7 @@ import argparse
 import functools
 from pathlib import Path
 
-from ..cli_common import add_push_to_hub, add_revision, bounded, memory_size, push_flags_problem
+from ..cli_common import add_push_to_hub, add_revision, bounded, memory_size
 from .export_layouts import LAYOUTS
 
 DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
@@ -184,15 +184,13 @@ def _user_errors(run):
         from .. import CLIError
         from ..configuration.validation import ConfigError, check_config_file
         from ..hub.gguf import GGUFError, gguf_file
-        from ..hub.push import PushFailed, check_repo_id, push_folder
+        from ..hub.push import PushFailed, push_folder, push_problem
         from .errors import ConversionError
         from .folders import check_destination, check_source
 
         try:
-            if problem := push_flags_problem(args):
+            if problem := push_problem(args):
                 raise CLIError(problem)
-            if args.push_to_hub and (problem := check_repo_id(args.push_to_hub)):
-                raise CLIError(f"--push-to-hub {args.push_to_hub}: {problem}")
             check_source(args.src, args.revision)
             local = Path(args.src).expanduser()
             check_destination(local if local.exists() else None, Path(args.dst), args.overwrite)

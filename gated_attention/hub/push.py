@@ -28,6 +28,16 @@ def check_repo_id(repo_id: str) -> str | None:
     return None
 
 
+def push_problem(args) -> str | None:
+    """What is wrong with `--push-to-hub REPO_ID` / `--private` as given (None: nothing), found before anything
+    runs: `--private` alone, or a REPO_ID the Hub would refuse."""
+    if getattr(args, "private", False) and not getattr(args, "push_to_hub", None):
+        return "--private applies to the repo --push-to-hub REPO_ID creates; give --push-to-hub too"
+    if getattr(args, "push_to_hub", None) and (problem := check_repo_id(args.push_to_hub)):
+        return f"--push-to-hub {args.push_to_hub}: {problem}"
+    return None
+
+
 def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, command: str) -> str:
     """Create `repo_id` if missing and upload `folder` to it in one commit whose message names `command`;
     returns the commit's URL. Raises `PushFailed` (one line) on any failure: the folder is left as it is."""

@@ -54,13 +54,13 @@ def _samples(args):
     return builtin_samples(args.n_per_domain)
 
 
-def _load(model_name: str):
+def _load(model_name: str, revision: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     register_auto_classes()
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_name)
+        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32, revision=revision).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_name, revision=revision)
     except (OSError, ValueError) as e:
         raise CLIError(f"cannot load MODEL {model_name}: {str(e).splitlines()[0]}") from None
     if getattr(model.config, "quantization_config", None) is not None:
@@ -70,14 +70,14 @@ def _load(model_name: str):
 
 def quantize_checkpoint(args) -> Path:
     try:
-        check_source(args.model)
+        check_source(args.model, args.revision)
         check_destination(Path(args.model).expanduser() if Path(args.model).expanduser().exists() else None,
                           Path(args.dst).expanduser(), args.overwrite)
         scheme = canonical(args.scheme)
     except (ConversionError, QuantizationError) as e:
         raise CLIError(str(e)) from None
     samples = _samples(args)
-    model, tokenizer = _load(args.model)
+    model, tokenizer = _load(args.model, args.revision)
     try:
         ids = [i for _, i in checked_inputs(model, tokenizer, samples, args.max_length, args.model)]
         plan = arms(model)
@@ -116,7 +116,7 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
     model.save_pretrained(stage)
     compressor.update_config(stage)
     tokenizer.save_pretrained(stage)
-    source = read_provenance(args.model, cached_folder(args.model))
+    source = read_provenance(args.model, cached_folder(args.model, args.revision))
     record_commit(stage, source.commit)
     write_model_card(
         stage, "quantized_model", source=source, relation="quantized",
