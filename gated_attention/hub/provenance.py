@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .repo_ids import valid_repo_id, is_hub_id, split_subfolder
+from .repo_ids import is_hub_id, split_subfolder, valid_repo_id
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _CACHE_REPO = re.compile(r"^models--(.+)$")
