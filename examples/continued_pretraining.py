@@ -45,7 +45,10 @@ with the same number of processes, batch size and accumulation to keep the order
 saved with `save_pretrained` in OUTPUT/final (with the remote-code bundle for
 gated models) together with the tokenizer, written as OUTPUT/.final.incomplete-PID
 and renamed when whole; weights that are not finite (a run that diverged) are
-never saved, as a checkpoint or as final/: the run stops with one line naming the step.
+never saved, as a checkpoint or as final/: the run stops with one line naming the step. final/ has a
+model card naming `--model` as its base (`base_model_relation: finetune`, its license and commit;
+docs/models.md), and `--push-to-hub REPO_ID [--private]` uploads final/ in one commit once the run is
+done (lora_finetune.py: merged/, after its reload check); a refused push is one line, final/ stays.
 
 An OUTPUT that already holds a run (log.jsonl, checkpoints/, final/, ...) is
 continued with `--resume`, or replaced with `--overwrite` (which removes only
@@ -75,7 +78,7 @@ from accelerate.utils import set_seed
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 import gated_attention  # noqa: F401 - registers the gated model types with the Auto classes
-from gated_attention.cli_common import OneLineErrorParser, bounded, first_line
+from gated_attention.cli_common import OneLineErrorParser, add_push_to_hub, bounded, first_line
 from gated_attention.training.data import packed_rows, spread_rows, text_file_paths, tokenizer_for
 from gated_attention.files.datasets import DataError
 from gated_attention.training.streaming import TokenShards, check_corpus, is_token_shards, open_corpus, text_stream
@@ -84,6 +87,8 @@ from gated_attention.configuration.validation import ConfigError, check_architec
 from gated_attention.files.output_folders import OutputFolderError, check_output_folder, holds_any
 from gated_attention.training.threads import set_cpu_threads
 from gated_attention.hub.loading import from_pretrained_checked
+from gated_attention.hub.model_card import write_training_card
+from gated_attention.hub.push import PushFailed, push_folder, push_problem
 from gated_attention.hub.repo_ids import missing_folder
 from gated_attention.training import (
     CheckpointError,
@@ -153,6 +158,7 @@ def build_parser(description: str = __doc__.split("\n")[0], **defaults) -> argpa
                    "1-minute load average leaves free; OMP_NUM_THREADS if set, as accelerate launch sets it)")
     p.add_argument("--log-every", type=count, default=10)
     p.add_argument("--no-progress", action="store_true")
+    add_push_to_hub(p, "the saved model")
     p.set_defaults(**defaults)
     return p
 
@@ -219,6 +225,8 @@ def check_inputs(args, *, rope_change: bool = False):
         if spec and not (len(spec) == 1 and is_token_shards(spec[0])):
             corpus = open_corpus(spec[0] if len(spec) == 1 else spec, args.split)
             check_corpus(corpus, args.text_field, " ".join(spec))
+    if problem := push_problem(args):
+        raise InputError(problem)
     check_output_dir(args)
     config = check_model(args)
     positions = getattr(config, "max_position_embeddings", None)
@@ -342,6 +350,30 @@ def exit_on_input_error(main):
     return run
 
 
+def model_card(args, script: str, summary: str, relation: str = "finetune", **options):
+    """`card(stage)` for `save_final`: the saved model's card, `--model` its base (`hub.model_card`)."""
+    data = " ".join(args.dataset) if args.dataset else " ".join(args.text_files or []) or "the embedded corpus"
+    rows = {"--model": args.model, "data": data, "--steps": args.steps, "--seq-len": args.seq_len,
+            "--batch-size x --grad-accum": f"{args.batch_size} x {args.grad_accum}", "--lr": args.lr,
+            "--gate-lr": args.gate_lr, "--train": args.train, "--dtype": args.dtype, **options}
+    return lambda stage: write_training_card(stage, args.model, relation=relation, title=f"{Path(args.model).name}, "
+                                             f"trained by {script}", summary=summary, options=rows,
+                                             command=f"examples/{script}", version=gated_attention.__version__)
+
+
+def push_saved(args, folder: Path, script: str) -> None:
+    """`--push-to-hub`: the saved model folder, whole and checked by now, in one commit (the main process only,
+    after the others are done). A failed push is one line and exit status 2; the folder stays as it is."""
+    if not args.push_to_hub:
+        return
+    try:
+        url = push_folder(folder, args.push_to_hub, private=args.private,
+                          command=f"examples/{script} --model {args.model}")
+    except PushFailed as e:
+        raise InputError(str(e)) from None
+    print(f"pushed {folder} to {url}")
+
+
 def gate_parameter_count(model) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "attn_gate" in n and p.requires_grad)
 
@@ -430,10 +462,14 @@ def continued_pretraining(args):
         if valid_rows is not None:
             loss = evaluate_loss(model, valid_rows, args.batch_size, accelerator)
             accelerator.print(f"validation: loss {loss:.4f}, perplexity {math.exp(loss):.3f} ({len(valid_rows)} rows)")
-        save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
+        save_final(accelerator, model, out / "final", tokenizer, step=args.steps, card=model_card(
+            args, "continued_pretraining.py", f"{args.model} after {args.steps} steps of continued pretraining."))
     accelerator.print(f"saved {out / 'final'}")
     model = accelerator.unwrap_model(model)  # the DDP/FSDP wrapper goes before the process group (finish_training)
+    main_process = accelerator.is_main_process
     finish_training(accelerator)
+    if main_process:
+        push_saved(args, out / "final", "continued_pretraining.py")
     return model
 
 

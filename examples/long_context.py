@@ -35,6 +35,8 @@ from continued_pretraining import (
     load_model,
     load_tokenizer,
     make_accelerator,
+    model_card,
+    push_saved,
     run_training,
     set_threads,
 )
@@ -97,7 +99,10 @@ def long_context(args, lengths: list[int], yarn_factor: float) -> list[dict]:
 
     with output_folder(args.output_dir) as out:
         rows = train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out, lengths, yarn_factor, before)
+    main_process = accelerator.is_main_process
     finish_training(accelerator)  # the training wrapper lives only in accelerate's own lists by now
+    if main_process:
+        push_saved(args, out / "final", "long_context.py")
     return rows
 
 
@@ -107,7 +112,9 @@ def train_and_evaluate(args, model, train_rows, tokenizer, accelerator, out: Pat
     device = accelerator.device
     # 2. Continued training at the longer length.
     model = run_training(args, model, train_rows, accelerator, desc=f"train @{args.seq_len}")
-    save_final(accelerator, model, out / "final", tokenizer, step=args.steps)
+    save_final(accelerator, model, out / "final", tokenizer, step=args.steps, card=model_card(
+        args, "long_context.py", f"{args.model} with RoPE base {args.rope_theta:g}, trained at {args.seq_len} tokens.",
+        **{"--rope-theta": args.rope_theta}))
 
     # 3. Evaluation by length, without and with YaRN over the new training length.
     trained = from_pretrained_checked(AutoModelForCausalLM, out / "final", dtype=DTYPES[args.dtype],

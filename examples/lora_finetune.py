@@ -54,6 +54,8 @@ from continued_pretraining import (
     load_model,
     load_tokenizer,
     make_accelerator,
+    model_card,
+    push_saved,
     run_training,
     set_threads,
 )
@@ -175,6 +177,11 @@ def lora_finetune(args):
             with full_disk_is_one_line(out, "saving merged/"), staged_output(out / "merged") as stage:
                 merged.save_pretrained(stage)
                 tokenizer.save_pretrained(stage)
+                # Merged onto the base: a full model, so the Hub's relation is finetune (an adapter repo holds
+                # only the LoRA weights, and needs the base to run).
+                model_card(args, "lora_finetune.py", f"{args.model} fine-tuned with LoRA (rank {args.rank}, the "
+                           "gates trained in full), the LoRA weights merged into the base.", rank=args.rank,
+                           alpha=args.alpha)(stage)
             if valid_rows is not None:
                 probe = valid_rows[:2]
             else:  # a stream has no rows to slice: the next two will do
@@ -187,7 +194,10 @@ def lora_finetune(args):
                 print(f"merged onto {args.model} in {args.dtype}: max |logits difference| from the 4-bit model as "
                       f"trained {max_logits_difference(trained, merged, probe):g} (the base's quantization error)")
     del model  # the DDP/FSDP wrapper goes before the process group (finish_training)
+    main_process = accelerator.is_main_process
     finish_training(accelerator)
+    if main_process:  # merged/ is whole and reloads with the merged model's logits by now
+        push_saved(args, out / "merged", "lora_finetune.py")
     return merged
 
 

@@ -1,6 +1,6 @@
 """Small pieces every command line of the package shares: a parser whose usage errors are one line, flag
-values in a range, an existing file, a device name, memory sizes (`--max-memory 4GB`), an exception as one
-line, SIGTERM handled as Ctrl-C.
+values in a range, an existing file, a device name, memory sizes (`--max-memory 4GB`), the Hub-facing flags
+(`--revision`, `--push-to-hub` with `--private`), an exception as one line, SIGTERM handled as Ctrl-C.
 
 `cli`, `analysis`, `convert`, `recipes`, `training`, the examples and the
 benchmarks use these, so a range or a one-line error reads the same in every
@@ -118,6 +118,31 @@ def memory_size(text: str) -> int:
         shown = repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
         raise argparse.ArgumentTypeError(f"{shown} is more than this machine's memory ({format_size(ram)})")
     return size
+
+
+def add_revision(p: argparse.ArgumentParser, what: str = "SRC") -> None:
+    """`--revision REV`, the same on every command that reads a checkpoint by Hub id."""
+    p.add_argument("--revision", metavar="REV",
+                   help=f"Hub revision (branch, tag or commit hash) when {what} is a Hub repo id: read from the Hugging "
+                        "Face cache at that revision, else downloaded where the network allows (default: main)")
+
+
+def revision_problem(names: list[str], revision: str | None, what: str = "MODEL") -> str | None:
+    """Why `--revision` cannot apply (None when it can): it names a revision of a Hub id, and every one of
+    `names` is a local path. With several names it applies to those that are Hub ids."""
+    local = [name for name in names if Path(name).expanduser().exists()]
+    if revision is not None and names and len(local) == len(names):
+        return f"--revision is for a Hub repo id, and {what} {local[0]} is a local folder"
+    return None
+
+
+def add_push_to_hub(p: argparse.ArgumentParser, what: str = "DST") -> None:
+    """`--push-to-hub REPO_ID` and `--private`, the same on every command that writes a checkpoint."""
+    p.add_argument("--push-to-hub", metavar="REPO_ID",
+                   help=f"once {what} is written and verified, upload it to this Hub model repo in one commit (the repo "
+                        "is created if missing; needs a token, `hf auth login`). A failed push leaves DST whole and says "
+                        "how to retry")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -10,4 +10,4 @@ exec bash tests/with_transformers.sh "transformers==5.17.0" "$@" \
     tests/test_compat.py tests/test_dense.py tests/test_moe.py tests/test_hybrid.py tests/test_families.py tests/test_sink_cache.py \
     tests/test_convert.py tests/test_convert_export.py tests/test_convert_rope.py tests/test_convert_errors.py tests/test_convert_source_config.py tests/test_convert_memory.py tests/test_declared.py \
     tests/test_analysis_capture.py tests/test_analyze_architectures.py tests/test_serving.py tests/test_tensor_parallel.py tests/test_readme_code.py \
-    tests/test_loading.py tests/test_paper_layouts.py tests/test_quantization.py tests/test_trained_model.py::test_the_gguf_file_converts_exactly_and_the_card_names_it
+    tests/test_loading.py tests/test_hub_push.py tests/test_paper_layouts.py tests/test_quantization.py tests/test_trained_model.py::test_the_gguf_file_converts_exactly_and_the_card_names_it

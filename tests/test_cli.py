@@ -208,6 +208,10 @@ REFUSED_BEFORE_IMPORTS = {
     "analyze-device": (["analyze", "src", "--out", "o", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
     "stream-sinks-fill-the-window": (["stream", "src", "--text-file", "afile", "--window", "4", "--sink-tokens", "4", "--out", "o"], "--sink-tokens 4 must be below --window 4"),
     "stream-model-missing": (["stream", "./nope", "--text-file", "afile", "--window", "8", "--out", "o"], "model folder not found: ./nope"),
+    "analyze-revision-of-a-folder": (["analyze", "src", "--out", "o", "--revision", "v1"], "--revision is for a Hub repo id, and MODEL src is a local folder"),
+    "stream-revision-of-a-folder": (["stream", "src", "--text-file", "afile", "--window", "8", "--out", "o", "--revision", "v1"], "--revision is for a Hub repo id, and MODEL src is a local folder"),
+    "convert-private-alone": (["convert", "src", "out", "--private"], "--private applies to the repo --push-to-hub REPO_ID creates"),
+    "quantize-bad-repo-id": (["quantize", "src", "out", "--scheme", "W8A8", "--push-to-hub", "a/b/c"], "--push-to-hub a/b/c: "),
     "stream-out-working-folder": (["stream", "src", "--text-file", "afile", "--window", "8", "--out", "."], "--out . is the working folder"),
 }
 

@@ -184,26 +184,52 @@ def test_phi3_longrope_converts_bit_identical_past_the_original_length(tmp_path)
 
 
 def test_hub_id_resolves_from_the_cache_offline(converted, tmp_path, monkeypatch):
-    from huggingface_hub import constants
+    """A cached repo converts offline, `--revision` picks its snapshot, and the card and config.json say which
+    commit was read, with the source card's license and the Hub's base_model_relation."""
+    import warnings
+
+    from huggingface_hub import ModelCard, constants
 
     src, _, _ = converted["llama", "float32"]
-    commit = "0123456789abcdef0123456789abcdef01234567"
+    main_commit, old_commit = "0123456789abcdef0123456789abcdef01234567", "89abcdef0123456789abcdef0123456789abcdef"
     repo = tmp_path / "hub" / "models--someone--tiny-llama"
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for f in src.iterdir():
-        (snapshot / f.name).write_bytes(f.read_bytes())
+    for commit, license in ((main_commit, "apache-2.0"), (old_commit, "mit")):
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True)
+        for f in src.iterdir():
+            (snapshot / f.name).write_bytes(f.read_bytes())
+        (snapshot / "README.md").write_text(f"---\nlicense: {license}\n---\n# tiny\n")
     (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    (repo / "refs" / "main").write_text(main_commit)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
-    assert main(["convert", "someone/tiny-llama", str(tmp_path / "out"), "--no-verify"]) == 0
-    assert "base_model: someone/tiny-llama" in (tmp_path / "out" / "README.md").read_text()
+    for revision, commit, license in ((None, main_commit, "apache-2.0"), (old_commit, old_commit, "mit")):
+        out = tmp_path / f"out-{commit[:4]}"
+        assert main(["convert", "someone/tiny-llama", str(out), "--no-verify",
+                     *(["--revision", revision] if revision else [])]) == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # huggingface_hub warns on metadata it cannot read
+            card = ModelCard((out / "README.md").read_text())
+        assert (card.data.base_model, card.data.base_model_relation, card.data.license) == (
+            "someone/tiny-llama", "finetune", license)
+        assert f"commit `{commit}`" in card.text and 'revision="COMMIT"' in card.text
+        assert json.loads((out / "config.json").read_text())["source_commit"] == commit
     reference = AutoModelForCausalLM.from_pretrained(src).eval()
-    result = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    result = AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
         assert torch.equal(reference(PROMPT).logits, result(PROMPT).logits)
+
+
+def test_a_local_source_without_a_card_is_said_to_name_nothing(converted):
+    """No license or base model is guessed for a plain local folder; the card says none was found."""
+    from huggingface_hub import ModelCard
+
+    _, dst, _ = converted["qwen2", "float32"]
+    card = ModelCard((dst / "README.md").read_text())
+    assert card.data.base_model is None and card.data.license is None and card.data.base_model_relation == "finetune"
+    assert "No license was found" in card.text and "no commit is known" in card.text
+    assert json.loads((dst / "config.json").read_text())["source_commit"] is None
 
 
 def test_moe_source_in_the_fused_in_memory_layout(tmp_path):

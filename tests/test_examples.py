@@ -123,6 +123,7 @@ def test_lora_merge_save_reload_same_logits(env, tiny_model, tmp_path):
     merged = lora.main(["--model", str(tiny_model), "--output-dir", str(out), "--steps", "3", "--rank", "4",
                         "--lr", "1e-2", *COMMON])
     assert type(merged).__name__ == "GatedAttentionForCausalLM"  # unwrapped: no PEFT layers left
+    assert "base_model_relation: finetune" in (out / "merged" / "README.md").read_text()  # merged: a full model
     assert not any("lora_" in n or "modules_to_save" in n for n, _ in merged.named_parameters())
     start = gated_attention.GatedAttentionForCausalLM.from_pretrained(tiny_model).state_dict()
     state = merged.state_dict()
@@ -334,6 +335,35 @@ def test_token_shards_train_and_resume(env, tiny_model, tmp_path):
     assert resumed[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-6, abs=0)
 
 
+def test_the_saved_model_has_a_card_and_is_pushed_after_the_run(env, tiny_model, tmp_path, monkeypatch, capsys):
+    """The final model's card names its base and relation; --push-to-hub uploads final/ whole, once the run
+    is done, and a refused push is one line and exit status 2 with final/ left as saved."""
+    from huggingface_hub import ModelCard
+
+    from test_hub_push import FakeHub
+
+    cpt = import_example("continued_pretraining")
+    hub = FakeHub().install(monkeypatch)
+    args = ["--model", str(tiny_model), "--steps", "1", "--eval-sequences", "0", *COMMON, "--push-to-hub", "me/cpt"]
+    cpt.main([*args, "--output-dir", str(tmp_path / "a"), "--private"])
+    final = tmp_path / "a" / "final"
+    card = ModelCard((final / "README.md").read_text())
+    assert (card.data.base_model_relation, card.data.license) == ("finetune", None)
+    assert "--gate-lr" in card.text and 'revision="COMMIT"' in card.text
+    (_, repo, flags), (_, _, upload) = hub.calls
+    assert (repo, flags["private"], upload["folder_path"]) == ("me/cpt", True, str(final))
+    assert {"README.md", "config.json", "modeling_gated_attention.py", "model.safetensors"} <= set(upload["files"])
+    assert "pushed" in capsys.readouterr().out
+
+    FakeHub(fail=True).install(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        cpt.main([*args, "--output-dir", str(tmp_path / "b")])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "403 Forbidden" in err[0] and "hf upload me/cpt" in err[0]
+    assert {p.name for p in (tmp_path / "b" / "final").iterdir()} == {p.name for p in final.iterdir()}
+
+
 def test_resume_from_a_folder_that_is_no_checkpoint_is_one_line(env, tiny_model, tmp_path, capsys):
     """The error comes after the output folder was made: the run removes the folders it made (still empty),
     never one that was there before, nor what was in it."""
@@ -420,6 +450,7 @@ BAD_INPUTS = {  # id: (arguments, the start of the error line); {bad} is the bad
                       "error: --dataset {bad}/nul.jsonl: {bad}/nul.jsonl holds nothing but NUL bytes (1,000 of them: "
                       "space preallocated for a write that never came, or a write cut short); there is nothing to "
                       "read"),
+    "private without push": (["--private"], "error: --private applies to the repo --push-to-hub REPO_ID creates"),
     "other field": (["--dataset", "{bad}/other_field.jsonl"],
                     "error: --text-field 'text': {bad}/other_field.jsonl has no such column (its columns: body)"),
 }

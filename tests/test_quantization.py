@@ -168,7 +168,7 @@ def model_dir(tmp_path_factory):
 FLAGS = ("--max-length", "24", "--n-per-domain", "1")
 
 
-def test_analyze_quantization_and_quantize_agree_and_the_checkpoint_loads(model_dir, tmp_path, capsys,
+def test_analyze_quantization_and_quantize_agree_and_the_checkpoint_loads(model_dir, tmp_path, capsys, monkeypatch,
                                                                           run_without_package):
     out = tmp_path / "analysis"
     assert main(["analyze", str(model_dir), "--out", str(out), "--quantization", "w8a8", "--bootstrap", "10", *FLAGS]) == 0
@@ -179,8 +179,14 @@ def test_analyze_quantization_and_quantize_agree_and_the_checkpoint_loads(model_
     kinds = {r["kind"] for r in csv.DictReader(open(out / "quantization_layers.csv", newline=""))}
     assert kinds == {"attention_output", "mlp_down", "gate"}
 
+    from test_hub_push import FakeHub
+
+    hub = FakeHub().install(monkeypatch)
     dst = tmp_path / "w8a8"
-    assert main(["quantize", str(model_dir), str(dst), "--scheme", "W8A8", "--gates", "quantize", *FLAGS]) == 0
+    assert main(["quantize", str(model_dir), str(dst), "--scheme", "W8A8", "--gates", "quantize", *FLAGS,
+                 "--push-to-hub", "me/w8a8"]) == 0
+    assert [(name, repo) for name, repo, _ in hub.calls] == [("create_repo", "me/w8a8"), ("upload_folder", "me/w8a8")]
+    assert "README.md" in hub.calls[1][2]["files"] and "gated-attention quantize" in hub.calls[1][2]["commit_message"]
     printed = capsys.readouterr().out
     assert "compressed-tensors alone" in printed
     kl = float(rows[("W8A8", "all")]["kl"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gated_attention.hub.model_card import base_model_fields
+from gated_attention.hub.provenance import read_provenance
 from gated_attention.hub.repo_ids import HubUnavailable, cached_or_downloaded, is_hub_id, missing_folder
 
 
@@ -24,15 +24,17 @@ def test_an_existing_folder_is_neither(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org" / "name").mkdir(parents=True)
     assert not is_hub_id("org/name") and not missing_folder("org/name")
-    assert base_model_fields("org/name") == {"base_model_yaml": "", "base_model_line": "A local checkpoint, `name`."}
+    local = read_provenance("org/name", tmp_path / "org" / "name")
+    assert local.base_model is None and local.base_model_line().startswith("A local checkpoint, `name`; it names no Hub repo")
 
 
-def test_a_hub_id_names_its_base_model():
-    assert base_model_fields("someone/tiny-llama")["base_model_yaml"] == "base_model: someone/tiny-llama\n"
+def test_a_hub_id_names_its_base_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert read_provenance("someone/tiny-llama", None).card_data("finetune").base_model == "someone/tiny-llama"
     # A folder in a repo of several models: the Hub's base_model is the repo, the link goes to the folder.
-    fields = base_model_fields("QwQZh/gated_attention/1B_gate_headwise")
-    assert fields["base_model_yaml"] == "base_model: QwQZh/gated_attention\n"
-    assert fields["base_model_line"].endswith("(https://huggingface.co/QwQZh/gated_attention/tree/main/1B_gate_headwise)")
+    source = read_provenance("QwQZh/gated_attention/1B_gate_headwise", None)
+    assert source.card_data("finetune").to_yaml() == "base_model: QwQZh/gated_attention\nbase_model_relation: finetune"
+    assert "(https://huggingface.co/QwQZh/gated_attention/tree/main/1B_gate_headwise)" in source.base_model_line()
 
 
 def test_a_cached_repo_is_read_offline_and_a_missing_one_says_why(tmp_path, monkeypatch):
@@ -70,3 +72,27 @@ def test_a_folder_in_a_cached_repo_is_read_offline_and_a_missing_folder_says_so(
     assert folder == repo / "snapshots" / commit / "1B_gate_headwise"
     with pytest.raises(HubUnavailable, match=r"^the repo QwQZh/gated_attention has no folder 1B_gate_elementwise$"):
         cached_or_downloaded("QwQZh/gated_attention/1B_gate_elementwise")
+
+
+def test_provenance_of_a_folder_in_a_cached_repo_by_id_and_by_path(tmp_path, monkeypatch):
+    """The snapshot's path names the repo and the commit; the repo's own card, at its root, the license."""
+    from huggingface_hub import constants
+
+    from gated_attention.hub.provenance import cached_folder
+
+    commit = "c" * 40
+    repo = tmp_path / "hub" / "models--org--multi"
+    snapshot = repo / "snapshots" / commit
+    (snapshot / "sub").mkdir(parents=True)
+    (snapshot / "sub" / "config.json").write_text("{}")
+    (snapshot / "README.md").write_text("---\nlicense: other\nlicense_name: acme\nbase_model: x/y\n---\n")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    assert cached_folder("org/multi/sub") == snapshot / "sub"
+    for name in ("org/multi/sub", str(snapshot / "sub")):
+        source = read_provenance(name, snapshot / "sub")
+        assert (source.base_model, source.subfolder, source.commit) == ("org/multi", "sub", commit)
+        assert (source.license, source.license_name) == ("other", "acme")
+    assert "license_name: acme" in source.card_data("finetune").to_yaml()

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..cli_common import DEVICE, bounded, device_name, existing_file, first_line, memory_size
+from ..cli_common import DEVICE, add_revision, bounded, device_name, existing_file, first_line, memory_size, revision_problem
 from ..hub.repo_ids import HubUnavailable, cached_or_downloaded, missing_folder, split_subfolder
 from .loading import DEVICE_MAPS
 
@@ -73,6 +73,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("model", metavar="MODEL", nargs="+", help="local model folder, Hugging Face Hub id, or .gguf file (dequantized "
                    "by transformers' GGUF loader); one or more")
+    add_revision(p, "MODEL")
     p.add_argument("--out", required=True, metavar="DIR", type=_out_dir,
                    help="output folder, created whole at the end; an earlier analysis there is replaced")
     inputs = p.add_mutually_exclusive_group()
@@ -154,6 +155,8 @@ def _check_names(args) -> None:
             raise CLIError(f"model folder not found: {model}")
     if args.tokenizer and missing_folder(args.tokenizer):
         raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
+    if problem := revision_problem(args.model, args.revision):
+        raise CLIError(problem)
 
 
 def _check_inputs(args) -> None:
@@ -250,7 +253,7 @@ def _check_config(name: str, resolved: str) -> None:
             raise CLIError(str(e)) from None
 
 
-def _resolve(name: str) -> str:
+def _resolve(name: str, revision: str | None = None) -> str:
     """`name` to load: itself (a folder, or a Hub id the Hub answers for), or the folder of its snapshot in
     the Hugging Face cache when the Hub cannot be reached (then nothing asks the Hub).
 
@@ -262,9 +265,10 @@ def _resolve(name: str) -> str:
 
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser())
-    if split_subfolder(name)[1] is not None:  # a folder in a repo of several models: transformers takes no such id
+    # A folder in a repo of several models (transformers takes no such id), or a revision: the snapshot folder.
+    if split_subfolder(name)[1] is not None or revision is not None:
         try:
-            return str(cached_or_downloaded(name))
+            return str(cached_or_downloaded(name, revision=revision))
         except HubUnavailable as e:
             raise CLIError(f"cannot load model {name!r}: it is no local folder, and {e}") from None
     if constants.HF_HUB_OFFLINE:
@@ -335,7 +339,8 @@ def run(args) -> int:
     _check_intervention(args)
     _check_quantization(args)
     _check_out(args)
-    where = {name: _resolve(name) for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
+    where = {name: _resolve(name, args.revision if name in args.model else None)
+             for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
     for model in args.model:
         _check_config(model, where[model])
     samples = _samples(args)

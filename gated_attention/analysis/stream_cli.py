@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..cli_common import bounded, device_name, existing_file, first_line, memory_size
+from ..cli_common import add_revision, bounded, device_name, existing_file, first_line, memory_size, revision_problem
 
 DTYPES = ("float32", "bfloat16", "float16")
 # A text is read at most this many characters per token of --max-tokens: more than any token covers.
@@ -54,6 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output folder, created whole at the end; an earlier stream output there is replaced")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
+    add_revision(p, "MODEL")
     p.add_argument("--device", type=device_name, default="auto",
                    help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, ... (default: %(default)s)")
     p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
@@ -81,6 +82,8 @@ def _check(args) -> None:
         raise CLIError(f"model folder not found: {args.model}")
     if args.tokenizer and missing_folder(args.tokenizer):
         raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
+    if problem := revision_problem([args.model], args.revision):
+        raise CLIError(problem)
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {args.out} exists and is not a folder")
@@ -97,14 +100,14 @@ def _check(args) -> None:
         raise CLIError(str(e)) from None
 
 
-def _where(name: str) -> str:
+def _where(name: str, revision: str | None = None) -> str:
     """A local path as it is; a Hub id as its snapshot folder (the cache first, then the Hub)."""
     from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
 
     if Path(name).expanduser().exists():
         return str(Path(name).expanduser())
     try:
-        return str(cached_or_downloaded(name))
+        return str(cached_or_downloaded(name, revision=revision))
     except HubUnavailable as e:
         raise CLIError(f"MODEL {name}: no such folder, and {e}") from None
 
@@ -165,7 +168,8 @@ class _Bar:
 
 def run(args) -> int:
     _check(args)
-    where = {name: _where(name) for name in dict.fromkeys([args.model, *([args.tokenizer] if args.tokenizer else [])])}
+    where = {name: _where(name, args.revision if name == args.model else None)
+             for name in dict.fromkeys([args.model, *([args.tokenizer] if args.tokenizer else [])])}
     _check_config(where[args.model], args.model)
 
     from ..files.output_folders import OutputFolderError

@@ -8,11 +8,17 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..hub.model_card import base_model_fields, options_rows, write_model_card
+from ..hub.model_card import PIN_REVISION, options_rows, write_model_card
+from ..hub.provenance import Provenance
 from ..quantization.ignore import FUSED_GATE, OWN_GATE, ignore_section
 from .plan import GATE_BIAS_INIT
 from .rope import RopeChange
 
+
+# The Hub's base_model_relation of every checkpoint these commands write (docs/models.md, "Model cards"): the
+# base's weights, whole, extended or rearranged into a new full model: neither an adapter, a merge nor a
+# quantized copy.
+RELATION = "finetune"
 
 QUANTIZATION = ("`gated-attention quantize PATH DST --scheme W8A8` writes a compressed-tensors checkpoint of it, and "
                 "`gated-attention analyze PATH --out DIR --quantization W8A8 NVFP4` measures what each format costs "
@@ -20,7 +26,8 @@ QUANTIZATION = ("`gated-attention quantize PATH DST --scheme W8A8` writes a comp
 
 
 def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str,
-                          gguf: dict | None = None, gate_name: str = "self_attn.attn_gate", output_name: str = "o_proj") -> None:
+                          gguf: dict | None = None, gate_name: str = "self_attn.attn_gate", output_name: str = "o_proj", *,
+                          source: Provenance) -> None:
     options = {"source": src}
     changed = []
     if gguf is not None:  # hub.gguf's record of the file the weights were dequantized from
@@ -89,9 +96,9 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
     )
     how_to_load = (
         "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", trust_remote_code=True)\n'
-        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")\n```\n\n'
-        "With `pip install gated-attention`, `import gated_attention` first and drop `trust_remote_code`."
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", revision="COMMIT", trust_remote_code=True)\n'
+        'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO", revision="COMMIT")\n```\n\n'
+        f"{PIN_REVISION} With `pip install gated-attention`, `import gated_attention` first and drop `trust_remote_code`."
     )
     continue_pretraining = (
         "The gates start where they do no harm and only help once trained. With the gated-attention "
@@ -108,9 +115,11 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
     write_model_card(
         stage,
         "converted_model",
+        source=source,
+        relation=RELATION,
+        tags=["gated-attention", "converted" if command == "convert" else "rope-extended"],
         title=title,
         summary=summary,
-        tag="converted" if command == "convert" else "rope-extended",
         options_rows=options_rows(options),
         what_changed="\n".join(changed),
         how_to_load=how_to_load,
@@ -118,19 +127,20 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         quantization=QUANTIZATION + ignore_section([OWN_GATE], "its `attn_gate` modules"),
         command=f"gated-attention {command}",
         version=__version__,
-        **base_model_fields(str(src)),
     )
 
 
-def write_export_card(stage: Path, src: str, config, layout: str = "text") -> None:
+def write_export_card(stage: Path, src: str, config, layout: str = "text", *, source: Provenance) -> None:
     spec = config.attn_gate
     write_model_card(
         stage,
         "converted_model",
+        source=source,
+        relation=RELATION,
+        tags=["gated-attention", "qwen3_5"],
         title=f"{Path(str(src)).name} in the native Qwen3.5 layout",
         summary="A gated-attention model exported to transformers' own Qwen3.5 text architecture, "
         "so it loads without remote code and runs on engines that support Qwen3.5.",
-        tag="qwen3_5",
         options_rows=options_rows({"source": src, "--format": "qwen3_5", "--layout": layout}),
         what_changed="\n".join(
             [
@@ -158,7 +168,9 @@ def write_export_card(stage: Path, src: str, config, layout: str = "text") -> No
             ]
         ),
         how_to_load="```python\nfrom transformers import AutoModelForCausalLM\n\n"
-        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")  # Qwen3_5ForCausalLM, no remote code\n```',
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", revision="COMMIT")  # Qwen3_5ForCausalLM, no '
+        "remote code\n```\n\nReplace `COMMIT` with a commit hash of this repo: a pinned commit keeps the weights the "
+        "ones you checked, where a branch can change under you.",
         continue_pretraining="Train it like any transformers causal LM. The gate rows are the second half of each "
         "head's block in `q_proj`; give them their own learning rate if they should move faster than the rest.",
         quantization=QUANTIZATION + ignore_section([FUSED_GATE], "the gate is the second half of each head's rows of "
@@ -166,5 +178,4 @@ def write_export_card(stage: Path, src: str, config, layout: str = "text") -> No
                                                    "engines fuse it with"),
         command="gated-attention export",
         version=__version__,
-        **base_model_fields(str(src)),
     )

@@ -11,7 +11,7 @@ import argparse
 import functools
 from pathlib import Path
 
-from ..cli_common import bounded, memory_size
+from ..cli_common import add_push_to_hub, add_revision, bounded, memory_size
 from .export_layouts import LAYOUTS
 
 DEFAULT_SHARD_SIZE = 5 * 10**9  # huggingface_hub's and transformers' default, "5GB"
@@ -88,7 +88,8 @@ def _add_common(p: argparse.ArgumentParser, *, dtype: bool = True) -> None:
         metavar="SIZE",
         help="largest output shard, e.g. 5GB or 500MB (default: 5GB); a tensor larger than SIZE gets a shard of its own",
     )
-    p.add_argument("--revision", help="Hub revision (branch, tag or commit) when SRC is a repo id (default: main)")
+    add_revision(p)
+    add_push_to_hub(p)
 
 
 def _add_rope(p: argparse.ArgumentParser) -> None:
@@ -173,25 +174,36 @@ def _rope_change(args):
 
 
 def _user_errors(run):
-    """Check SRC and DST as far as that needs no reading, then run; a ConversionError (bad input) is the
-    CLI's one-line error. Nothing here imports torch, and the commands check their options before they
-    import what they run: a wrong command line is answered before torch is imported."""
+    """Check SRC and DST (and --push-to-hub's repo id) as far as that needs no reading, run, then push DST
+    where asked; a ConversionError (bad input) or a failed push is the CLI's one-line error. Nothing here
+    imports torch, and the commands check their options before they import what they run: a wrong command
+    line is answered before torch is imported."""
 
     @functools.wraps(run)
     def wrapper(args) -> int:
         from .. import CLIError
         from ..configuration.validation import ConfigError, check_config_file
         from ..hub.gguf import GGUFError, gguf_file
+        from ..hub.push import PushFailed, push_folder, push_problem
         from .errors import ConversionError
         from .folders import check_destination, check_source
 
         try:
+            if problem := push_problem(args):
+                raise CLIError(problem)
             check_source(args.src, args.revision)
             local = Path(args.src).expanduser()
             check_destination(local if local.exists() else None, Path(args.dst), args.overwrite)
             if local.is_dir() and gguf_file(local) is None:  # a Hub SRC's config is checked once downloaded
                 check_config_file(local, "SRC config.json")
-            return run(args)
+            status = run(args)
+            if args.push_to_hub:  # DST is in place and verified (or --no-verify said otherwise) by now
+                url = push_folder(args.dst, args.push_to_hub, private=args.private,
+                                  command=f"gated-attention {args.command} {args.src}")
+                print(f"pushed {args.dst} to {url}")
+            return status
+        except PushFailed as e:
+            raise CLIError(str(e)) from None
         except (ConversionError, ConfigError) as e:
             raise CLIError(str(e)) from None
         except GGUFError as e:

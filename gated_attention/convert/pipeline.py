@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..hub.gguf import GGUFError, dequantized, gguf_file, read_info
+from ..hub.provenance import read_provenance, record_commit
 from ..memory.budget import MemoryBudget
 from .errors import ConversionError
 from .folders import check_destination, staged_folder
@@ -53,7 +54,7 @@ class ConversionPlan:
     announce: str  # the line logged before writing starts
     desc: str  # the progress bar's label
     write_config: Callable[[Path], None]  # config.json (and remote code) into the staging folder
-    write_card: Callable[[Path], None]
+    write_card: Callable[..., None]  # write_card(stage, source=the source's `Provenance`): the model card
     verification: Verification | None  # None: nothing can run SRC to compare with (the plan's `done` says so)
     finite: Iterable[str] | None = None  # source tensors to scan for inf/NaN; None: those the outputs read
     done: list[str] = field(default_factory=list)  # lines logged after DST is in place, before "wrote DST"
@@ -83,8 +84,8 @@ def run(
     checkpoint and removed at the end; a command that reads only gated checkpoints (`takes_gguf` False)
     refuses it before anything is read, since a GGUF never holds one.
     """
-    steps = dict(verify=verify, max_memory=max_memory, overwrite=overwrite, max_shard_size=max_shard_size, log=log,
-                 count_shards=count_shards)  # fmt: skip
+    steps = dict(src=src, verify=verify, max_memory=max_memory, overwrite=overwrite, max_shard_size=max_shard_size,
+                 log=log, count_shards=count_shards)  # fmt: skip
     try:
         gguf = gguf_file(src)
         if gguf is None:
@@ -111,10 +112,11 @@ def _cast_reserve(plan: ConversionPlan) -> int:
     return max((n for dtype, n in stored if dtype.is_floating_point and dtype != run), default=0)
 
 
-def _run(folder: Path, dst, prepare, *, verify, max_memory, overwrite, max_shard_size, log, count_shards) -> Result:
+def _run(folder: Path, dst, prepare, *, src, verify, max_memory, overwrite, max_shard_size, log, count_shards) -> Result:
     dst = Path(dst)
     check_destination(folder, dst, overwrite)
     plan = prepare(folder, dst)
+    source = read_provenance(src, folder)  # base model, commit and license, for the card and config.json
     budget = None
     if verify and plan.verification is not None:
         # Resolved once: the check before writing and the verification after it work with the same number.
@@ -129,8 +131,9 @@ def _run(folder: Path, dst, prepare, *, verify, max_memory, overwrite, max_shard
     with staged_folder(dst, overwrite, log, size=output_size(plan.outputs, folder)) as stage:
         result.shards = write_sharded(stage, plan.outputs, max_shard_size=max_shard_size, desc=plan.desc)
         plan.write_config(stage)
+        record_commit(stage, source.commit)
         copy_side_files(folder, stage)
-        plan.write_card(stage)
+        plan.write_card(stage, source=source)
         if budget is not None:
             result.max_abs_diff = plan.verification.run(stage, budget=budget)
     for line in plan.done:

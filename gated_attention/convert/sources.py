@@ -87,7 +87,8 @@ def resolve_source(src: str, *, revision: str | None = None, allow_pickle: bool 
     if path.exists():
         return path.resolve()
 
-    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*", "LICENSE*"]
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*", "LICENSE*",
+                "README.md"]  # the card names the license (`hub.provenance`)
     if allow_pickle:
         patterns.append("*.bin")
     try:

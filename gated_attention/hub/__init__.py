@@ -7,8 +7,14 @@ files and the paper's released checkpoints as sources, and loading a checkpoint 
   package. Its `MODEL_TYPES` is the one list of our model types and their
   classes, which the Auto registration and `convert` read too; `auto_map`
   builds every checkpoint's (ours and the declared models').
-- `model_card`: renders the cards of converted checkpoints from the templates
-  in `model_cards/` (reached through the link `hub/model_cards`).
+- `model_card`: renders the cards of every checkpoint the package writes from the
+  templates in `model_cards/` (reached through the link `hub/model_cards`), their
+  YAML through huggingface_hub's `ModelCardData`.
+- `provenance`: what a card and `config.json` say of the source: its repo
+  (`base_model`), the commit of the snapshot read (`source_commit`) and its license,
+  read from disk.
+- `push`: `--push-to-hub`, a written and verified folder uploaded in one commit;
+  a failure is one line (`PushFailed`) and leaves the folder as it is.
 - `repo_ids`: whether a model argument is a local folder or could be a Hub repo
   id, without the network, and `cached_or_downloaded`, the one policy for
   fetching an id: huggingface_hub's cache first, then the Hub.

@@ -27,7 +27,7 @@ def split_subfolder(name: str) -> tuple[str, str | None]:
     return "/".join(parts[:2]), "/".join(parts[2:])
 
 
-def _valid_repo_id(name: str) -> bool:
+def valid_repo_id(name: str) -> bool:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     repo_id, subfolder = split_subfolder(name)
@@ -46,12 +46,12 @@ def missing_folder(name: str) -> bool:
     `org/name`, `name` and `org/name/folder` that do not exist locally may be repo ids (the last one a folder
     in one); huggingface_hub's own validator decides.
     """
-    return not Path(name).expanduser().exists() and not _valid_repo_id(name)
+    return not Path(name).expanduser().exists() and not valid_repo_id(name)
 
 
 def is_hub_id(name: str) -> bool:
     """True when `name` is no existing path but can be a Hub repo id: the sources `resolve_source` downloads."""
-    return not Path(name).expanduser().exists() and _valid_repo_id(name)
+    return not Path(name).expanduser().exists() and valid_repo_id(name)
 
 
 class HubUnavailable(Exception):

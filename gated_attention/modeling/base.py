@@ -64,16 +64,20 @@ class GatedPreTrainedModel(PreTrainedModel):
         elif isinstance(module, GatedAttention) and self.config.attention_sinks:
             normal_(module.sinks, mean=0.0, std=self.config.initializer_range)  # as GPT-OSS
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
+        # `push_to_hub=True` (with repo_id, private, token, commit_message, ...) is transformers' own push.
         bundle = write_remote_code is not None and self._auto_class is None
-        if bundle:
-            write_remote_code(save_directory, self)  # also sets config.auto_map before config.json is written
-        repo_id = kwargs.pop("repo_id", None)
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if push_to_hub:
-            from huggingface_hub import upload_folder
+        self._remote_code_files = write_remote_code(save_directory, self) if bundle else []  # sets config.auto_map
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            del self._remote_code_files
 
-            upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
+    def _get_files_timestamps(self, working_dir: str | os.PathLike) -> dict[str, float]:
+        # transformers' push uploads the files its save_pretrained writes after listing the folder here; the
+        # remote-code files were written just before, so they are left out of the list to be uploaded too.
+        written = getattr(self, "_remote_code_files", ())
+        return {f: t for f, t in super()._get_files_timestamps(working_dir).items() if f not in written}
 
 
 class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):

@@ -202,17 +202,22 @@ class DeclaredGatesMixin:
     def _can_set_experts_implementation(cls) -> bool:
         return _source_class(cls)._can_set_experts_implementation()
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
         # Saved from the installed package, the checkpoint gets flat copies of this file and the config's and an
         # auto_map; a model loaded as remote code has `_auto_class`, and transformers copies its own files.
-        if write_bundle is not None and self._auto_class is None:
-            write_declared_remote_code(save_directory, self.config)
-        repo_id = kwargs.pop("repo_id", None)
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if push_to_hub:
-            from huggingface_hub import upload_folder
+        # `push_to_hub=True` (with repo_id, private, token, commit_message, ...) is transformers' own push.
+        bundle = write_bundle is not None and self._auto_class is None
+        self._remote_code_files = write_declared_remote_code(save_directory, self.config) if bundle else []
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            del self._remote_code_files
 
-            upload_folder(repo_id=repo_id or os.path.basename(os.path.abspath(save_directory)), folder_path=save_directory)
+    def _get_files_timestamps(self, working_dir: str | os.PathLike) -> dict[str, float]:
+        # transformers' push uploads the files its save_pretrained writes after listing the folder here; the
+        # remote-code files were written just before, so they are left out of the list to be uploaded too.
+        written = getattr(self, "_remote_code_files", ())
+        return {f: t for f, t in super()._get_files_timestamps(working_dir).items() if f not in written}
 
 
 def _source_class(cls: type) -> type:

@@ -23,7 +23,8 @@ from ..analysis.samples import DatasetSpec, builtin_samples, dataset_samples, re
 from ..convert.errors import ConversionError
 from ..convert.folders import check_destination, check_source, staged_folder
 from ..files.datasets import DataError
-from ..hub.model_card import base_model_fields, options_rows, write_model_card
+from ..hub.model_card import options_rows, write_model_card
+from ..hub.provenance import cached_folder, read_provenance, record_commit
 from ..quantization import measure
 from ..quantization.rounding import quantize_in_place
 from ..quantization.schemes import QuantizationError, canonical
@@ -53,13 +54,13 @@ def _samples(args):
     return builtin_samples(args.n_per_domain)
 
 
-def _load(model_name: str):
+def _load(model_name: str, revision: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     register_auto_classes()
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_name)
+        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32, revision=revision).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_name, revision=revision)
     except (OSError, ValueError) as e:
         raise CLIError(f"cannot load MODEL {model_name}: {str(e).splitlines()[0]}") from None
     if getattr(model.config, "quantization_config", None) is not None:
@@ -69,14 +70,14 @@ def _load(model_name: str):
 
 def quantize_checkpoint(args) -> Path:
     try:
-        check_source(args.model)
+        check_source(args.model, args.revision)
         check_destination(Path(args.model).expanduser() if Path(args.model).expanduser().exists() else None,
                           Path(args.dst).expanduser(), args.overwrite)
         scheme = canonical(args.scheme)
     except (ConversionError, QuantizationError) as e:
         raise CLIError(str(e)) from None
     samples = _samples(args)
-    model, tokenizer = _load(args.model)
+    model, tokenizer = _load(args.model, args.revision)
     try:
         ids = [i for _, i in checked_inputs(model, tokenizer, samples, args.max_length, args.model)]
         plan = arms(model)
@@ -115,11 +116,13 @@ def _write(model, tokenizer, stage: Path, args, scheme: str, arm: str, measured:
     model.save_pretrained(stage)
     compressor.update_config(stage)
     tokenizer.save_pretrained(stage)
+    source = read_provenance(args.model, cached_folder(args.model, args.revision))
+    record_commit(stage, source.commit)
     write_model_card(
-        stage, "quantized_model",
+        stage, "quantized_model", source=source, relation="quantized",
+        tags=["gated-attention", "compressed-tensors", scheme.lower()],
         title=f"{Path(args.model).name} ({scheme})",
-        scheme=scheme, scheme_tag=scheme.lower(), recipe=RECIPE + ".",
-        **base_model_fields(args.model),
+        scheme=scheme, recipe=RECIPE + ".",
         options_rows=options_rows({"source": args.model, "--scheme": scheme, "--gates": "keep" if arm == "gates_kept" else "quantize",
                                    "calibration": args.text_file or (" ".join(args.dataset) if args.dataset else "built-in samples"),
                                    "--max-length": args.max_length}),

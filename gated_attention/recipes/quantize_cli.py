@@ -5,7 +5,7 @@ Building the parser imports no torch; `run` imports `quantize` when the command 
 
 from __future__ import annotations
 
-from ..cli_common import bounded, existing_file
+from ..cli_common import add_push_to_hub, add_revision, bounded, existing_file
 
 GATES = ("keep", "quantize")
 
@@ -42,11 +42,25 @@ def register(subparsers) -> None:
     p.add_argument("--max-length", type=bounded(int, 2), default=128, metavar="T",
                    help="tokens per input, at most (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing DST checkpoint")
+    add_revision(p, "MODEL")
+    add_push_to_hub(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from .. import CLIError
+    from ..hub.push import PushFailed, push_folder, push_problem
+
+    if problem := push_problem(args):
+        raise CLIError(problem)
     from .quantize import quantize_checkpoint
 
-    quantize_checkpoint(args)
+    dst = quantize_checkpoint(args)
+    if args.push_to_hub:  # DST is in place, loaded back and compared with the measurement by now
+        try:
+            url = push_folder(dst, args.push_to_hub, private=args.private,
+                              command=f"gated-attention quantize {args.model}")
+        except PushFailed as e:
+            raise CLIError(str(e)) from None
+        print(f"pushed {dst} to {url}")
     return 0

@@ -383,12 +383,13 @@ def check_finite_weights(model: nn.Module, accelerator=None, *, step: int | None
                                  "the run diverged (a lower --lr or --max-grad-norm?)")
 
 
-def save_final(accelerator, model, folder, tokenizer=None, *, step: int | None = None) -> None:
+def save_final(accelerator, model, folder, tokenizer=None, *, step: int | None = None, card=None) -> None:
     """`save_pretrained` of the unwrapped model with the full state dict (DDP and FSDP alike).
 
-    Our models' `save_pretrained` writes the remote-code bundle beside the weights. Weights that are not
-    finite are refused (`check_finite_weights`; `step` names the step in the message). The folder is
-    written as `.NAME.incomplete-PID` beside `folder` and renamed to it when whole (`folders.staged_output`).
+    Our models' `save_pretrained` writes the remote-code bundle beside the weights; `card(stage)`, if given,
+    writes the model card (`hub.model_card.write_training_card`). Weights that are not finite are refused
+    (`check_finite_weights`; `step` names the step in the message). The folder is written as
+    `.NAME.incomplete-PID` beside `folder` and renamed to it when whole (`folders.staged_output`).
     """
     folder = Path(folder)
     check_finite_weights(model, accelerator, step=step, saving=f"{folder.name}/")
@@ -398,6 +399,8 @@ def save_final(accelerator, model, folder, tokenizer=None, *, step: int | None =
             accelerator.unwrap_model(model).save_pretrained(stage, state_dict=state_dict)
             if tokenizer is not None:
                 tokenizer.save_pretrained(stage)
+            if card is not None:
+                card(stage)
     accelerator.wait_for_everyone()
 
 
