@@ -43,7 +43,8 @@ import numpy as np
 import torch
 
 from .. import CLIError
-from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
+from ..training import (TrainConfig, data, evaluate_loss, gate_parameters_snapshot, make_optimizer, make_scheduler, train,
+                        with_rope)
 from .common import Job, model_pair, model_shape
 from .report import draw_quickstart, format_columns, write_csv
 from .settings import Settings
@@ -191,7 +192,7 @@ def convert_and_continue(s: Settings, d: Data, job: Job) -> Conversion:
     if not exact:
         raise RuntimeError("exact conversion changed the logits")
     runs = {"Llama source (pretrained)": {"model": copy.deepcopy(source), "history": [], "steps": s.pretrain_steps}}
-    gate_before = {n: p.detach().clone() for n, p in converted.named_parameters() if "attn_gate" in n}
+    gate_before = gate_parameters_snapshot(converted)
     for name, model in (("Llama source + continued", source), ("converted + continued", converted)):
         history = _train(model, d.train, s, s.steps, s.continue_lr, s.seed + 1, name, job)
         runs[name] = {"model": model, "history": history, "steps": s.pretrain_steps + s.steps}
