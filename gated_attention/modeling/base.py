@@ -94,10 +94,13 @@ class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):
     """The causal-LM head of every family: the family's model (`model_class`) as `model`, then `lm_head`.
 
     A family sets `model_class` and, when its outputs carry more than logits and
-    a loss (the MoE family's router losses), its own `forward` around `lm_logits_and_loss`.
+    a loss (the router losses of a family with sparse layers), its own `lm_output`
+    (with `head_keywords` and `model_keywords` for what the call asks of it).
     """
 
     model_class: type[PreTrainedModel]
+    # Keywords of the forward that the head reads and the model and the loss do not (the router losses')
+    head_keywords: tuple[str, ...] = ()
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
@@ -141,16 +144,22 @@ class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
+        head = {key: kwargs.pop(key) for key in self.head_keywords if key in kwargs}
         outputs: BaseModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, **self.model_keywords(head), **kwargs,
         )
         logits, loss = self.lm_logits_and_loss(outputs, labels, logits_to_keep, **kwargs)
+        return self.lm_output(outputs, logits, loss, attention_mask, **head)
+
+    def model_keywords(self, head: dict) -> dict:
+        """What the model is asked for besides the call's own keywords, from the head's (`head_keywords`)."""
+        return {}
+
+    def lm_output(
+        self, outputs: BaseModelOutputWithPast, logits: torch.Tensor, loss: torch.Tensor | None, attention_mask, **head
+    ) -> CausalLMOutputWithPast:
+        """The forward's output from the model's outputs, the logits and the loss (and the head's keywords)."""
         return with_cache(
             CausalLMOutputWithPast,
             cache_of(outputs),

@@ -11,18 +11,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.initialization import normal_
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
-from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
-from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder
 
-from ..compat import accepts_cache_kwarg, cache_of, with_cache
+from ..compat import cache_of, with_cache
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .attention import GatedAttention
 from .base import GatedForCausalLM, returning
@@ -92,45 +88,33 @@ class GatedAttentionMoeCausalLMOutput(MoeCausalLMOutputWithPast):
 
 class RouterLossesForCausalLM(GatedForCausalLM):
     """The shared head, plus the router losses (load balancing, z-loss) when the model returns router logits:
-    the causal-LM head of every family with sparse layers."""
+    the causal-LM head of every family with sparse layers.
 
-    @accepts_cache_kwarg
-    @can_return_tuple
-    def forward(
+    Its forward takes two keywords more: `output_router_logits` (default: the config's), and `load_balancer`
+    (`GlobalLoadBalancer`), which computes the load-balancing loss over the global batch instead of over this batch
+    alone (see `gated_attention.modeling.load_balancing`).
+    """
+
+    head_keywords = ("output_router_logits", "load_balancer")
+    forward = returning(GatedForCausalLM.forward, GatedAttentionMoeCausalLMOutput)
+
+    def model_keywords(self, head: dict) -> dict:
+        return {"output_router_logits": self._router_logits_asked(head.get("output_router_logits"))}
+
+    def _router_logits_asked(self, output_router_logits: bool | None) -> bool:
+        return self.config.output_router_logits if output_router_logits is None else output_router_logits
+
+    def lm_output(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
+        outputs: MoeModelOutputWithPast,
+        logits: torch.Tensor,
+        loss: torch.Tensor | None,
+        attention_mask,
         output_router_logits: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         load_balancer: GlobalLoadBalancer | None = None,
-        **kwargs: Unpack[TransformersKwargs],
     ) -> GatedAttentionMoeCausalLMOutput:
-        r"""
-        load_balancer (`GlobalLoadBalancer`, *optional*):
-            Computes the load-balancing loss over the global batch instead of over this batch alone (see
-            `gated_attention.modeling.load_balancing`).
-        """
-        if output_router_logits is None:
-            output_router_logits = self.config.output_router_logits
-        outputs: MoeModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_router_logits=output_router_logits,
-            **kwargs,
-        )
-        logits, loss = self.lm_logits_and_loss(outputs, labels, logits_to_keep, **kwargs)
-
         aux_loss = z_loss = None
-        if output_router_logits and outputs.router_logits:
+        if self._router_logits_asked(output_router_logits) and outputs.router_logits:
             token_mask = _token_mask(attention_mask, outputs.last_hidden_state.shape[1])
             if load_balancer is not None:
                 aux_loss = load_balancer(outputs.router_logits, token_mask)
