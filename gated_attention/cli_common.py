@@ -152,6 +152,14 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def add_command(subparsers, name: str, run, summary: str, *description: str) -> argparse.ArgumentParser:
+    """The parser of the command `name`, which `run(args)` runs: `summary` for the commands' list, the
+    `description` paragraphs (joined by spaces) for its `--help`."""
+    parser = subparsers.add_parser(name, help=summary, description=" ".join(description))
+    parser.set_defaults(func=run)
+    return parser
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Inside the block, SIGTERM (`kill PID`, and what launchers send their workers) raises KeyboardInterrupt,

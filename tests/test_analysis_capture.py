@@ -441,3 +441,19 @@ def test_analyze_cli_bad_model_path_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "cannot load model" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_weights_are_read_where_the_declaration_records_them():
+    """An `OutputRecorder`'s `index` (PEGASUS-X records its attention weights third) is kept from the declaration
+    to where the weights are read, not replaced by the usual second item."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer
+    from transformers.utils.output_capturing import OutputRecorder
+
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    assert model_layout(model).weights_index == 1  # a plain class: transformers' default for attentions
+    model.model._can_record_outputs = {"hidden_states": LlamaDecoderLayer,
+                                       "attentions": OutputRecorder(LlamaAttention, index=2)}
+    layout = model_layout(model)
+    out, other, weights = torch.zeros(1, 2, 4), torch.zeros(1), torch.ones(1, 2, 3, 3)
+    assert layout.weights_index == 2 and layout.view.weights((out, other, weights), layout.weights_index) is weights

@@ -391,9 +391,9 @@ def shipped(model_type: str) -> None:
 
 def counts_its_own_layers(model: nn.Module) -> None:
     """Longcat-Flash's declaration names its layer count (num_layers) in releases whose OutputRecorder has the field."""
-    from gated_attention.analysis.layout import declaration
+    from gated_attention.analysis.layout import completed_declaration
 
-    if not any(spec.num_layers_key for spec in declaration(model)["hidden_states"]):
+    if not any(spec.num_layers_key for spec in completed_declaration(model)["hidden_states"]):
         pytest.skip(f"transformers {transformers_version()}'s declarations name no layer count: Longcat-Flash is refused "
                     "on its layer count instead")
 

@@ -56,19 +56,31 @@ def _row(model, lr, final, best, diverged=False):
 def test_the_goal_is_judged_at_the_highest_rate_where_the_control_fails():
     rows = [_row("control", 0.01, 3.0, 3.0), _row("control", 0.1, 3.8, 3.0), _row("control", 1.0, 7.0, 6.0, True),
             _row("gated", 0.01, 3.0, 3.0), _row("gated", 0.1, 3.05, 3.0), _row("gated", 1.0, 3.1, 3.05)]
-    sens = stability.sensitivities(rows, {"control": 7.0, "gated": 7.0})
-    text = "\n".join(stability.judge(rows, sens))
-    assert "sensitivity at most half (0.0500 vs 1.6000" in text and ": met)" in text
+    v = stability.verdict(rows, stability.sensitivities(rows, {"control": 7.0, "gated": 7.0}))
+    assert v.sensitivity == {"control": pytest.approx(1.6), "gated": pytest.approx(0.05)}
+    assert v.ratio == pytest.approx(0.05 / 1.6) and v.halved
+    sweep, run = v.failures
     # control: 1.0 diverged (and 0.1 ended 0.8 above its sweep's best); judged at 1.0
-    assert "highest rate where the control fails against its sweep's best final loss: 1 (control diverged" in text
-    assert "gated there ends at 3.1000, 0.1000 above its sweep's best 3.0000 (within 0.1: met)" in text
+    assert (sweep.reading, sweep.lr, sweep.control["diverged"], sweep.control_best) == ("sweep", 1.0, True, 3.0)
+    assert (sweep.gated_best, sweep.gated_excess) == (3.0, pytest.approx(0.1)) and sweep.held  # 0.1 itself counts
     # against each run's own lowest held-out loss: the control fails at 0.1 (3.8 vs 3.0) and 1.0; gated 3.1 vs 3.05
-    assert "against the run's own lowest held-out loss: 1 " in text and "0.0500 above its run's best 3.0500" in text
+    assert (run.reading, run.lr, run.gated_best, run.gated_excess) == ("run", 1.0, 3.05, pytest.approx(0.05)) and run.held
 
     calm = [_row("control", 0.01, 3.0, 3.0), _row("control", 0.1, 3.2, 3.1), _row("gated", 0.01, 3.0, 3.0),
             _row("gated", 0.1, 3.2, 3.1)]
-    text = "\n".join(stability.judge(calm, stability.sensitivities(calm, {"control": 7.0, "gated": 7.0})))
-    assert "the control neither diverged nor ended 0.5 above" in text and "not met" in text
+    v = stability.verdict(calm, stability.sensitivities(calm, {"control": 7.0, "gated": 7.0}))
+    assert [f.lr for f in v.failures] == [None, None] and not any(f.held for f in v.failures)
+
+
+def test_the_verdict_is_written_from_its_figures():
+    rows = [_row("control", 0.1, 7.0, 6.0, True), _row("gated", 0.1, 3.1, 3.05)]
+    v = stability.verdict(rows, stability.sensitivities(rows, {"control": 7.0, "gated": 7.0}))
+    lines = report.stability_goal_lines(v)
+    assert lines[0] == "learning-rate sensitivity: control 0.0000, gated 0.0000"
+    assert lines[1] == "the goal: the control's sensitivity is 0, nothing to halve (not met)"
+    assert lines[2].startswith("highest rate where the control fails against its sweep's best final loss: 0.1 "
+                               "(control diverged, ended at 7.0000, sweep's best 7.0000)")
+    assert lines[3].endswith("0.0500 above its run's best 3.0500 (within 0.1: met)")
 
 
 # ---------------------------------------------------------------- the attention-logit probe

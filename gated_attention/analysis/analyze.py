@@ -30,11 +30,8 @@ from .capture import Capture, Record
 from .interventions import attention_inputs, intervene, token_means
 from .layout import ModelLayout, input_device, model_layout
 from .samples import Sample
-from .tables import ANCHORS, GateAccumulator, InputResult, pad_heads
+from .tables import ANCHORS, GateAccumulator, InputResult, pad_heads, reported
 
-# Metrics read from attention maps or anchored at the consensus sink: left out for a model without softmax attention.
-SINK_METRICS = ("f_attn", "sink_rate", "sink_spike_alignment", "peak_excess", "inter_spike_retention",
-                "inter_spike_activation", "random_layer_baseline")
 Inputs = list[tuple[Sample, torch.Tensor]]  # each sample with its token ids [1, T]
 
 
@@ -196,7 +193,7 @@ def summary_rows(per_input: list[dict], attention_layers: list[int], n_bootstrap
         ci("sink_rate", "first_token", [r["sink_rate"] for r in per_input]),
         ci("m_act", "", [r["m_act"] for r in per_input]),
         ci("gate_mean", "", [r["gate_mean"] for r in per_input]),
-        *(ci(f"gate_frac_below_{t:g}", "", [r[f"gate_frac_below_{t:g}"] for r in per_input]) for t in metrics.GATE_THRESHOLDS),
+        *(ci(key, "", [r[key] for r in per_input]) for key in (f"gate_{metrics.frac_below(t)}" for t in metrics.GATE_THRESHOLDS)),
     ]
     for anchor in ANCHORS:
         out.append(ci("sink_spike_alignment", anchor, [r[f"alignment_{anchor}"] for r in per_input]))
@@ -206,9 +203,7 @@ def summary_rows(per_input: list[dict], attention_layers: list[int], n_bootstrap
     baseline = metrics.random_layer_baseline(attention_layers)
     out.append({"metric": "random_layer_baseline", "anchor": "", "mean": baseline, "ci_low": metrics.NAN,
                 "ci_high": metrics.NAN, "n": len(attention_layers)})
-    if not attention_layers:  # no softmax attention: no map to read and no sink to anchor at, so these are not reported
-        out = [row for row in out if row["metric"] not in SINK_METRICS]
-    return out
+    return [row for row in out if reported(row["metric"], attention_layers)]
 
 
 # ---------------------------------------------------------------- interventions

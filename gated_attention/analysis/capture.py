@@ -503,7 +503,7 @@ class Capture:
         if module is not self.layout.attention_modules[layer] and module not in later:
             return  # another layer's block (a module shared by several layers)
         b = 1 if module is self.layout.attention_modules[layer] else 2 + later.index(module)
-        weights = self.layout.view.weights(output)
+        weights = self.layout.view.weights(output, self.layout.weights_index)
         if weights is None:
             raise CaptureError(
                 f"{self._where(layer)}: {type(module).__name__} returned no attention weights, so its attention map "

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from .. import CLIError, GatedAttentionWarning
-from ..cli_common import DEVICE, add_revision, bounded, device_name, existing_file, first_line, memory_size, revision_problem
+from ..cli_common import DEVICE, add_command, add_revision, bounded, device_name, existing_file, first_line, memory_size, revision_problem
 from ..hub.repo_ids import HubUnavailable, cached_or_downloaded, missing_folder, split_subfolder
 from .loading import DEVICE_MAPS
 
@@ -58,19 +58,16 @@ def _out_dir(text: str) -> str:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "analyze",
-        help="attention-sink, massive-activation, gate and spike/plateau metrics of causal LMs",
-        description=(
-            "Capture the residual stream, attention maps (eager attention) and gate scores of MODEL on "
-            "built-in prose/code/math samples (or --text-file, or --dataset), and write arrays.npz, tidy CSV "
-            "tables, PNG plots and summary.md to DIR. With several MODELs, each goes to DIR/<name>/ and "
-            "comparison.csv / comparison.png draw them side by side. DIR is written beside itself and renamed "
-            "into place when complete: an earlier analysis at DIR is replaced whole, a folder holding anything "
-            "else is refused, and a second run into the same DIR while one runs is refused. Metric definitions: "
-            "README.md, 'Analyze', and gated_attention/analysis/metrics.py."
-        ),
-    )
+    summary = "attention-sink, massive-activation, gate and spike/plateau metrics of causal LMs"
+    p = add_command(subparsers, "analyze", run, summary, """
+        Capture the residual stream, attention maps (eager attention) and gate scores of MODEL on built-in
+        prose/code/math samples (or --text-file, or --dataset), and write arrays.npz, tidy CSV tables, PNG plots
+        and summary.md to DIR. With several MODELs, each goes to DIR/<name>/ and comparison.csv / comparison.png
+        draw them side by side. DIR is written beside itself and renamed into place when complete: an earlier
+        analysis at DIR is replaced whole, a folder holding anything else is refused, and a second run into the
+        same DIR while one runs is refused. Metric definitions: README.md, 'Analyze', and
+        gated_attention/analysis/metrics.py.
+    """)
     p.add_argument("model", metavar="MODEL", nargs="+", help="local model folder, Hugging Face Hub id, or .gguf file (dequantized "
                    "by transformers' GGUF loader); one or more")
     add_revision(p, "MODEL")
@@ -143,7 +140,6 @@ def register(subparsers) -> None:
     p.add_argument("--bootstrap", type=bounded(int, 1), default=1000, metavar="N",
                    help="bootstrap resamples for the confidence intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    p.set_defaults(func=run)
 
 
 def _check_names(args) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..configuration.declared import text_config
 from ..modeling.gate_sites import GateSite, gate_site
 from ..modeling.recorded_outputs import Spec, declared_modules, own_declaration, pretrained_models, softmax_attention
 from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, PACKAGE_DECLARATIONS,
@@ -84,8 +85,9 @@ def _no_split_specs(module: nn.Module) -> list[Spec]:
     return [Spec(class_name=None, target_class=c) for c in {type(m) for m in module.modules() if type(m).__name__ in names}]
 
 
-def declaration(model: nn.Module) -> dict[str, list[Spec]]:
-    """The hidden-state and attention specs of `model`: its declaration, merged over submodels, completed by the records.
+def completed_declaration(model: nn.Module) -> dict[str, list[Spec]]:
+    """The hidden-state and attention specs of `model`: its declaration (`recorded_outputs.declaration`, merged over
+    submodels), completed by the records (fla's classes, legacy attentions, the decoder layers accelerate names).
 
     Key "legacy": one entry per submodel read from `LEGACY_DECLARATIONS` (its attention returns weights on request).
     """
@@ -154,6 +156,8 @@ class ModelLayout:
     weights_on_request: bool = False
     # How residual states and attention weights are read (`model_records.view_of`), chosen when the layout is read.
     view: View = field(default_factory=View)
+    # Where an attention module's output holds its weights, as the model declares it (`Spec.index`; 1 by default).
+    weights_index: int = 1
 
     def __post_init__(self) -> None:
         if not self.entries:
@@ -194,11 +198,6 @@ class ModelLayout:
     def block_name(self, layer: int, b: int) -> str:
         """Block b of `layer` as the model names it: the layer's module for its first block, else the block's module."""
         return self.names[layer - 1] if b == 1 else f"{self.names[layer - 1]}.{self.later_blocks[layer][b - 2][0]}"
-
-
-def text_config(model: nn.Module):
-    config = model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _decoder_layers(model: nn.Module, specs: list[Spec], counts: dict[str, int], text_type: str | None,
@@ -308,10 +307,10 @@ def model_layout(model: nn.Module) -> ModelLayout:
 
     Raises `LayoutError` (one line) when the model's declaration does not let them be found.
     """
-    config = text_config(model)
+    config = text_config(model.config)
     if (parallel := _parallel_layout(model)) is not None:
         return parallel
-    declared = declaration(model)
+    declared = completed_declaration(model)
     # An encoder-decoder's config counts the encoder's layers as num_hidden_layers; its causal LM is the decoder
     # (decoder_layers; ProphetNet's num_decoder_layers).
     # A declaration may name its own count (Longcat-Flash's layers hold two attention blocks each: num_layers).
@@ -337,7 +336,8 @@ def model_layout(model: nn.Module) -> ModelLayout:
     return ModelLayout(layers, _layer_types(model, config, layers, attention_modules), attention_modules, gates,
                        names=[paths[id(module)] for module in layers], later_blocks=later_blocks,
                        is_attention=is_attention, weights_on_request=bool(declared["legacy"]),
-                       view=view_of(pretrained_models(model)))
+                       view=view_of(pretrained_models(model)),
+                       weights_index=next((s.index for s in declared["attentions"] if s.index is not None), 1))
 
 
 def _layer_types(model: nn.Module, config, layers: list[nn.Module], attention_modules: dict[int, nn.Module]) -> list[str]:

@@ -29,6 +29,11 @@ GATE_THRESHOLDS = (0.1, 0.5)
 GATE_BINS = np.linspace(0.0, 1.0, 51)  # gate-score histogram edges
 
 
+def frac_below(t: float) -> str:
+    """The key of the fraction of gate scores below threshold t: `frac_below_0.1`."""
+    return f"frac_below_{t:g}"
+
+
 def _check_layers(m: np.ndarray, full_attention_layers: Sequence[int]) -> list[int]:
     layers = sorted({int(f) for f in full_attention_layers})
     num_layers = len(m) - 1
@@ -230,8 +235,8 @@ def gate_statistics(scores: np.ndarray, thresholds: Sequence[float] = GATE_THRES
     """Mean gate score and the fraction of scores below each threshold (default 0.1 and 0.5)."""
     scores = np.asarray(scores, dtype=np.float64).ravel()
     if scores.size == 0:
-        return {"mean": NAN, **{f"frac_below_{t:g}": NAN for t in thresholds}}
-    return {"mean": float(scores.mean()), **{f"frac_below_{t:g}": float((scores < t).mean()) for t in thresholds}}
+        return {"mean": NAN, **{frac_below(t): NAN for t in thresholds}}
+    return {"mean": float(scores.mean()), **{frac_below(t): float((scores < t).mean()) for t in thresholds}}
 
 
 def gate_statistics_per_head(scores: np.ndarray, thresholds: Sequence[float] = GATE_THRESHOLDS) -> dict[str, np.ndarray]:
@@ -240,7 +245,7 @@ def gate_statistics_per_head(scores: np.ndarray, thresholds: Sequence[float] = G
     flat = np.moveaxis(scores, -2, 0).reshape(scores.shape[-2], -1)  # [H, N * W]
     out = {"mean": flat.mean(axis=1)}
     for t in thresholds:
-        out[f"frac_below_{t:g}"] = (flat < t).mean(axis=1)
+        out[frac_below(t)] = (flat < t).mean(axis=1)
     return out
 
 
@@ -273,7 +278,7 @@ def gate_statistics_of(summary: dict[str, np.ndarray], thresholds: Sequence[floa
     n = float(np.sum(summary["n"])) if summary else 0.0
     if n == 0:
         return gate_statistics([], thresholds)
-    return {"mean": float(np.sum(summary["sum"])) / n, **{f"frac_below_{t:g}": float(np.sum(summary[f"below_{t:g}"])) / n for t in thresholds}}
+    return {"mean": float(np.sum(summary["sum"])) / n, **{frac_below(t): float(np.sum(summary[f"below_{t:g}"])) / n for t in thresholds}}
 
 
 # ---------------------------------------------------------------- uncertainty

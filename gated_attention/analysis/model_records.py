@@ -127,9 +127,10 @@ class View:
         """The state the model continues with, given `new`, an edited `residual(x)`."""
         return new
 
-    def weights(self, output) -> torch.Tensor | None:
-        """An attention module's output -> its weights `[B, H, T, T]` (None: it returned none)."""
-        weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+    def weights(self, output, index: int = 1) -> torch.Tensor | None:
+        """An attention module's output -> its weights `[B, H, T, T]`, item `index` of it as the model declares
+        (`ModelLayout.weights_index`); None: it returned none."""
+        weights = output[index] if isinstance(output, (tuple, list)) and len(output) > index else None
         return weights if isinstance(weights, torch.Tensor) and weights.dim() == 4 else None
 
 
@@ -159,8 +160,8 @@ class PromptPrefix(View):
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, self.length :]
 
-    def weights(self, output) -> torch.Tensor | None:
-        weights = super().weights(output)
+    def weights(self, output, index: int = 1) -> torch.Tensor | None:
+        weights = super().weights(output, index)
         return None if weights is None else weights[..., self.length :, self.length :]
 
 
@@ -188,7 +189,7 @@ class TimeMajor(View):
     def edited(self, x: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return new.transpose(0, 1)
 
-    def weights(self, output) -> torch.Tensor | None:
+    def weights(self, output, index: int = 1) -> torch.Tensor | None:  # XLNet declares none: its weights are third
         weights = output[2] if isinstance(output, (tuple, list)) and len(output) > 2 else None
         if not (isinstance(weights, torch.Tensor) and weights.dim() == 4):
             return None

@@ -35,6 +35,29 @@ from .layout import ModelLayout
 from .samples import Sample
 
 ANCHORS = ("consensus_sink", "first_token")
+# The metrics read from attention maps or anchored at the consensus sink (metrics.csv's names), with the names the
+# summary gives them: a model without softmax attention has no map to read and no sink to anchor at, so none of
+# them is reported (`reported`), only M-Act and the residual trajectory.
+SINK_METRICS = {
+    "f_attn": "F-Attn", "sink_rate": "sink rate", "consensus_sink": "consensus sink",
+    "sink_spike_alignment": "sink-spike alignment", "peak_excess": "peak excess", "inter_spike_retention": "ISR",
+    "inter_spike_activation": "A_ISP", "random_layer_baseline": "",
+}
+# inputs.csv's columns of an anchored metric: `<prefix>_<anchor>`
+_ANCHORED_COLUMNS = {"alignment": "sink_spike_alignment", "peak_excess": "peak_excess", "isr": "inter_spike_retention",
+                     "a_isp": "inter_spike_activation"}
+
+
+def reported(name: str, attention_layers: Sequence[int]) -> bool:
+    """Whether a metric (metrics.csv's name) or a column of inputs.csv is reported for a model whose softmax-attention
+    layers are `attention_layers`: all are where there are any; without, none of `SINK_METRICS`."""
+    if attention_layers:
+        return True
+    metric = next((m for prefix, m in _ANCHORED_COLUMNS.items() if name in (f"{prefix}_{a}" for a in ANCHORS)), name)
+    return metric not in SINK_METRICS
+
+
+GATE_STATISTICS = ("mean", *map(metrics.frac_below, metrics.GATE_THRESHOLDS))  # per head, in gates.csv and arrays.npz
 
 
 @dataclass
@@ -65,7 +88,7 @@ class GateAccumulator:
         """Layer f's `mean` and `frac_below_<t>` per head, `[H]` each."""
         acc = self.layers[f]
         return {"mean": acc["sum"] / acc["n"],
-                **{f"frac_below_{t:g}": acc[f"below_{t:g}"] / acc["n"] for t in metrics.GATE_THRESHOLDS}}
+                **{metrics.frac_below(t): acc[f"below_{t:g}"] / acc["n"] for t in metrics.GATE_THRESHOLDS}}
 
     def table(self) -> list[dict]:
         rows = []
@@ -102,7 +125,7 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
                  sink_epsilon: float) -> None:
     gate_layers = sorted(gates.layers)
     heads = max((len(gates.layers[f]["n"]) for f in gate_layers), default=0)
-    per_head = {key: np.full((len(gate_layers), heads), np.nan) for key in ("mean", "frac_below_0.1", "frac_below_0.5")}
+    per_head = {key: np.full((len(gate_layers), heads), np.nan) for key in GATE_STATISTICS}
     for i, f in enumerate(gate_layers):
         for key, value in gates.per_head(f).items():
             per_head[key][i, : len(value)] = value
@@ -128,19 +151,17 @@ def write_arrays(out_dir: Path, layout: ModelLayout, results: list[InputResult],
         gate_hist_edges=metrics.GATE_BINS,
         gate_hist_counts=(np.stack([gates.layers[f]["hist"] for f in gate_layers]) if gate_layers
                           else np.zeros((0, len(metrics.GATE_BINS) - 1))),
-        gate_mean=per_head["mean"],
-        gate_frac_below_01=per_head["frac_below_0.1"],
-        gate_frac_below_05=per_head["frac_below_0.5"],
+        **{"gate_" + key.replace(".", ""): value for key, value in per_head.items()},  # gate_mean, gate_frac_below_01
     )
 
 
 def write_inputs(out_dir: Path, layout: ModelLayout, results: list[InputResult], per_input: list[dict]) -> None:
     """`inputs.csv`: one row per input, its metrics (`analyze.input_metrics`)."""
     columns = ["input", "domain", "source", "n_tokens", "consensus_sink", "f_attn", "sink_rate", "m_act"]
-    columns += [f"gate_{key}" for key in metrics.gate_statistics([])]
+    if layout.attention_layers:  # gate scores come from attention layers
+        columns += [f"gate_{key}" for key in metrics.gate_statistics([])]
     columns += [f"{m}_{a}" for a in ANCHORS for m in ("alignment", "isr", "a_isp")]
-    if not layout.attention_layers:  # no softmax attention: only what the residual stream defines
-        columns = ["input", "domain", "source", "n_tokens", "m_act"]
+    columns = [c for c in columns if reported(c, layout.attention_layers)]
     rows = [{"input": i, "domain": r.sample.domain, "source": r.sample.source, "n_tokens": r.n_tokens,
              "consensus_sink": r.consensus_sink, **row}
             for i, (r, row) in enumerate(zip(results, per_input))]
@@ -197,7 +218,7 @@ def write_peak_excess(out_dir: Path, layout: ModelLayout, per_input: list[dict])
 
 def write_gates(out_dir: Path, gates: GateAccumulator) -> None:
     """`gates.csv`: one row per gated layer and head."""
-    _write_csv(out_dir / "gates.csv", gates.table(), ["layer", "head", "mean", "frac_below_0.1", "frac_below_0.5", "n_scores"])
+    _write_csv(out_dir / "gates.csv", gates.table(), ["layer", "head", *GATE_STATISTICS, "n_scores"])
 
 
 def write_metrics(out_dir: Path, metric_rows: list[dict]) -> None:
@@ -293,8 +314,8 @@ def write_summary(out_dir: Path, model_name: str, layout: ModelLayout, results: 
     ]
     if not fa:
         lines.append(
-            "- the model has no softmax attention: the sink metrics (F-Attn, sink rate, consensus sink, sink-spike "
-            "alignment, peak excess, ISR, A_ISP) are left out; M-Act and the residual trajectory are reported"
+            f"- the model has no softmax attention: the sink metrics ({', '.join(filter(None, SINK_METRICS.values()))}) "
+            "are left out; M-Act and the residual trajectory are reported"
         )
     else:
         lines += [

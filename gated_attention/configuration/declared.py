@@ -36,6 +36,18 @@ SOURCE_KEY = "source_model_type"  # the source's model type, written beside DECL
 CLASS_PREFIX = "Gated"  # GatedGemma2Config, GatedGemma2ForCausalLM
 
 
+def transformers_class(cls: type) -> type | None:
+    """The first of transformers' own classes in `cls`'s MRO: the class a declared class (or config class) was made
+    from, or `cls` itself; None for a class with none (fla's, a remote-code copy's)."""
+    return next((c for c in cls.__mro__ if c.__module__.startswith("transformers.")), None)
+
+
+def text_config(config: PreTrainedConfig) -> PreTrainedConfig:
+    """The config of a model's text decoder: a composite model's text config, else `config` itself (a config
+    without `get_text_config`, as some remote-code ones, included)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def declared_gate_spec(spec: dict[str, Any] | None) -> dict[str, Any]:
     """The normalised spec of a declared model's gate: any spec `normalize_gate_spec` allows at the position
     "sdpa" (G1), or none. Raises `ValueError` naming the key otherwise."""

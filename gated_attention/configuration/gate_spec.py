@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+GATE_NAME = "attn_gate"  # the config key and the gate module's name; never `gate` or `gate_proj` (PEFT matches by suffix)
 GATE_POSITIONS = ("sdpa", "value", "key", "query", "dense")
 GATE_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense"}
 GATE_GRANULARITIES = ("elementwise", "headwise")

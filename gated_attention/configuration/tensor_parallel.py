@@ -40,6 +40,8 @@ the plan always matches the config's gate and layers.
 
 from __future__ import annotations
 
+from .gate_spec import GATE_NAME
+
 # "colwise_gather_output" whose gathered output each rank uses on its own heads only, so the output's gradient is
 # summed across ranks first (transformers has no such style; `modeling/tensor_parallel.py` registers it).
 SHARDED_GATHERED_SUM_GRAD = "gated_attention_colwise_gather_output_sum_grad"
@@ -79,6 +81,12 @@ def gate_rule(spec: dict) -> str | None:
     return "colwise"
 
 
+def gate_plan_key(spec: dict) -> str:
+    """The gate's module the plan shards, below the attention: the projection, or a low-rank gate's `up` (its
+    `down` stays whole)."""
+    return f"{GATE_NAME}.up" if spec["rank"] else GATE_NAME
+
+
 def tensor_parallel_plan(config) -> dict[str, str]:
     """`base_model_tp_plan` for a dense, MoE or hybrid config (names relative to the base model).
 
@@ -94,7 +102,7 @@ def tensor_parallel_plan(config) -> dict[str, str]:
         if config.attn_output_norm is not None:
             rules["self_attn.attn_output_norm"] = REPLICATED_SUM_PARAM_GRAD
         if (style := gate_rule(config.attn_gate)) is not None:
-            rules["self_attn.attn_gate.up" if config.attn_gate["rank"] else "self_attn.attn_gate"] = style
+            rules[f"self_attn.{gate_plan_key(config.attn_gate)}"] = style
         if config.attention_sinks:
             rules["self_attn.sinks"] = "colwise"
     if "linear_attention" in config.layer_types:

@@ -7,9 +7,11 @@ sequences) is `kernels.chunking`'s, shared with the package's own gated delta ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from ..kernels.chunking import chunk_length, pad_time
+from ..kernels.chunking import chunk_length, each_sequence, pad_time
 
 
 def chunk_size_for_decay(g: torch.Tensor, chunk_size: int, limit: float, smallest: int) -> tuple[int, bool]:
@@ -58,3 +60,27 @@ def state_out(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor |
     if state is None:
         return None
     return state.transpose(-1, -2).contiguous() if state_v_first else state
+
+
+def over_sequences(
+    chunked: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+    per_position: list[torch.Tensor],
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    state_v_first: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`chunked(*per_position, state)` over the batch, or over each packed sequence of `cu_seqlens` alone, with
+    the initial and final states in fla's layout (`state_in` / `state_out`)."""
+    h0 = state_in(initial_state, state_v_first)
+    if cu_seqlens is not None:
+        o, state = each_sequence(chunked, cu_seqlens, per_position, h0, output_final_state)
+    else:
+        o, state = chunked(*per_position, h0)
+    return o, state_out(state, state_v_first)
+
+
+def empty_output(v: torch.Tensor, state: torch.Tensor, K: int, output_final_state: bool):
+    """What a chunked path returns for T = 0: no output positions `[B, 0, H, V]`, the state unchanged."""
+    B, _, H, V = v.shape
+    return v.new_empty(B, 0, H, V), state.view(B, H, K, V) if output_final_state else None

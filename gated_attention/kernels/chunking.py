@@ -81,3 +81,87 @@ def each_sequence(
         outputs.append(o)
         states.append(s)
     return torch.cat(outputs, dim=1), torch.cat(states) if output_final_state else None
+
+
+def chunk_span(tensors: list[torch.Tensor], first: int, m: int, C: int) -> list[torch.Tensor]:
+    """Chunks `first .. first + m - 1` of each `[B, T, H, D]` tensor as fp32 `[m, B * H, C, D]`, the last
+    padded with zeros, and of each `[B, T, H]` tensor (one value per head: beta, a head's decay) as
+    `[m, B * H, C]`."""
+    span = slice(first * C, (first + m) * C)
+    out = []
+    for x in tensors:
+        per_head = x.dim() == 3
+        chunks = to_chunks(pad_time(x[:, span], m * C).unsqueeze(-1) if per_head else pad_time(x[:, span], m * C), m, C)
+        out.append(chunks.squeeze(-1) if per_head else chunks)
+    return out
+
+
+def start_state(
+    q: torch.Tensor, initial_state: torch.Tensor | None, BH: int, K: int, V: int
+) -> torch.Tensor:
+    """The recurrent state a chunked path starts from, fp32 `[B * H, K, V]`: `initial_state` or zeros."""
+    if initial_state is None:
+        return q.new_zeros(BH, K, V, dtype=torch.float32)
+    return initial_state.to(torch.float32).reshape(BH, K, V)
+
+
+def value_heads(q: torch.Tensor, k: torch.Tensor, HV: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k `[B, T, H, K]` repeated to the HV value heads (value head j reads q/k head j // (HV // H))."""
+    H = q.shape[2]
+    if HV == H:
+        return q, k
+    return q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+
+
+def delta_rule_scan(
+    out: torch.Tensor,
+    state: torch.Tensor,
+    first: int,
+    u: torch.Tensor,
+    w: torch.Tensor,
+    attn: torch.Tensor,
+    q_decayed: torch.Tensor,
+    k_decayed: torch.Tensor,
+    chunk_decay: torch.Tensor | None,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """The sequential part of a chunked delta rule over a group of chunks (the first being `first`), five small
+    matmuls per chunk; each chunk's output goes straight into its place in `out` `[B, T, H, V]`. Returns the
+    state `[B * H, K, V]` the group leaves.
+
+    Per chunk i (`[m, B * H, ...]` operands): `u` `[C, V]` the values to write and `w` `[C, K]` the keys through
+    which the old state is read, `attn` `[C, C]` the causal intra-chunk scores, `q_decayed` `[C, K]` reads the
+    state, `k_decayed` `[K, C]` writes the next one, `chunk_decay` (None: no decay) decays it; `scale` multiplies
+    the output.
+    """
+    B, _, H, V = out.shape
+    C = u.shape[-2]
+    for i in range(u.shape[0]):
+        v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: the part S does not predict
+        o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new, beta=scale, alpha=scale)
+        position = (first + i) * C
+        out[:, position : position + C] = o.view(B, H, C, V).transpose(1, 2)
+        state = torch.baddbmm(state if chunk_decay is None else state * chunk_decay[i], k_decayed[i], v_new)
+    return state
+
+
+def linear_attention_scan(
+    out: torch.Tensor,
+    state: torch.Tensor,
+    first: int,
+    scores: torch.Tensor,
+    vc: torch.Tensor,
+    q_decayed: torch.Tensor,
+    k_decayed: torch.Tensor,
+    chunk_decay: torch.Tensor,
+) -> torch.Tensor:
+    """The sequential part of a chunked decayed linear attention (GLA, simple GLA) over a group of chunks: per
+    chunk i, `o = scores v + q_decayed S`, then `S = S * chunk_decay + k_decayed v`; as `delta_rule_scan`."""
+    B, _, H, V = out.shape
+    C = vc.shape[-2]
+    for i in range(vc.shape[0]):
+        o = torch.baddbmm(torch.bmm(scores[i], vc[i]), q_decayed[i], state)
+        position = (first + i) * C
+        out[:, position : position + C] = o.view(B, H, C, V).transpose(1, 2)
+        state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], vc[i])
+    return state

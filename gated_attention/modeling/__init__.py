@@ -23,11 +23,15 @@
   gated shared expert and Mixtral's fp32 routing weights.
 - `load_balancing`: the router losses (load balancing, z-loss) and
   `GlobalLoadBalancer`, which counts experts over the global batch. Torch only.
-- `gated_attention_moe`: the MoE family, the dense model with sparse MLPs.
+- `gated_attention_moe`: the MoE family, the dense model with sparse MLPs, and
+  the parts any family with sparse layers takes from it: `sparse_or_dense_mlp`,
+  `SparseExpertsMixin` (the experts' init) and `RouterLossesForCausalLM` (the
+  causal-LM head with the router losses).
 - `gated_deltanet`: the Gated DeltaNet mixer with fla's parameter names and its
   conv and recurrent cache states.
 - `gated_deltanet_hybrid`: the hybrid family, Gated DeltaNet layers
-  interleaved with the shared gated attention.
+  interleaved with the shared gated attention; built from the dense family's
+  block and model and the MoE family's sparse parts, never from its classes.
 - `sink_cache`: `SinkCache`, StreamingLLM's windowed KV cache (the first
   tokens kept as attention sinks, the rest a sliding window) for any causal
   LM of this package and transformers' rotate-half RoPE models, the sink keys

@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache
+from transformers.initialization import normal_, zeros_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb, eager_attention_forward
 
-from ..configuration.gate_spec import gate_enabled, gate_input_width, gate_score_shape
+from ..configuration.gate_spec import GATE_NAME, gate_enabled, gate_input_width, gate_score_shape
 from ..kernels.gated_sdpa.attention_interface import GATED_TRITON  # importing registers attn_implementation="gated_triton"
 from ..kernels.gated_sdpa.gate_activations import FUSED_GATE_ACTIVATIONS, GATE_ACTIVATION_FUNCTIONS, apply_gate
 from .attention_sinks import sink_attention
@@ -117,6 +118,11 @@ class AttentionGate(nn.Linear):
         super().__init__(in_features, gate_scores.out_features, bias=bias)
         self.gate_scores = gate_scores
 
+    def init_weights(self, std: float) -> None:
+        normal_(self.weight, mean=0.0, std=std)
+        if self.bias is not None:
+            zeros_(self.bias)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self.gate_scores!r}"
 
@@ -136,6 +142,12 @@ class LowRankAttentionGate(nn.Module):
         self.down = nn.Linear(in_features, rank, bias=False)
         self.up = nn.Linear(rank, gate_scores.out_features, bias=bias)
 
+    def init_weights(self, std: float) -> None:
+        normal_(self.down.weight, mean=0.0, std=std)
+        normal_(self.up.weight, mean=0.0, std=std)
+        if self.up.bias is not None:
+            zeros_(self.up.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.up(self.down(x))
 
@@ -154,11 +166,35 @@ class ConstantAttentionGate(nn.Module):
         # Zero logits: every score starts at act(0), as in the paper's ablation.
         self.logits = nn.Parameter(torch.zeros(gate_scores.out_features))
 
+    def init_weights(self, std: float) -> None:
+        zeros_(self.logits)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits.to(x.dtype).expand(*x.shape[:-1], -1)
 
     def extra_repr(self) -> str:
         return repr(self.gate_scores)
+
+
+# The gate's projection classes, each with its own random init (`init_weights(std)`).
+GATE_CLASSES = (AttentionGate, LowRankAttentionGate, ConstantAttentionGate)
+
+
+def build_gate(spec: dict, gate_scores: GateScores, in_features: int) -> nn.Module:
+    """The gate projection a normalised spec asks for, reading an input of `in_features` channels: learned
+    constant logits (`input_dependent` false), a low-rank projection (`rank`), or a full one."""
+    if not spec["input_dependent"]:
+        return ConstantAttentionGate(gate_scores, in_features)
+    width = gate_input_width(spec, in_features)
+    if spec["rank"] is not None:
+        return LowRankAttentionGate(gate_scores, width, spec["rank"], bias=spec["bias"])
+    return AttentionGate(gate_scores, width, bias=spec["bias"])
+
+
+def gate_logits(gate: nn.Module, x: torch.Tensor, input_channels: int | None) -> torch.Tensor:
+    """Flat gate logits `[B, T, out_features]` from the gate's input `[B, T, in_features]`, of which it reads the
+    first `input_channels` channels (None: all)."""
+    return gate(x if input_channels is None else x[..., :input_channels])
 
 
 class GatedAttention(nn.Module):
@@ -197,13 +233,7 @@ class GatedAttention(nn.Module):
         self.gate_input_channels = spec["input_channels"]  # None: all of X
         if self.gate_position is not None:
             self.gate_scores = GateScores(spec, hidden, self.num_heads, self.num_key_value_heads, self.head_dim)
-            width = gate_input_width(spec, hidden)
-            if not spec["input_dependent"]:
-                self.attn_gate = ConstantAttentionGate(self.gate_scores, hidden)
-            elif spec["rank"] is not None:
-                self.attn_gate = LowRankAttentionGate(self.gate_scores, width, spec["rank"], bias=spec["bias"])
-            else:
-                self.attn_gate = AttentionGate(self.gate_scores, width, bias=spec["bias"])
+            self.add_module(GATE_NAME, build_gate(spec, self.gate_scores, hidden))
         # One logit per query head, as GPT-OSS; `None` without sinks. The attention call hands it over as
         # `s_aux=self.sinks` in so many words: vLLM's transformers backend reads that keyword from the source of
         # `forward` to give its own attention the parameter it names.
@@ -215,7 +245,7 @@ class GatedAttention(nn.Module):
 
     def _gate_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Flat gate logits `[B, T, out_features]` from the layer input `[B, T, hidden]`."""
-        return self.attn_gate(x if self.gate_input_channels is None else x[..., : self.gate_input_channels])
+        return gate_logits(self.attn_gate, x, self.gate_input_channels)
 
     def _gate(self, position: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.gate_position != position:

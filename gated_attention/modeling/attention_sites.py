@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ..configuration.declared import text_config, transformers_class
 from .recorded_outputs import NOT_SOFTMAX, declaration, declared_by, declared_modules, is_softmax
 # An attention's output projection in a model without a tensor-parallel plan, by name, in order of preference.
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "Wo", "wo")
@@ -72,7 +73,7 @@ def _linear_widths(module: nn.Module) -> tuple[int, int] | None:
 
 def source_name(model: nn.Module) -> str:
     """The model's transformers class name (a declared model's source class)."""
-    return next((c.__name__ for c in type(model).__mro__ if c.__module__.startswith("transformers.")), type(model).__name__)
+    return (transformers_class(type(model)) or type(model)).__name__
 
 
 def text_model(model: nn.Module) -> tuple[str, nn.Module]:
@@ -81,7 +82,7 @@ def text_model(model: nn.Module) -> tuple[str, nn.Module]:
     from transformers import PreTrainedModel
 
     config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     if text is config:
         return "", model
     for name, module in model.named_modules():
@@ -91,7 +92,7 @@ def text_model(model: nn.Module) -> tuple[str, nn.Module]:
 
 
 def _latent(model: nn.Module, attention: nn.Module) -> str | None:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model.config)
     for key in LATENT_FIELDS:
         if config.__dict__.get(key) is not None:  # not getattr: a per-layer field refuses to be read globally
             return f"its config sets {key}"
@@ -140,7 +141,7 @@ def _input_name(attention: nn.Module) -> str:
 def _head_dim(model: nn.Module, attention: nn.Module, width: int) -> int:
     """The head size of the output projection's input: the attention's own `head_dim`, else its config's, else
     the width over its heads."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model.config)
     heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
     for head_dim in (getattr(attention, "head_dim", None), config.__dict__.get("head_dim"),
                      width // heads if isinstance(heads, int) and heads and width % heads == 0 else None):  # fmt: skip
@@ -178,7 +179,7 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
             )
         if hasattr(attention, "attn_gate"):
             raise AttentionSiteError(f"{type(attention).__name__} has an attribute attn_gate already")
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        config = text_config(model.config)
         hidden = getattr(config, "hidden_size", None)
         output, plan_key = _output_projection(path, attention, hidden, plan)
         projection = getattr(attention, output)

@@ -3,6 +3,8 @@
 No `from __future__ import annotations` here: tools read the forward's annotations as classes, not strings.
 """
 
+import functools
+import inspect
 import os
 
 import torch
@@ -10,20 +12,36 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.initialization import normal_, zeros_
+from transformers.initialization import normal_
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 
 from ..compat import CACHE_NAME, accepts_cache_kwarg, cache_of, slice_logits_to_keep, with_cache
-from .attention import AttentionGate, ConstantAttentionGate, GatedAttention
+from .attention import GATE_CLASSES, GatedAttention
 from .tensor_parallel import check_distributed_config  # importing registers the plan's own style
 
 try:
     from gated_attention.hub.remote_code import write_remote_code
 except ImportError:  # running from a remote-code copy, where transformers copies the files itself
     write_remote_code = None
+
+
+def returning(forward, output_class: type):
+    """`forward` as a family's own, annotated with the output class it returns there (`output_class`).
+
+    Tools read a model's output type from its forward's raw return annotation; a family whose forward is
+    another's, with a richer output class, states it here instead of declaring the forward again.
+    """
+
+    @functools.wraps(forward)
+    def annotated(self, *args, **kwargs):
+        return forward(self, *args, **kwargs)
+
+    annotated.__annotations__ = {**forward.__annotations__, "return": output_class}
+    annotated.__signature__ = inspect.signature(forward).replace(return_annotation=output_class)
+    return annotated
 
 
 class GatedPreTrainedModel(PreTrainedModel):
@@ -55,12 +73,8 @@ class GatedPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, AttentionGate):
-            normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                zeros_(module.bias)
-        elif isinstance(module, ConstantAttentionGate):
-            zeros_(module.logits)
+        if isinstance(module, GATE_CLASSES):
+            module.init_weights(self.config.initializer_range)
         elif isinstance(module, GatedAttention) and self.config.attention_sinks:
             normal_(module.sinks, mean=0.0, std=self.config.initializer_range)  # as GPT-OSS
 
@@ -84,10 +98,13 @@ class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):
     """The causal-LM head of every family: the family's model (`model_class`) as `model`, then `lm_head`.
 
     A family sets `model_class` and, when its outputs carry more than logits and
-    a loss (the MoE family's router losses), its own `forward` around `lm_logits_and_loss`.
+    a loss (the router losses of a family with sparse layers), its own `lm_output`
+    (with `head_keywords` and `model_keywords` for what the call asks of it).
     """
 
     model_class: type[PreTrainedModel]
+    # Keywords of the forward that the head reads and the model and the loss do not (the router losses')
+    head_keywords: tuple[str, ...] = ()
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
@@ -131,16 +148,22 @@ class GatedForCausalLM(GatedPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
+        head = {key: kwargs.pop(key) for key in self.head_keywords if key in kwargs}
         outputs: BaseModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, **self.model_keywords(head), **kwargs,
         )
         logits, loss = self.lm_logits_and_loss(outputs, labels, logits_to_keep, **kwargs)
+        return self.lm_output(outputs, logits, loss, attention_mask, **head)
+
+    def model_keywords(self, head: dict) -> dict:
+        """What the model is asked for besides the call's own keywords, from the head's (`head_keywords`)."""
+        return {}
+
+    def lm_output(
+        self, outputs: BaseModelOutputWithPast, logits: torch.Tensor, loss: torch.Tensor | None, attention_mask, **head
+    ) -> CausalLMOutputWithPast:
+        """The forward's output from the model's outputs, the logits and the loss (and the head's keywords)."""
         return with_cache(
             CausalLMOutputWithPast,
             cache_of(outputs),

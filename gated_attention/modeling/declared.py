@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from ..configuration.declared import CLASS_PREFIX, GatedDeclaredConfig, declared_config_class, declared_gate_spec
-from ..configuration.gate_spec import check_gate_shape, gate_enabled, gate_input_width
-from ..configuration.tensor_parallel import gate_rule
-from .attention import AttentionGate, ConstantAttentionGate, GateScores, LowRankAttentionGate
+from ..configuration.gate_spec import GATE_NAME, check_gate_shape, gate_enabled
+from ..configuration.tensor_parallel import gate_plan_key, gate_rule
+from .attention import GateScores, build_gate, gate_logits
 from .attention_sites import AttentionSite, attention_sites
 from .tensor_parallel import check_distributed_config  # noqa: F401  # importing registers the plan's own styles
 
@@ -55,8 +55,6 @@ try:
     from gated_attention.hub.remote_code import auto_map, write_bundle
 except ImportError:  # running from a remote-code copy, where transformers copies the files itself
     write_bundle = None
-
-GATE_NAME = "attn_gate"  # never `gate` or `gate_proj`: PEFT matches names by suffix (docs/architecture.md, "The gate")
 
 
 class OutputGate:
@@ -71,15 +69,8 @@ class OutputGate:
         check_gate_shape(spec, site.in_features, site.heads, site.heads, site.head_dim)  # rank, input_channels
         self.gate_scores = GateScores(spec, site.in_features, site.heads, site.heads, site.head_dim)
         self.input_channels = spec["input_channels"]  # None: all of the attention's input
-        width = gate_input_width(spec, site.in_features)
         attention = site.attention
-        if not spec["input_dependent"]:
-            gate = ConstantAttentionGate(self.gate_scores, site.in_features)
-        elif spec["rank"] is not None:
-            gate = LowRankAttentionGate(self.gate_scores, width, spec["rank"], bias=spec["bias"])
-        else:
-            gate = AttentionGate(self.gate_scores, width, bias=spec["bias"])
-        attention.add_module(GATE_NAME, gate)
+        attention.add_module(GATE_NAME, build_gate(spec, self.gate_scores, site.in_features))
         self.logits: torch.Tensor | None = None
         self.projection: nn.Module | None = None
         self._projection_hook = None
@@ -100,9 +91,7 @@ class OutputGate:
 
     def _score(self, attention: nn.Module, args: tuple, kwargs: dict) -> None:
         x = kwargs[self.site.input_name] if self.site.input_name in kwargs else args[0]  # [B, T, in_features]
-        if self.input_channels is not None:
-            x = x[..., : self.input_channels]
-        self.logits = getattr(attention, GATE_NAME)(x)  # [B, T, out_features]
+        self.logits = gate_logits(getattr(attention, GATE_NAME), x, self.input_channels)  # [B, T, out_features]
 
     def _apply(self, projection: nn.Module, args: tuple, kwargs: dict):
         if self.logits is None:
@@ -152,7 +141,7 @@ def add_gates(model: nn.Module, spec: dict) -> list[OutputGate]:
     sites = attention_sites(model)
     gates = [OutputGate(site, spec) for site in sites]
     # A low-rank gate shards its `up` as the full gate's projection; its `down` stays whole (as the families').
-    _add_plan_rules(model, sites, GATE_NAME + (".up" if spec["rank"] else ""), gate_rule(spec))
+    _add_plan_rules(model, sites, gate_plan_key(spec), gate_rule(spec))
     return gates
 
 

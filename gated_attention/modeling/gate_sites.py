@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..configuration.declared import text_config
 from .recorded_outputs import declaration, declared_modules, softmax_attention
 
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
@@ -100,7 +101,7 @@ def gate_site(config, attention: nn.Module) -> GateSite | None:
 def gate_sites(model: nn.Module) -> dict[str, GateSite]:
     """Every declared softmax-attention module's gate, by the attention's path in `model`, in the order the model
     holds them (a module several layers share, once)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model.config)
     is_attention = softmax_attention(declaration(model).get("attentions", []))
     sites = {}
     for path, attention in declared_modules(model, is_attention):

@@ -111,6 +111,11 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
     def has_recurrent_layers(self) -> bool:
         return not self.recurrent_layer_types.isdisjoint(self.config.layer_types)
 
+    @property
+    def attention_free(self) -> bool:
+        """Recurrent layers and no full attention (the massive-activations paper's pure Gated DeltaNet, rho = infinity)."""
+        return self.has_recurrent_layers and "full_attention" not in self.config.layer_types
+
     @accepts_cache_kwarg
     @merge_with_config_defaults
     @capture_outputs
@@ -126,6 +131,17 @@ class GatedAttentionModel(GatedAttentionPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if self.has_recurrent_layers and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+            raise ValueError(
+                "a custom 4-D attention mask cannot be applied to Gated DeltaNet layers (a recurrence sees every "
+                "earlier token of its row); pass a 2-D padding mask, or pack sequences with position_ids"
+            )
+        if position_ids is None and self.attention_free and kwargs.get("cu_seq_lens_q") is None:
+            # Nothing reads positions, and the cache has no attention layer to count past tokens (its
+            # get_seq_length raises). The input's device, not the embedding's: accelerate leaves an offloaded
+            # weight on "meta".
+            tokens = input_ids if input_ids is not None else inputs_embeds
+            position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None]
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         position_ids, sequence_bounds = packed_sequences(

@@ -11,41 +11,40 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.initialization import normal_
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
-from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
-from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder
 
-from ..compat import accepts_cache_kwarg, cache_of, with_cache
+from ..compat import cache_of, with_cache
 from ..configuration.gated_attention_moe import GatedAttentionMoeConfig
 from .attention import GatedAttention
-from .base import GatedForCausalLM
+from .base import GatedForCausalLM, returning
 from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
 from .load_balancing import GlobalLoadBalancer, load_balancing_loss, router_z_loss
 from .moe import SparseMoeBlock
+
+
+def sparse_or_dense_mlp(config: GatedAttentionMoeConfig, layer_idx: int) -> nn.Module:
+    """The MLP of a layer of a family with sparse layers: the sparse MoE block there, Llama's MLP elsewhere."""
+    return SparseMoeBlock(config) if config.is_sparse_layer(layer_idx) else LlamaMLP(config)
 
 
 class GatedAttentionMoeDecoderLayer(GatedAttentionDecoderLayer):
     """The dense block with a sparse MoE block as `mlp` on the config's sparse layers."""
 
     def make_mlp(self, config: GatedAttentionMoeConfig, layer_idx: int) -> nn.Module:
-        return SparseMoeBlock(config) if config.is_sparse_layer(layer_idx) else super().make_mlp(config, layer_idx)
+        return sparse_or_dense_mlp(config, layer_idx)
 
 
-class GatedAttentionMoePreTrainedModel(GatedAttentionPreTrainedModel):
-    config: GatedAttentionMoeConfig
-    config_class = GatedAttentionMoeConfig
-    _no_split_modules = ["GatedAttentionMoeDecoderLayer"]
-    _can_record_outputs = {
-        "router_logits": OutputRecorder(Qwen3MoeTopKRouter, index=0),
-        "hidden_states": GatedAttentionMoeDecoderLayer,
-        "attentions": GatedAttention,
-    }
+ROUTER_LOGITS = OutputRecorder(Qwen3MoeTopKRouter, index=0)  # `_can_record_outputs["router_logits"]`
+
+
+class SparseExpertsMixin:
+    """What a family with sparse MoE layers adds to its pre-trained base: the experts' and routers' init, and
+    transformers' choice of experts implementation. Listed before the family's base among its bases."""
 
     @classmethod
     def _can_set_experts_implementation(cls) -> bool:
@@ -63,31 +62,21 @@ class GatedAttentionMoePreTrainedModel(GatedAttentionPreTrainedModel):
             normal_(module.weight, mean=0.0, std=std)
 
 
+class GatedAttentionMoePreTrainedModel(SparseExpertsMixin, GatedAttentionPreTrainedModel):
+    config: GatedAttentionMoeConfig
+    config_class = GatedAttentionMoeConfig
+    _no_split_modules = ["GatedAttentionMoeDecoderLayer"]
+    _can_record_outputs = {
+        "router_logits": ROUTER_LOGITS,
+        "hidden_states": GatedAttentionMoeDecoderLayer,
+        "attentions": GatedAttention,
+    }
+
+
 class GatedAttentionMoeModel(GatedAttentionMoePreTrainedModel, GatedAttentionModel):
     decoder_layer_class = GatedAttentionMoeDecoderLayer
     output_class = MoeModelOutputWithPast  # router_logits are filled in by output capturing
-
-    @accepts_cache_kwarg
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> MoeModelOutputWithPast:
-        # The dense model's forward; declared again for its annotation, from which tools read the output type.
-        return super().forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
+    forward = returning(GatedAttentionModel.forward, MoeModelOutputWithPast)
 
 
 @dataclass
@@ -97,48 +86,35 @@ class GatedAttentionMoeCausalLMOutput(MoeCausalLMOutputWithPast):
     z_loss: torch.Tensor | None = None
 
 
-class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, GatedForCausalLM, GenerationMixin):
-    """The shared head, plus the router losses (load balancing, z-loss) when the model returns router logits."""
+class RouterLossesForCausalLM(GatedForCausalLM):
+    """The shared head, plus the router losses (load balancing, z-loss) when the model returns router logits:
+    the causal-LM head of every family with sparse layers.
 
-    model_class = GatedAttentionMoeModel
+    Its forward takes two keywords more: `output_router_logits` (default: the config's), and `load_balancer`
+    (`GlobalLoadBalancer`), which computes the load-balancing loss over the global batch instead of over this batch
+    alone (see `gated_attention.modeling.load_balancing`).
+    """
 
-    @accepts_cache_kwarg
-    @can_return_tuple
-    def forward(
+    head_keywords = ("output_router_logits", "load_balancer")
+    forward = returning(GatedForCausalLM.forward, GatedAttentionMoeCausalLMOutput)
+
+    def model_keywords(self, head: dict) -> dict:
+        return {"output_router_logits": self._router_logits_asked(head.get("output_router_logits"))}
+
+    def _router_logits_asked(self, output_router_logits: bool | None) -> bool:
+        return self.config.output_router_logits if output_router_logits is None else output_router_logits
+
+    def lm_output(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
+        outputs: MoeModelOutputWithPast,
+        logits: torch.Tensor,
+        loss: torch.Tensor | None,
+        attention_mask,
         output_router_logits: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         load_balancer: GlobalLoadBalancer | None = None,
-        **kwargs: Unpack[TransformersKwargs],
     ) -> GatedAttentionMoeCausalLMOutput:
-        r"""
-        load_balancer (`GlobalLoadBalancer`, *optional*):
-            Computes the load-balancing loss over the global batch instead of over this batch alone (see
-            `gated_attention.modeling.load_balancing`).
-        """
-        if output_router_logits is None:
-            output_router_logits = self.config.output_router_logits
-        outputs: MoeModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_router_logits=output_router_logits,
-            **kwargs,
-        )
-        logits, loss = self.lm_logits_and_loss(outputs, labels, logits_to_keep, **kwargs)
-
         aux_loss = z_loss = None
-        if output_router_logits and outputs.router_logits:
+        if self._router_logits_asked(output_router_logits) and outputs.router_logits:
             token_mask = _token_mask(attention_mask, outputs.last_hidden_state.shape[1])
             if load_balancer is not None:
                 aux_loss = load_balancer(outputs.router_logits, token_mask)
@@ -167,3 +143,7 @@ def _token_mask(attention_mask: torch.Tensor | None, seq_len: int) -> torch.Tens
     if attention_mask is None or attention_mask.dim() != 2:
         return None
     return attention_mask[:, -seq_len:]
+
+
+class GatedAttentionMoeForCausalLM(GatedAttentionMoePreTrainedModel, RouterLossesForCausalLM, GenerationMixin):
+    model_class = GatedAttentionMoeModel

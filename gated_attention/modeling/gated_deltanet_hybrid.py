@@ -1,13 +1,15 @@
 """Hybrid causal LM: Gated DeltaNet layers interleaved with gated softmax attention, as in
 "Massive Activations in Hybrid Linear Attention Large Language Models: Pre-Attention Spikes and Inter-Spike Plateaus".
 
-Each decoder layer is the MoE family's pre-norm block (hence the dense one's),
+Each decoder layer is the dense family's pre-norm block,
 `h = x + mixer(norm(x)); out = h + mlp(norm(h))`, with `linear_attn` (a
 `GatedDeltaNet`) as the mixer on "linear_attention" layers and `self_attn` (the
 shared `GatedAttention`, gate and all) on attention layers, as in transformers'
-Qwen3.5 / Qwen3-Next. The MLP is Llama's, or the sparse block when
-`config.num_experts > 0`. The model, masks and output are the MoE family's,
-with one more mask (linear-attention layers get the 2-D padding mask) and the
+Qwen3.5 / Qwen3-Next. The MLP is Llama's, or the MoE family's sparse block when
+`config.num_experts > 0`; only those sparse parts (their init, the router
+losses of the head) come from the MoE family. The model and masks are the
+dense family's, with one more mask (linear-attention layers get the 2-D
+padding mask), the router logits in its output, and the
 bounds of packed sequences for the GDN layers (`recurrent_layer_types`, see
 `packing.py`); a custom 4-D attention mask, which a recurrence cannot apply,
 is refused. The cache is transformers' hybrid `DynamicCache(config=...)`:
@@ -28,31 +30,25 @@ import copy
 
 import torch
 import transformers
+from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin, GenerationMode
 from transformers.masking_utils import create_recurrent_attention_mask
 from transformers.modeling_outputs import MoeModelOutputWithPast
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
-from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
-from transformers.utils.output_capturing import OutputRecorder
 
-from ..compat import ATTENTION_FREE_CACHED_GENERATE, accepts_cache_kwarg
+from ..compat import ATTENTION_FREE_CACHED_GENERATE
 from ..configuration.gated_deltanet_hybrid import GatedDeltaNetHybridConfig
 from .attention import GatedAttention
-from .gated_attention import GatedAttentionModel
-from .gated_attention_moe import (
-    GatedAttentionMoeDecoderLayer,
-    GatedAttentionMoeForCausalLM,
-    GatedAttentionMoeModel,
-    GatedAttentionMoePreTrainedModel,
-)
+from .base import returning
+from .gated_attention import GatedAttentionDecoderLayer, GatedAttentionModel, GatedAttentionPreTrainedModel
+from .gated_attention_moe import ROUTER_LOGITS, RouterLossesForCausalLM, SparseExpertsMixin, sparse_or_dense_mlp
 from .gated_deltanet import GatedDeltaNet
 
 
-class GatedDeltaNetHybridDecoderLayer(GatedAttentionMoeDecoderLayer):
-    """The MoE family's block whose mixer is a Gated DeltaNet, `linear_attn`, on "linear_attention" layers."""
+class GatedDeltaNetHybridDecoderLayer(GatedAttentionDecoderLayer):
+    """The dense block whose mixer is a Gated DeltaNet, `linear_attn`, on "linear_attention" layers, and whose MLP
+    is sparse on the config's sparse layers (none unless `num_experts > 0`)."""
 
     def add_mixer(self, config: GatedDeltaNetHybridConfig, layer_idx: int) -> None:
         self.layer_type = config.layer_types[layer_idx]
@@ -74,8 +70,11 @@ class GatedDeltaNetHybridDecoderLayer(GatedAttentionMoeDecoderLayer):
             return self.linear_attn(x, attention_mask=attention_mask, cache=cache, cu_seqlens=sequence_bounds)
         return super().mix(x, attention_mask, position_embeddings, cache, **kwargs)
 
+    def make_mlp(self, config: GatedDeltaNetHybridConfig, layer_idx: int) -> nn.Module:
+        return sparse_or_dense_mlp(config, layer_idx)
 
-class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
+
+class GatedDeltaNetHybridPreTrainedModel(SparseExpertsMixin, GatedAttentionPreTrainedModel):
     config: GatedDeltaNetHybridConfig
     config_class = GatedDeltaNetHybridConfig
     _no_split_modules = ["GatedDeltaNetHybridDecoderLayer"]
@@ -85,7 +84,7 @@ class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
     # prefill and training); its decode kernel is untested under compile here (see README).
     _can_compile_fullgraph = True
     _can_record_outputs = {
-        "router_logits": OutputRecorder(Qwen3MoeTopKRouter, index=0),
+        "router_logits": ROUTER_LOGITS,
         "hidden_states": GatedDeltaNetHybridDecoderLayer,
         "attentions": GatedAttention,
     }
@@ -100,46 +99,16 @@ class GatedDeltaNetHybridPreTrainedModel(GatedAttentionMoePreTrainedModel):
 
 class GatedDeltaNetHybridModel(GatedDeltaNetHybridPreTrainedModel, GatedAttentionModel):
     decoder_layer_class = GatedDeltaNetHybridDecoderLayer
-    output_class = GatedAttentionMoeModel.output_class
+    output_class = MoeModelOutputWithPast  # router_logits (when num_experts > 0) are filled in by output capturing
     mask_functions = {**GatedAttentionModel.mask_functions, "linear_attention": create_recurrent_attention_mask}
     recurrent_layer_types = frozenset({"linear_attention"})
 
-    @accepts_cache_kwarg
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> MoeModelOutputWithPast:
-        if self.has_recurrent_layers and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
-            raise ValueError(
-                "a custom 4-D attention mask cannot be applied to Gated DeltaNet layers (a recurrence sees every "
-                "earlier token of its row); pass a 2-D padding mask, or pack sequences with position_ids"
-            )
-        attention_free = "full_attention" not in self.config.layer_types
-        if position_ids is None and attention_free and kwargs.get("cu_seq_lens_q") is None:
-            # Pure Gated DeltaNet (the massive-activations paper's rho = infinity): nothing reads positions, and the cache has
-            # no attention layer to count past tokens (its get_seq_length raises).
-            tokens = input_ids if input_ids is not None else inputs_embeds
-            # The input's device, not the embedding's: accelerate leaves an offloaded weight on "meta".
-            position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None]
-        return super().forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
+    forward = returning(GatedAttentionModel.forward, MoeModelOutputWithPast)
 
 
-class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAttentionMoeForCausalLM, GenerationMixin):
-    """The MoE family's causal LM (its forward: loss, and the router losses when `num_experts > 0`)."""
+class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, RouterLossesForCausalLM, GenerationMixin):
+    """The shared head with the router losses (when `num_experts > 0`), and a generate() that refuses what the
+    Gated DeltaNet states cannot do."""
 
     model_class = GatedDeltaNetHybridModel
 
@@ -151,8 +120,7 @@ class GatedDeltaNetHybridForCausalLM(GatedDeltaNetHybridPreTrainedModel, GatedAt
                 "prompt_lookup_num_tokens"
             )
         use_cache = kwargs.get("use_cache", self.generation_config.use_cache)
-        attention_free = "full_attention" not in self.config.layer_types
-        if attention_free and use_cache and not ATTENTION_FREE_CACHED_GENERATE:
+        if self.model.attention_free and use_cache and not ATTENTION_FREE_CACHED_GENERATE:
             raise ValueError(
                 f"generate() with a cache on a model without attention layers needs transformers>=5.24 "
                 f"(installed: {transformers.__version__}); upgrade, or pass use_cache=False"

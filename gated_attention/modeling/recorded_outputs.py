@@ -37,6 +37,9 @@ class Spec:
     layer_name: str | None = None
     # The config field that counts these modules, where it is not num_hidden_layers (Longcat-Flash: num_layers).
     num_layers_key: str | None = None
+    # Which item of the module's output tuple is recorded (`OutputRecorder.index`); None: transformers' default for
+    # a plain class, 0 for hidden states and 1 for anything else (attention weights).
+    index: int | None = None
 
     def matches(self, name: str, module: nn.Module) -> bool:
         """Whether the module at path `name` (under whichever root the caller walks) is one this spec declares."""
@@ -59,7 +62,8 @@ def specs(value) -> list[Spec]:
         else:  # transformers' OutputRecorder
             key = getattr(item, "num_hidden_layers_key", None)
             out.append(Spec(getattr(item, "target_class", None), getattr(item, "class_name", None),
-                            getattr(item, "layer_name", None), None if key == "num_hidden_layers" else key))
+                            getattr(item, "layer_name", None), None if key == "num_hidden_layers" else key,
+                            getattr(item, "index", None)))
     return out
 
 

@@ -44,16 +44,14 @@ import torch
 from ..training import evaluate_loss
 from .backcopy_task import BackcopyTask, attention_by_query
 from .common import Job, Trained, model_arms, train_config, train_with_probes
-from .report import draw_backcopy, format_columns, write_csv
+from .report import columns_of, draw_backcopy, format_columns, write_csv
+from .settings import ARMS as SHARED_ARMS
 from .settings import BackcopySettings
 
 SINK_THRESHOLD = 0.3  # the control's dormant-query F-Attn that counts as a sink (fixed before the search)
-# The models compared: the config fields each one changes, from the same shape and initial weights. The first is
-# the control (its sink layer is where every model is read); each other one is measured against it.
-ARMS = {
-    "control": {"attn_gate": None},
-    "gated": {"attn_gate": {"position": "G1"}},
-}
+# The models compared (of `settings.ARMS`). The first is the control (its sink layer is where every model is read);
+# each other one is measured against it.
+ARMS = {name: SHARED_ARMS[name] for name in ("control", "gated")}
 # --compare-gates: the gates G1 is compared with (issue 60), their widths from the settings
 COMPARED = {
     "low-rank": lambda s: {"attn_gate": {"position": "G1", "rank": max(1, s.hidden_size // 16)}},
@@ -159,8 +157,7 @@ def measure(models: dict, trained: dict[str, Trained], s: BackcopySettings, task
 
 
 RESULT_COLUMNS = [
-    ("model", "model", "{}"),
-    ("steps", "steps", "{}"),
+    *columns_of("model", "steps"),
     ("heldout_loss", "held-out loss", "{:.4f}"),
     ("optimal_loss", "optimal", "{:.4f}"),
     ("sink_layer", "layer", "{}"),
@@ -169,7 +166,7 @@ RESULT_COLUMNS = [
     ("f_attn_all", "F-Attn all", "{:.3f}"),
     ("m_act", "M-Act", "{:.2f}"),
     ("first_token_norm_ratio", "max|x| tok0/others", "{:.2f}"),
-    ("gate_mean", "gate", "{:.3f}"),
+    *columns_of("gate_mean"),
     ("sink_dormant", "sink dormant", "{:.3f}"),
     ("train_minutes", "minutes", "{:.1f}"),
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_common import bounded
+from ..cli_common import add_command, bounded
 from .folders import check_out
 from .settings import (
     ARCHITECTURES,
@@ -47,16 +47,13 @@ STABILITY_DTYPE_WHY = (
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "quickstart",
-        help="train small gated/ungated and converted models on embedded data; print and plot the metrics",
-        description=(
-            "The main job on embedded data (nothing is downloaded): (a) from scratch, an ungated model "
-            "against the same model with the G1 gate; (b) a Llama pretrained on the corpus (cached), converted "
-            "exactly, and both trained further. Prints one table, writes it as CSV and draws the curves as PNG. "
-            "--preset runs another job instead; a flag that job does not read is refused."
-        ),
-    )
+    summary = "train small gated/ungated and converted models on embedded data; print and plot the metrics"
+    p = add_command(subparsers, "quickstart", run, summary, """
+        The main job on embedded data (nothing is downloaded): (a) from scratch, an ungated model against the
+        same model with the G1 gate; (b) a Llama pretrained on the corpus (cached), converted exactly, and both
+        trained further. Prints one table, writes it as CSV and draws the curves as PNG. --preset runs another
+        job instead; a flag that job does not read is refused.
+    """)
 
     def flag(*names: str, dest: str | None = None, what: str, fmt: str = "{}", shown: str | None = None, **kw):
         """A flag that sets the settings field `dest`: its help says what it does, its default in each job that
@@ -139,7 +136,6 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="cache folder for the tokenizer and the pretrained source (default: "
                    "$GATED_ATTENTION_CACHE or ~/.cache/gated-attention)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
 
 
 # quickstart's jobs: how each reads its settings from the flags, and the module that runs it

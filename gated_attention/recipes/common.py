@@ -20,6 +20,7 @@ from .. import CLIError
 from ..training import TrainConfig, data, is_gate_parameter, make_optimizer, make_scheduler, train
 from ..training.threads import set_cpu_threads
 from .folders import SETTINGS, staged_out
+from .settings import ARMS
 
 # ---------------------------------------------------------------------------------------------
 # Device
@@ -111,7 +112,17 @@ class Job:
 
 
 # ---------------------------------------------------------------------------------------------
-# Models
+# Data and models
+
+
+@dataclass
+class Data:
+    """A recipe's rows of its corpus: the tokenizer, packed training rows and held-out rows."""
+
+    tokenizer: object
+    train: torch.Tensor  # [N, seq_len]
+    valid: torch.Tensor  # [M, seq_len], held out (M: the recipe's evaluation and analysis rows)
+    valid_long: torch.Tensor | None = None  # [<= M, long_factor * seq_len]: quickstart's long-context rows
 
 
 def model_shape(s, tokenizer) -> dict:
@@ -163,9 +174,8 @@ def model_arms(s, tokenizer, arms: dict[str, dict], architecture: str = "dense",
 def model_pair(s, tokenizer, architecture: str = "dense", hybrid_ratio: int = 3):
     """An ungated model and the same model with the G1 gate: identical weights apart from the gates
     (`model_arms`)."""
-    models = model_arms(s, tokenizer, {"ungated": {"attn_gate": None}, "gated": {"attn_gate": {"position": "G1"}}},
-                        architecture, hybrid_ratio)
-    return models["ungated"], models["gated"]
+    models = model_arms(s, tokenizer, {name: ARMS[name] for name in ("control", "gated")}, architecture, hybrid_ratio)
+    return models["control"], models["gated"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,11 +195,13 @@ Probe = Callable[[int, float, float], list[dict]]
 
 
 def train_config(s, job: Job, **fields) -> TrainConfig:
-    """The `TrainConfig` of a recipe's settings `s` (steps, batch_size, seed, warmup_fraction, weight_decay, and
-    lr and gate_lr where it has one) on the job's placement; `fields` set others (a sweep's rate)."""
-    rates = {name: getattr(s, name) for name in ("lr", "gate_lr") if hasattr(s, name)}
-    return TrainConfig(**{**rates, "steps": s.steps, "batch_size": s.batch_size, "seed": s.seed,
-                          "warmup_steps": max(1, int(s.warmup_fraction * s.steps)), "weight_decay": s.weight_decay,
+    """The `TrainConfig` of a recipe's settings `s` (steps, batch_size, seed, warmup_fraction, and lr, gate_lr and
+    weight_decay where it has one) on the job's placement; `fields` set others (a sweep's rate, a run's steps,
+    from which the warmup is counted)."""
+    own = {name: getattr(s, name) for name in ("lr", "gate_lr", "weight_decay") if hasattr(s, name)}
+    steps = fields.get("steps", s.steps)
+    return TrainConfig(**{**own, "steps": steps, "batch_size": s.batch_size, "seed": s.seed,
+                          "warmup_steps": max(1, int(s.warmup_fraction * steps)),
                           "autocast_dtype": job.placement.autocast_dtype, **fields})
 
 

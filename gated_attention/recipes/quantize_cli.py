@@ -5,23 +5,20 @@ Building the parser imports no torch; `run` imports `quantize` when the command 
 
 from __future__ import annotations
 
-from ..cli_common import add_push_to_hub, add_revision, bounded, existing_file
+from ..cli_common import add_command, add_push_to_hub, add_revision, bounded, existing_file
 
 GATES = ("keep", "quantize")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "quantize",
-        help="write a compressed-tensors checkpoint of a model (W8A8, W4A16, FP8, NVFP4, ...), gates kept or rounded",
-        description=(
-            "Round MODEL's linear maps (all but lm_head; not the embeddings) to compressed-tensors' preset SCHEME, "
-            "to nearest with min-max scales (static activation scales from the calibration inputs), and write the "
-            "compressed checkpoint to DST with MODEL's tokenizer, its remote code and a model card. Before DST "
-            "appears, the written checkpoint is loaded back by transformers and compared with the measurement of "
-            "the same scheme and arm that `analyze --quantization` makes: DST appears whole or not at all."
-        ),
-    )
+    summary = "write a compressed-tensors checkpoint of a model (W8A8, W4A16, FP8, NVFP4, ...), gates kept or rounded"
+    p = add_command(subparsers, "quantize", run, summary, """
+        Round MODEL's linear maps (all but lm_head; not the embeddings) to compressed-tensors' preset SCHEME, to
+        nearest with min-max scales (static activation scales from the calibration inputs), and write the
+        compressed checkpoint to DST with MODEL's tokenizer, its remote code and a model card. Before DST
+        appears, the written checkpoint is loaded back by transformers and compared with the measurement of the
+        same scheme and arm that `analyze --quantization` makes: DST appears whole or not at all.
+    """)
     p.add_argument("model", metavar="MODEL", help="model folder or Hugging Face Hub id (from the local cache)")
     p.add_argument("dst", metavar="DST", help="output folder, created whole at the end")
     p.add_argument("--scheme", required=True, metavar="SCHEME",
@@ -44,7 +41,6 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing DST checkpoint")
     add_revision(p, "MODEL")
     add_push_to_hub(p)
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from .. import CLIError
-from ..training import TrainConfig, data, evaluate_loss, make_optimizer, make_scheduler, train, with_rope
-from .common import Job, model_pair, model_shape
-from .report import draw_quickstart, format_columns, write_csv
+from ..training import data, evaluate_loss, gate_parameters_snapshot, with_rope
+from .common import Data, Job, model_pair, model_shape, train_config, train_with_probes
+from .report import GATE_FRACTION, columns_of, draw_quickstart, format_columns, write_csv
 from .settings import Settings
 
 _PRETRAIN_FORMAT = 1  # bump when the source-model recipe changes, so cached sources are not reused
@@ -65,14 +65,6 @@ def run(args: argparse.Namespace, s: Settings) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Data
-
-
-@dataclass
-class Data:
-    tokenizer: object
-    train: torch.Tensor  # [N, seq_len]
-    valid: torch.Tensor  # [eval_sequences, seq_len]
-    valid_long: torch.Tensor  # [<= eval_sequences, long_factor * seq_len]
 
 
 def load_data(s: Settings, cache: Path | None) -> Data:
@@ -105,15 +97,10 @@ def prepare_data(s: Settings, job: Job) -> Data:
 
 
 def _train(model, rows, s: Settings, steps: int, lr: float, seed: int, desc: str, job: Job) -> list[dict]:
-    """Train `model` (moved to the job's device first) with the quickstart recipe."""
+    """Train `model` (moved to the job's device first) with the shared loop, no probes: its per-step history."""
     model.to(job.placement.device)
-    config = TrainConfig(
-        steps=steps, batch_size=s.batch_size, lr=lr, gate_lr=s.gate_lr, seed=seed,
-        warmup_steps=max(1, int(s.warmup_fraction * steps)), autocast_dtype=job.placement.autocast_dtype,
-    )
-    optimizer = make_optimizer(model, config.lr, config.gate_lr, config.weight_decay)
-    scheduler = make_scheduler(optimizer, config.steps, config.warmup_steps)
-    return train(model, rows, config, optimizer, scheduler, desc=desc, progress=job.progress)
+    config = train_config(s, job, steps=steps, lr=lr, seed=seed)
+    return train_with_probes(model, desc, rows, config, job, lambda step, loss, minutes: [], every=0).history
 
 
 def train_from_scratch(s: Settings, d: Data, job: Job) -> dict[str, dict]:
@@ -191,7 +178,7 @@ def convert_and_continue(s: Settings, d: Data, job: Job) -> Conversion:
     if not exact:
         raise RuntimeError("exact conversion changed the logits")
     runs = {"Llama source (pretrained)": {"model": copy.deepcopy(source), "history": [], "steps": s.pretrain_steps}}
-    gate_before = {n: p.detach().clone() for n, p in converted.named_parameters() if "attn_gate" in n}
+    gate_before = gate_parameters_snapshot(converted)
     for name, model in (("Llama source + continued", source), ("converted + continued", converted)):
         history = _train(model, d.train, s, s.steps, s.continue_lr, s.seed + 1, name, job)
         runs[name] = {"model": model, "history": history, "steps": s.pretrain_steps + s.steps}
@@ -270,15 +257,10 @@ def measure(runs: dict[str, dict], s: Settings, d: Data, job: Job) -> tuple[list
 
 
 RESULT_COLUMNS = [
-    ("model", "model", "{}"),
-    ("steps", "steps", "{}"),
-    ("val_ppl", "val ppl", "{:.2f}"),
+    *columns_of("model", "steps", "val_ppl"),
     ("ppl_long", "ppl@{L}", "{:.2f}"),
     ("ppl_long_yarn", "ppl@{L} YaRN", "{:.2f}"),
-    ("f_attn", "F-Attn", "{:.3f}"),
-    ("m_act", "M-Act", "{:.1f}"),
-    ("gate_mean", "gate", "{:.3f}"),
-    ("gate_frac_below_0.1", "gate<0.1", "{:.3f}"),
+    *columns_of("f_attn", "m_act", "gate_mean", GATE_FRACTION),
 ]
 TRAINING_COLUMNS = ["model", "step", "loss", "gate_score", "lr", "gate_lr", "batch", "seconds"]
 

@@ -13,8 +13,27 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.metrics import GATE_THRESHOLDS
+
 # ---------------------------------------------------------------------------------------------
 # Tables and CSV files
+
+
+# The columns the recipes' tables share, key -> (title, format); a table lists them (`columns_of`) beside its own
+# (key, title, format) columns. The gate column is the fraction of gate scores below the first of the analysis'
+# thresholds (`analysis.metrics.GATE_THRESHOLDS`).
+GATE_FRACTION = f"gate_frac_below_{GATE_THRESHOLDS[0]:g}"
+SHARED_COLUMNS = {
+    "model": ("model", "{}"), "steps": ("steps", "{}"), "layer": ("layer", "{}"), "val_ppl": ("val ppl", "{:.2f}"),
+    "f_attn": ("F-Attn", "{:.3f}"), "m_act": ("M-Act", "{:.1f}"), "gate_mean": ("gate", "{:.3f}"),
+    GATE_FRACTION: (f"gate<{GATE_THRESHOLDS[0]:g}", "{:.3f}"),
+}
+
+
+def columns_of(*keys: str) -> list[tuple[str, str, str]]:
+    """The (key, title, format) of shared columns (`SHARED_COLUMNS`)."""
+    return [(key, *SHARED_COLUMNS[key]) for key in keys]
+
 
 
 def format_columns(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -342,6 +361,32 @@ def draw_backcopy(out: Path, sink_threshold: float, n_tokens: int) -> list[Path]
     ax.legend(fontsize=8)
     written.append(save_figure(fig, out / "sink_trend.png"))
     return written
+
+
+def stability_goal_lines(v) -> list[str]:
+    """The stability preset's verdict (`stability.Verdict`) in words: the sensitivities, then the goal's two parts."""
+    sens = v.sensitivity
+    lines = ["learning-rate sensitivity: " + ", ".join(f"{m} {x:.4f}" for m, x in sens.items())]
+    if "gated" not in sens:
+        return lines
+    if v.ratio is not None:
+        lines.append(f"the goal, gated against control: sensitivity at most half ({sens['gated']:.4f} vs "
+                     f"{sens['control']:.4f}, {v.ratio:.2f}x: {'met' if v.halved else 'not met'})")
+    else:
+        lines.append("the goal: the control's sensitivity is 0, nothing to halve (not met)")
+    for f in v.failures:
+        reading = "its sweep's best final loss" if f.reading == "sweep" else "the run's own lowest held-out loss"
+        if f.lr is None:
+            lines.append(f"the control neither diverged nor ended 0.5 above {reading} at any rate: the sweep does not "
+                         "reach its failure (not met)")
+            continue
+        c, g, whose = f.control, f.gated, f"{f.reading}'s"
+        lines.append(f"highest rate where the control fails against {reading}: {f.lr:g} (control "
+                     f"{'diverged, ' if c['diverged'] else ''}ended at {c['final_loss']:.4f}, {whose} best "
+                     f"{f.control_best:.4f}); gated there ends at {g['final_loss']:.4f}, {f.gated_excess:.4f} above "
+                     f"its {whose} best {f.gated_best:.4f} ({'within' if f.held else 'not within'} 0.1: "
+                     f"{'met' if f.held else 'not met'})")
+    return lines
 
 
 def draw_stability(out: Path) -> list[Path]:

@@ -24,6 +24,14 @@ PRESETS = (SINKS, TRAINED, BACKCOPY, STABILITY)
 DTYPES = ("float32", "bfloat16")
 
 
+# The models every recipe compares: the config fields each arm changes, from the same shape and initial weights
+# (`common.model_arms`). The first is the control; each recipe takes the arms it compares from here.
+ARMS = {
+    "control": {"attn_gate": None},
+    "gated": {"attn_gate": {"position": "G1"}},
+    "qk_norm": {"attn_gate": None, "qk_norm": True},  # the known mitigation (Wortsman et al. 2023): a reference point
+}
+
 # ---------------------------------------------------------------------------------------------
 # quickstart
 
@@ -205,13 +213,9 @@ def backcopy_settings_from_args(args: argparse.Namespace) -> BackcopySettings:
 # quickstart --preset stability
 
 
-# The models of the stability sweep: the config fields each one changes, from the same shape and initial weights.
-# The first is the control, the one whose failure the range is chosen by.
-STABILITY_ARMS = {
-    "control": {"attn_gate": None},
-    "gated": {"attn_gate": {"position": "G1"}},
-    "qk_norm": {"attn_gate": None, "qk_norm": True},  # the known mitigation (Wortsman et al. 2023): a reference point
-}
+# The models of the stability sweep: every arm; the first, the control, is the one whose failure the range is
+# chosen by.
+STABILITY_ARMS = ARMS
 
 
 @dataclass

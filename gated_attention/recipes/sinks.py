@@ -35,14 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from ..training import data, evaluate_loss
-from .common import Job, Trained, model_pair, train_config, train_with_probes
-from .report import draw_sinks, format_columns, uniform_first_token_attention, write_csv
+from .common import Data, Job, Trained, model_pair, train_config, train_with_probes
+from .report import GATE_FRACTION, columns_of, draw_sinks, format_columns, uniform_first_token_attention, write_csv
 from .settings import SinkSettings
 
 SINK_THRESHOLD = 0.3  # F-Attn of the most sink-like layer that counts as a sink (fixed before the search)
@@ -64,13 +64,6 @@ def run(args: argparse.Namespace, s: SinkSettings) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Data and models
-
-
-@dataclass
-class Data:
-    tokenizer: object
-    train: torch.Tensor  # [N, seq_len]
-    valid: torch.Tensor  # [max(eval_sequences, analysis_sequences), seq_len]
 
 
 def prepare_data(s: SinkSettings, job: Job) -> Data:
@@ -220,15 +213,10 @@ def analyze_models(models: dict, tokenizer, s: SinkSettings, job: Job) -> list[d
 
 
 TABLE_COLUMNS = [
-    ("model", "model", "{}"),
-    ("layer", "layer", "{}"),
-    ("f_attn", "F-Attn", "{:.3f}"),
-    ("m_act", "M-Act", "{:.1f}"),
+    *columns_of("model", "layer", "f_attn", "m_act"),
     ("first_token_max", "max|x| tok 0", "{:.1f}"),
     ("other_tokens_max", "max|x| others", "{:.1f}"),
-    ("gate_mean", "gate", "{:.3f}"),
-    ("gate_frac_below_0.1", "gate<0.1", "{:.3f}"),
-    ("val_ppl", "val ppl", "{:.2f}"),
+    *columns_of("gate_mean", GATE_FRACTION, "val_ppl"),
 ]
 PROBE_COLUMNS = ["model", "step", "minutes", "loss", "layer", "f_attn", "m_act", "first_token_max",
                  "other_tokens_max", "gate_mean", "gate_frac_below_0.1"]

@@ -37,15 +37,15 @@ import contextlib
 import copy
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..training import data, evaluate_loss
-from .common import Job, model_arms, train_config, train_with_probes
-from .report import draw_stability, format_columns, write_csv
+from .common import Data, Job, model_arms, train_config, train_with_probes
+from .report import draw_stability, format_columns, stability_goal_lines, write_csv
 from .settings import STABILITY_ARMS, StabilitySettings
 
 
@@ -61,13 +61,6 @@ def run(args: argparse.Namespace, s: StabilitySettings) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Data and models
-
-
-@dataclass
-class Data:
-    tokenizer: object
-    train: torch.Tensor  # [N, seq_len]
-    valid: torch.Tensor  # [max(eval_sequences, analysis_sequences), seq_len], held out
 
 
 def prepare_data(s: StabilitySettings, job: Job) -> Data:
@@ -166,10 +159,15 @@ def max_spike(losses: list[float], smoothing: float) -> float:
     return spike
 
 
+def capped_loss(final_loss: float, initial_loss: float) -> float:
+    """A run's final loss as the sweep reads it: at most the arm's loss before training, and that loss where the run
+    diverged (its final loss is not finite)."""
+    return min(final_loss, initial_loss) if math.isfinite(final_loss) else initial_loss
+
+
 def lr_sensitivity(final_losses: list[float], initial_loss: float) -> float:
-    """Wortsman et al. 2023: the mean over the sweep of min(final loss, initial loss) minus the smallest of them; a
-    run whose final loss is not finite (diverged) counts as the initial loss."""
-    capped = [min(loss, initial_loss) if math.isfinite(loss) else initial_loss for loss in final_losses]
+    """Wortsman et al. 2023: the mean over the sweep of the capped final losses (`capped_loss`) minus the smallest."""
+    capped = [capped_loss(loss, initial_loss) for loss in final_losses]
     return float(np.mean(capped) - min(capped))
 
 
@@ -258,42 +256,72 @@ def sensitivities(rows: list[dict], initial_loss: dict[str, float]) -> list[dict
              "initial_loss": loss} for name, loss in initial_loss.items()]
 
 
-def judge(rows: list[dict], sensitivity: list[dict]) -> list[str]:
-    """The issue's goal, gated against control, in words: a sensitivity at most half the control's, and at the highest
-    rate where the control fails (diverges, or ends at least 0.5 above its best) the gated model ends within 0.1 of
-    its own best. "Best" is read two ways, both reported: the arm's best final loss over the sweep (the rate it
-    trains best at), and the run's own lowest held-out loss (a spike it did not recover from)."""
+# The goal, gated against control (the issue's): a sensitivity at most `HALF` the control's, and at the highest rate
+# where the control fails (diverges, or ends at least `FAILED` above its best) the gated model ends within `HELD` of
+# its own best.
+HALF, FAILED, HELD = 0.5, 0.5, 0.1
+# "Best" is read two ways, both reported: the arm's best capped final loss over the sweep (the rate it trains best
+# at), and the run's own lowest held-out loss (a spike it did not recover from).
+READINGS = ("sweep", "run")
+
+
+@dataclass
+class Failure:
+    """At the highest rate where the control fails against one reading of "best": both arms' figures there."""
+
+    reading: str  # one of READINGS
+    lr: float | None  # None: the control failed at no rate (the sweep does not reach its failure)
+    control: dict | None = None  # the control's results row there
+    control_best: float = math.nan
+    gated: dict | None = None
+    gated_best: float = math.nan
+
+    @property
+    def held(self) -> bool:
+        """The gated model did not diverge and ended within `HELD` of its best (1e-9: the decimal 0.1 itself counts)."""
+        return self.gated is not None and not self.gated["diverged"] and self.gated_excess <= HELD + 1e-9
+
+    @property
+    def gated_excess(self) -> float:
+        return self.gated["final_loss"] - self.gated_best if self.gated is not None else math.nan
+
+
+@dataclass
+class Verdict:
+    """The figures the goal is judged on (`verdict`); `report.stability_goal_lines` writes them out."""
+
+    sensitivity: dict[str, float]  # arm -> lr_sensitivity
+    ratio: float | None = None  # gated / control sensitivity; None without a gated arm or where the control's is 0
+    failures: list[Failure] = field(default_factory=list)  # one per reading, with a gated arm
+
+    @property
+    def halved(self) -> bool:
+        return self.ratio is not None and self.ratio <= HALF
+
+
+def verdict(rows: list[dict], sensitivity: list[dict]) -> Verdict:
+    """Judge the goal (see `HALF`, `FAILED`, `HELD`) on the results rows and the arms' sensitivities."""
     sens = {r["model"]: r["lr_sensitivity"] for r in sensitivity}
-    lines = ["learning-rate sensitivity: " + ", ".join(f"{m} {v:.4f}" for m, v in sens.items())]
+    v = Verdict(sens)
     if "gated" not in sens:
-        return lines
+        return v
     if sens["control"] > 0:
-        half = sens["gated"] <= sens["control"] / 2
-        lines.append(f"the goal, gated against control: sensitivity at most half ({sens['gated']:.4f} vs "
-                     f"{sens['control']:.4f}, {sens['gated'] / sens['control']:.2f}x: {'met' if half else 'not met'})")
-    else:
-        lines.append("the goal: the control's sensitivity is 0, nothing to halve (not met)")
+        v.ratio = sens["gated"] / sens["control"]
     by = {(r["model"], r["lr"]): r for r in rows}
     initial = {r["model"]: r["initial_loss"] for r in sensitivity}
-    sweep_best = {m: min(min(r["final_loss"], initial[m]) if math.isfinite(r["final_loss"]) else initial[m]
-                         for r in rows if r["model"] == m) for m in ("control", "gated")}
-    for reading, best in (("its sweep's best final loss", lambda r: sweep_best[r["model"]]),
-                          ("the run's own lowest held-out loss", lambda r: r["best_loss"])):
-        failed = [r["lr"] for r in rows if r["model"] == "control" and (r["diverged"] or r["final_loss"] - best(r) >= 0.5)]
+    sweep_best = {m: min(capped_loss(r["final_loss"], initial[m]) for r in rows if r["model"] == m)
+                  for m in ("control", "gated")}
+    for reading in READINGS:
+        best = (lambda r: sweep_best[r["model"]]) if reading == "sweep" else (lambda r: r["best_loss"])
+        failed = [r["lr"] for r in rows
+                  if r["model"] == "control" and (r["diverged"] or r["final_loss"] - best(r) >= FAILED)]
         if not failed:
-            lines.append(f"the control neither diverged nor ended 0.5 above {reading} at any rate: the sweep does not "
-                         "reach its failure (not met)")
+            v.failures.append(Failure(reading, None))
             continue
         lr = max(failed)
         c, g = by[("control", lr)], by[("gated", lr)]
-        held = not g["diverged"] and g["final_loss"] - best(g) <= 0.1 + 1e-9  # 1e-9: the decimal 0.1 itself counts
-        whose = "sweep's" if reading.startswith("its") else "run's"
-        lines.append(f"highest rate where the control fails against {reading}: {lr:g} (control "
-                     f"{'diverged, ' if c['diverged'] else ''}ended at {c['final_loss']:.4f}, {whose} best "
-                     f"{best(c):.4f}); gated there ends at {g['final_loss']:.4f}, {g['final_loss'] - best(g):.4f} above "
-                     f"its {whose} best {best(g):.4f} ({'within' if held else 'not within'} 0.1: "
-                     f"{'met' if held else 'not met'})")
-    return lines
+        v.failures.append(Failure(reading, lr, c, best(c), g, best(g)))
+    return v
 
 
 def report(rows: list[dict], history: list[dict], probes: list[dict], initial_loss: dict[str, float],
@@ -310,7 +338,7 @@ def report(rows: list[dict], history: list[dict], probes: list[dict], initial_lo
     job.log("")
     job.log(format_columns(rows, TABLE))
     job.log("")
-    for line in judge(rows, sensitivity):
+    for line in stability_goal_lines(verdict(rows, sensitivity)):
         job.log(line)
     job.log(f"wrote {job.out / 'results.csv'}, sensitivity.csv, training.csv, probes.csv, "
             f"{', '.join(p.name for p in plots)} ({job.minutes():.1f} min)")

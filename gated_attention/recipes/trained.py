@@ -77,7 +77,7 @@ from torch import nn
 from .. import CLIError
 from ..training import data, evaluate_loss, with_rope
 from .common import Job, Trained, train_config, train_with_probes
-from .report import draw_recovery, draw_trained, format_columns, write_csv
+from .report import GATE_FRACTION, columns_of, draw_recovery, draw_trained, format_columns, write_csv
 from .settings import TrainedSettings
 from .sinks import SINK_THRESHOLD, layer_metrics
 
@@ -344,10 +344,9 @@ def summary(measured: dict, sink_layers: list[int]) -> dict:
 
 def table_columns(long_tokens: int) -> list[tuple[str, str, str]]:
     columns = [
-        ("model", "model", "{}"), ("steps", "steps", "{}"), ("heldout_ppl", "held-out ppl", "{:.3f}"),
+        *columns_of("model", "steps"), ("heldout_ppl", "held-out ppl", "{:.3f}"),
         ("f_attn", "F-Attn (sink layers)", "{:.3f}"), ("m_act", "M-Act", "{:.4g}"),
-        ("first_token_max", "max|x| tok 0", "{:.4g}"), ("gate_mean", "gate", "{:.3f}"),
-        ("gate_frac_below_0.1", "gate<0.1", "{:.3f}"),
+        ("first_token_max", "max|x| tok 0", "{:.4g}"), *columns_of("gate_mean", GATE_FRACTION),
     ]
     if not long_tokens:  # no long text was read
         return columns

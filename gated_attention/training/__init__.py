@@ -17,7 +17,8 @@
 - `threads`: the default count of torch CPU threads (the cores the load average leaves free).
 
 Of this package it imports only `files` (the `--dataset` reader, output and staging folders),
-`cli_common` (errors as one line) and the package's `GatedAttentionWarning`: it works on any causal LM (ours,
+`cli_common` (errors as one line), the package's `GatedAttentionWarning`, and the gate's name and classes
+(`configuration.gate_spec.GATE_NAME`, `modeling.attention.GATE_CLASSES`): it works on any causal LM (ours,
 transformers', a PEFT wrapper), and the recipes and examples build on it.
 """
 

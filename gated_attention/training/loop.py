@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..configuration.gate_spec import GATE_NAME as GATE_KEY
+from ..modeling.attention import GATE_CLASSES
 from .folders import full_disk_is_one_line, staged_output
-
-GATE_KEY = "attn_gate"
 
 
 def is_gate_parameter(name: str) -> bool:
@@ -81,8 +81,8 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int, min_ratio: fl
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-# The modules whose output is the gate's logits (modeling/attention.py), by name: a remote-code copy has its own classes.
-GATE_MODULES = ("AttentionGate", "LowRankAttentionGate", "ConstantAttentionGate")
+# The modules whose output is the gate's logits, by name: a remote-code copy has its own classes.
+GATE_MODULES = tuple(c.__name__ for c in GATE_CLASSES)
 
 
 def gate_modules(model: nn.Module) -> list[nn.Module]:

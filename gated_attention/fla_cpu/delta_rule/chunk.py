@@ -21,20 +21,9 @@ from ...kernels.gated_delta_rule.chunk import torch_gated_delta_rule
 
 
 def torch_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, **options
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the delta rule: q, k `[B, T, H, K]`, v `[B, T, H, V]`, beta `[B, T, H]`; returns
-    `(o [B, T, H, V], final_state [N, H, K, V] or None)`, arguments as `torch_gated_delta_rule`'s."""
-    return torch_gated_delta_rule(
-        q, k, v, None, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
+    `(o [B, T, H, V], final_state [N, H, K, V] or None)`. The keyword `options` are `torch_gated_delta_rule`'s
+    (scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens), as fla's op takes them."""
+    return torch_gated_delta_rule(q, k, v, None, beta, **options)

@@ -27,8 +27,8 @@ import math
 
 import torch
 
-from ...kernels.chunking import chunk_groups, each_sequence, pad_time, to_chunks
-from ..chunking import chunk_size_for_decay, cumsum_rows, state_in, state_out
+from ...kernels.chunking import chunk_groups, chunk_span, linear_attention_scan, start_state
+from ..chunking import chunk_size_for_decay, cumsum_rows, empty_output, over_sequences
 
 CHUNK_SIZE = 64
 SMALLEST_CHUNK = 16
@@ -87,40 +87,30 @@ def torch_gla(
     """
     if scale is None:
         scale = k.shape[-1] ** -0.5
-    h0 = state_in(initial_state, state_v_first)
-    if cu_seqlens is not None:
-        o, state = each_sequence(
-            lambda q, k, v, g, h: _chunked(q, k, v, g, scale, h, output_final_state, chunk_size),
-            cu_seqlens, [q, k, v, g], h0, output_final_state,
-        )
-    else:
-        o, state = _chunked(q, k, v, g, scale, h0, output_final_state, chunk_size)
-    return o, state_out(state, state_v_first)
+    return over_sequences(
+        lambda q, k, v, g, h: _chunked(q, k, v, g, scale, h, output_final_state, chunk_size),
+        [q, k, v, g], initial_state, output_final_state, state_v_first, cu_seqlens,
+    )
 
 
 def _chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size):
     B, T, H, K = k.shape
     V = v.shape[-1]
     BH = B * H
-    state = q.new_zeros(BH, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(BH, K, V)
+    state = start_state(q, initial_state, BH, K, V)
     if T == 0:
-        return v.new_empty(B, 0, H, V), state.view(B, H, K, V) if output_final_state else None
+        return empty_output(v, state, K, output_final_state)
     C, factored = chunk_size_for_decay(g, chunk_size, SPAN_LIMIT, SMALLEST_CHUNK)
     n = -(-T // C)
     out = v.new_empty(B, n * C, H, V)
     for first, m in chunk_groups(n, BH * C * max(C, K, V) * (1 if factored else K)):
         # Padded steps have k = 0 (they write nothing) and g = 0 (they do not decay the state).
-        span = slice(first * C, (first + m) * C)
-        qc, kc, vc, gc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v, g))  # [m, BH, C, D]
+        qc, kc, vc, gc = chunk_span([q, k, v, g], first, m, C)  # [m, BH, C, D]
         qc.mul_(scale)
         c = cumsum_rows(gc)  # log decay since the chunk start, per key channel
         scores = decayed_scores(qc, kc, c, factored=factored)  # [m, BH, C, C], causal
         q_decayed = qc.mul_(c.exp())  # reads the state the previous chunks left
         k_decayed = (kc * (c[..., -1:, :] - c).exp_()).transpose(-1, -2)  # [m, BH, K, C], writes the next one
         chunk_decay = c[..., -1, :].exp().unsqueeze(-1)  # [m, BH, K, 1]
-        for i in range(m):
-            o = torch.baddbmm(torch.bmm(scores[i], vc[i]), q_decayed[i], state)
-            position = (first + i) * C
-            out[:, position : position + C] = o.view(B, H, C, V).transpose(1, 2)
-            state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], vc[i])
+        state = linear_attention_scan(out, state, first, scores, vc, q_decayed, k_decayed, chunk_decay)
     return out[:, :T], state.view(B, H, K, V) if output_final_state else None

@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.chunking import chunk_groups, each_sequence, pad_time, to_chunks
+from ...kernels.chunking import chunk_groups, chunk_span, delta_rule_scan, start_state, value_heads
 from ...kernels.gated_delta_rule.chunk import l2norm, unit_lower_inverse
-from ..chunking import chunk_size_for_decay, cumsum_rows, state_in, state_out
+from ..chunking import chunk_size_for_decay, cumsum_rows, empty_output, over_sequences
 from ..gla.chunk import SMALLEST_CHUNK, SPAN_LIMIT, decayed_scores
 
 CHUNK_SIZE = 64
@@ -90,35 +90,28 @@ def torch_kda(
     """
     if scale is None:
         scale = k.shape[-1] ** -0.5
-    h0 = state_in(initial_state, state_v_first)
-
-    def run(q, k, v, g, beta, h):
-        return _chunked(q, k, v, g, beta, scale, h, output_final_state, use_qk_l2norm_in_kernel, chunk_size)
-
-    if cu_seqlens is not None:
-        o, state = each_sequence(run, cu_seqlens, [q, k, v, g, beta], h0, output_final_state)
-    else:
-        o, state = run(q, k, v, g, beta, h0)
-    return o, state_out(state, state_v_first)
+    return over_sequences(
+        lambda q, k, v, g, beta, h: _chunked(
+            q, k, v, g, beta, scale, h, output_final_state, use_qk_l2norm_in_kernel, chunk_size
+        ),
+        [q, k, v, g, beta], initial_state, output_final_state, state_v_first, cu_seqlens,
+    )
 
 
 def _chunked(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chunk_size):
     B, T, H, K = k.shape
     HV, V = v.shape[-2:]
     BH = B * HV
-    state = q.new_zeros(BH, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(BH, K, V)
+    state = start_state(q, initial_state, BH, K, V)
     if T == 0:
-        return v.new_empty(B, 0, HV, V), state.view(B, HV, K, V) if output_final_state else None
-    if HV != H:
-        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+        return empty_output(v, state, K, output_final_state)
+    q, k = value_heads(q, k, HV)
     C, factored = chunk_size_for_decay(g, chunk_size, SPAN_LIMIT, SMALLEST_CHUNK)
     n = -(-T // C)
     out = v.new_empty(B, n * C, HV, V)
     for first, m in chunk_groups(n, BH * C * max(C, K, V) * (1 if factored else K)):
         # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-        span = slice(first * C, (first + m) * C)
-        qc, kc, vc, gc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v, g))  # [m, BH, C, D]
-        bc = to_chunks(pad_time(beta[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1)  # [m, BH, C]
+        qc, kc, vc, gc, bc = chunk_span([q, k, v, g, beta], first, m, C)  # [m, BH, C, D]; bc [m, BH, C]
         if l2:
             qc, kc = l2norm(qc), l2norm(kc)
         qc.mul_(scale)
@@ -136,10 +129,5 @@ def _chunked(q, k, v, g, beta, scale, initial_state, output_final_state, l2, chu
         q_decayed = qc.mul_(c_exp)
         k_decayed = (kc * (c[..., -1:, :] - c).exp_()).transpose(-1, -2)  # [m, BH, K, C]
         chunk_decay = c_exp[..., -1, :].unsqueeze(-1)  # [m, BH, K, 1]
-        for i in range(m):
-            v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: what S does not predict
-            o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new)
-            position = (first + i) * C
-            out[:, position : position + C] = o.view(B, HV, C, V).transpose(1, 2)
-            state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], v_new)
+        state = delta_rule_scan(out, state, first, u, w, attn, q_decayed, k_decayed, chunk_decay)
     return out[:, :T], state.view(B, HV, K, V) if output_final_state else None

@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from ...kernels.chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
-from ..chunking import state_in, state_out
+from ...kernels.chunking import chunk_groups, chunk_length, chunk_span, linear_attention_scan, start_state
+from ..chunking import empty_output, over_sequences
 
 CHUNK_SIZE = 64
 
@@ -73,15 +73,10 @@ def torch_simple_gla(
         B, T, H = q.shape[:3]
         decay = g_gamma.float() if g_gamma is not None else q.new_zeros(H, dtype=torch.float32)
         g = decay.expand(B, T, H)
-    h0 = state_in(initial_state, state_v_first)
-    if cu_seqlens is not None:
-        o, state = each_sequence(
-            lambda q, k, v, g, h: _chunked(q, k, v, g, scale, h, output_final_state, chunk_size),
-            cu_seqlens, [q, k, v, g], h0, output_final_state,
-        )
-    else:
-        o, state = _chunked(q, k, v, g, scale, h0, output_final_state, chunk_size)
-    return o, state_out(state, state_v_first)
+    return over_sequences(
+        lambda q, k, v, g, h: _chunked(q, k, v, g, scale, h, output_final_state, chunk_size),
+        [q, k, v, g], initial_state, output_final_state, state_v_first, cu_seqlens,
+    )
 
 
 def torch_retention(q, k, v, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -93,27 +88,22 @@ def _chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size):
     B, T, H, K = k.shape
     V = v.shape[-1]
     BH = B * H
-    state = q.new_zeros(BH, K, V, dtype=torch.float32) if initial_state is None else initial_state.reshape(BH, K, V)
+    state = start_state(q, initial_state, BH, K, V)
     if T == 0:
-        return v.new_empty(B, 0, H, V), state.view(B, H, K, V) if output_final_state else None
+        return empty_output(v, state, K, output_final_state)
     C, n = chunk_length(T, chunk_size)
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
     out = v.new_empty(B, n * C, H, V)
     for first, m in chunk_groups(n, BH * C * max(C, K, V)):
         # Padded steps have k = 0 (they write nothing) and g = 0 (they do not decay the state).
-        span = slice(first * C, (first + m) * C)
-        qc, kc, vc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v))  # [m, BH, C, D]
+        qc, kc, vc, gc = chunk_span([q, k, v, g], first, m, C)  # [m, BH, C, D]; gc [m, BH, C]
         qc.mul_(scale)
-        c = to_chunks(pad_time(g[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1).cumsum(-1)  # [m, BH, C]
+        c = gc.cumsum(-1)  # [m, BH, C]
         # The upper triangle goes to -inf before exp, where c_i - c_j > 0 could overflow.
         decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill_(upper, -math.inf).exp_()  # [m, BH, C, C]
         scores = (qc @ kc.transpose(-1, -2)).mul_(decay)
         q_decayed = qc.mul_(c.exp().unsqueeze(-1))  # reads the state the previous chunks left
         k_decayed = (kc * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [m, BH, K, C], writes the next
         chunk_decay = c[..., -1].exp()[..., None, None]  # [m, BH, 1, 1]
-        for i in range(m):
-            o = torch.baddbmm(torch.bmm(scores[i], vc[i]), q_decayed[i], state)
-            position = (first + i) * C
-            out[:, position : position + C] = o.view(B, H, C, V).transpose(1, 2)
-            state = torch.baddbmm(state * chunk_decay[i], k_decayed[i], vc[i])
+        state = linear_attention_scan(out, state, first, scores, vc, q_decayed, k_decayed, chunk_decay)
     return out[:, :T], state.view(B, H, K, V) if output_final_state else None

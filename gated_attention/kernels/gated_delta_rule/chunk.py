@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging
 
-from ..chunking import chunk_groups, chunk_length, each_sequence, pad_time, to_chunks
+from ..chunking import chunk_groups, chunk_length, chunk_span, delta_rule_scan, each_sequence, start_state, value_heads
 
 logger = logging.get_logger(__name__)
 
@@ -179,16 +179,14 @@ def _recurrent_step(q, k, v, g, beta, scale, initial_state, output_final_state, 
     """
     B, _, H, K = k.shape
     HV, V = v.shape[-2:]
-    if HV != H:
-        q = q.repeat_interleave(HV // H, dim=2)
-        k = k.repeat_interleave(HV // H, dim=2)
+    q, k = value_heads(q, k, HV)
     BH, out_dtype = B * HV, v.dtype
     q, k, v = (x.to(torch.float32).reshape(BH, 1, x.shape[-1]) for x in (q, k, v))  # [BH, 1, D]
     g, beta = (x.to(torch.float32).reshape(BH, 1, 1) for x in (g, beta))
     if l2:
         q, k = l2norm(q), l2norm(k)
     decay = g.exp()
-    state = q.new_zeros(BH, K, V) if initial_state is None else initial_state.to(torch.float32).reshape(BH, K, V)
+    state = start_state(q, initial_state, BH, K, V)
     v_new = torch.baddbmm(beta * v, (beta * decay) * k, state, alpha=-1)  # beta (v - exp(g) S^T k)
     o = torch.baddbmm(torch.bmm(q * decay, state), q @ k.transpose(-1, -2), v_new, beta=scale, alpha=scale)
     state = torch.baddbmm(state * decay, k.transpose(-1, -2), v_new)
@@ -204,23 +202,15 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fina
     if T == 0:
         state = initial_state.float() if initial_state is not None else v.new_zeros(B, HV, K, V, dtype=torch.float32)
         return v.new_empty(B, 0, HV, V), state if output_final_state else None
-    if HV != H:
-        q = q.repeat_interleave(HV // H, dim=2)
-        k = k.repeat_interleave(HV // H, dim=2)
-
+    q, k = value_heads(q, k, HV)
     BH = B * HV
-    if initial_state is None:
-        state = q.new_zeros(BH, K, V, dtype=torch.float32)
-    else:
-        state = initial_state.to(torch.float32).reshape(BH, K, V)
+    state = start_state(q, initial_state, BH, K, V)
     C, n = chunk_length(T, chunk_size)
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
     out = v.new_empty(B, n * C, HV, V)
     for first, m in chunk_groups(n, BH * C * max(C, K, V)):
         # Padded steps have k = 0 and beta = 0, g = 0: they neither write nor decay the state.
-        span = slice(first * C, (first + m) * C)
-        qc, kc, vc = (to_chunks(pad_time(x[:, span], m * C), m, C) for x in (q, k, v))  # [m, BH, C, D]
-        bc = to_chunks(pad_time(beta[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1)  # [m, BH, C]
+        qc, kc, vc, bc = chunk_span([q, k, v, beta], first, m, C)  # [m, BH, C, D]; bc [m, BH, C]
         if l2:
             qc, kc = l2norm(qc), l2norm(kc)
         kk = kc @ kc.transpose(-1, -2)  # [m, BH, C, C]
@@ -235,7 +225,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fina
             # c[i]: log decay from the chunk start through position i. Decays between positions
             # j <= i are exp(c_i - c_j); the upper triangle is set to -inf *before* exp, where
             # c_i - c_j > 0 could overflow.
-            c = to_chunks(pad_time(g[:, span], m * C).unsqueeze(-1), m, C).squeeze(-1).cumsum(-1)  # [m, BH, C]
+            (c,) = chunk_span([g], first, m, C)
+            c = c.cumsum(-1)  # [m, BH, C]
             c_exp = c.exp()
             decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill_(upper, float("-inf")).exp_()  # [m, BH, C, C]
 
@@ -252,14 +243,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_fina
             k_decayed = (kc * (c[..., -1:] - c).exp().unsqueeze(-1)).transpose(-1, -2)  # [m, BH, K, C], writes the next
             chunk_decay = c_exp[..., -1, None, None]  # [m, BH, 1, 1]
 
-        # Inter-chunk: the sequential part, five small matmuls per chunk. Each chunk's output
-        # goes straight into its place in the [B, T, HV, V] result.
-        for i in range(m):
-            v_new = torch.baddbmm(u[i], w[i], state, alpha=-1)  # u - W S: the part S does not predict
-            o = torch.baddbmm(torch.bmm(q_decayed[i], state), attn[i], v_new, beta=scale, alpha=scale)
-            position = (first + i) * C
-            out[:, position : position + C] = o.view(B, HV, C, V).transpose(1, 2)
-            state = torch.baddbmm(state if chunk_decay is None else state * chunk_decay[i], k_decayed[i], v_new)
+        # Inter-chunk: the sequential part, chunk after chunk.
+        state = delta_rule_scan(out, state, first, u, w, attn, q_decayed, k_decayed, chunk_decay, scale=scale)
     final_state = state.view(B, HV, K, V) if output_final_state else None
     return out[:, :T], final_state
 
