@@ -27,7 +27,6 @@ import torch
 from ..compat import CACHE_NAME
 from ..modeling.sink_cache import SinkCache
 
-FILES = ("stream.csv", "stream.npz", "stream.png")
 COLUMNS = ("sink_tokens", "window", "tokens", "ppl")
 
 
