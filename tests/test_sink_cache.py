@@ -323,7 +323,7 @@ def test_refusals_are_one_line():
     with pytest.raises(ValueError, match="changes its frequencies with the sequence length"):
         SinkCache(8, 2, config=dynamic)
     for config_refused, message in [
-        (GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4), "keeps a table of positions"),
+        (GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4), "a table of positions"),
         (Phi3Config(**SHAPE, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
                                               "long_factor": [2.0] * 4, "original_max_position_embeddings": 64}),
          "changes its frequencies with the sequence length"),

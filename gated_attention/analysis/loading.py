@@ -270,6 +270,16 @@ def _tokenizer(options: LoadOptions, where: dict[str, str], tokenizer_name: str)
         raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
 
 
+def check_token_ids(model, largest: int, model_name: str) -> None:
+    """A `ValueError` (one line) where token id `largest` has no row in the model's embedding: the tokenizer is not
+    the model's (the embedding would raise IndexError)."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocabulary = getattr(embedding, "num_embeddings", None)
+    if vocabulary is not None and largest >= vocabulary:
+        raise ValueError(f"MODEL {model_name}: the tokenizer gives token id {largest}, and the model's embedding has "
+                         f"{vocabulary} rows: the tokenizer is not this model's (see --tokenizer)")
+
+
 def paper_model(model_name: str, folder: Path, raw: dict, dtype, options: LoadOptions, budget):
     """One of the Gated Attention paper's checkpoints (`hub.paper_layout`) as a `GatedAttentionForCausalLM`,
     read whole into memory: the config as transformers' Qwen3 reads it, with the paper's flags as this

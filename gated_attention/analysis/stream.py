@@ -26,6 +26,7 @@ import torch
 
 from ..compat import CACHE_NAME
 from ..modeling.sink_cache import SinkCache
+from .loading import check_token_ids
 
 COLUMNS = ("sink_tokens", "window", "tokens", "ppl")
 
@@ -65,6 +66,18 @@ def full_attention_nll(model, ids: torch.Tensor, chunk: int, progress: Callable[
         if progress:
             progress(min(chunk, ids.shape[1] - start))
     return _nll(torch.cat(logits)[:-1], ids[0, 1:]).double().cpu().numpy()
+
+
+def learned_positions(model) -> int | None:
+    """How many positions the model has where they are rows of a table (GPT-2's learned embeddings, GPT-J's sin/cos
+    table), its `max_position_embeddings`; None where RoPE computes them from frequencies (`inv_freq`) for any
+    position, or the config names no limit.
+
+    A stream gives its tokens their positions in the text, so a text longer than the table has no position for
+    its later tokens (IndexError in the model)."""
+    computed = any(name.endswith("inv_freq") for module in model.modules() for name, _ in module.named_buffers(recurse=False))
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return None if computed or not isinstance(limit, int) or limit <= 0 else limit
 
 
 def perplexity(nll: np.ndarray) -> float:
@@ -139,6 +152,12 @@ def run_stream(model, ids: torch.Tensor, window: int, sink_counts: Sequence[int]
     """
     bar = bar or _no_bar
     tokens = ids.shape[1]
+    check_token_ids(model, int(ids.max()), model_name)
+    if (limit := learned_positions(model)) is not None and tokens > limit:
+        raise ValueError(f"the text gives {tokens} tokens, and the model's positions are learned up to {limit} "
+                         f"(max_position_embeddings): stream at most {limit} tokens (--max-tokens {limit})")
+    for sinks in sink_counts:  # every count's refusal before any stream runs
+        SinkCache(window, sinks, config=model.config)
     nll_by_sinks = {}
     for sinks in sink_counts:
         with bar(tokens, f"window {window}, {sinks} sinks") as b:

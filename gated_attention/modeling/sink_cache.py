@@ -81,9 +81,14 @@ def _rope_parts(config):
     if named not in classes:
         text = [name for name in classes if not any(part in name for part in ("Vision", "Audio"))]
         named = text[0] if len(text) == 1 else None
+    if named is None and classes:
+        raise _refusal(config, f"its module has several rotary embeddings ({', '.join(classes)})")
+    if named is None and (hasattr(module, "rotate_half") or hasattr(module, "rotate_every_two")):
+        raise _refusal(config, "its attention rotates keys with a table of positions of its own, no rotary embedding "
+                       "with frequencies to re-rotate its sink keys with")
     if named is None:
         raise _refusal(config, "the config has no rotary position embedding (rope_parameters) to re-rotate its sink "
-                       "keys with" if not classes else f"its module has several rotary embeddings ({', '.join(classes)})")
+                       "keys with")
     return module, classes[named]
 
 
@@ -141,8 +146,8 @@ class KeyRotation:
         if inv_freq is None:
             inv_freq = getattr(rotary, "inv_freq", None)
         if inv_freq is None:
-            raise _refusal(config, f"{rotary_class.__name__} keeps a table of positions, no inv_freq, so a cached key "
-                           "cannot be rotated further")
+            raise _refusal(config, f"{rotary_class.__name__} keeps a table of positions, no frequencies (inv_freq), so "
+                           "a cached key cannot be rotated further")
         return cls(inv_freq, rotate, layout)
 
     def __call__(self, keys: torch.Tensor, steps: int) -> torch.Tensor:
