@@ -33,7 +33,13 @@ def test_lr_sensitivity_caps_at_the_initial_loss_and_counts_a_diverged_run_as_it
     # capped: 3.0, 2.5, 7.0 (NaN: diverged), 7.0 (7.5 is above the initial loss) -> mean 4.875, best 2.5
     assert stability.lr_sensitivity([3.0, 2.5, math.nan, 7.5], initial_loss=7.0) == pytest.approx(2.375)
     assert stability.lr_sensitivity([4.0, 4.0], initial_loss=7.0) == 0.0
-    assert stability.lr_sensitivity([math.inf, math.nan], initial_loss=7.0) == 0.0  # nothing trains: no spread
+    # nothing trains (--lrs 1e30,1e35): undefined, not the 0 of "every rate ends as well as the best"
+    assert math.isnan(stability.lr_sensitivity([math.inf, math.nan], initial_loss=7.0))
+    assert math.isnan(stability.lr_sensitivity([7.5, math.nan], initial_loss=7.0))
+    rows = [{"model": m, "lr": lr, "final_loss": math.nan, "best_loss": 7.0, "diverged": True}
+            for m in ("control", "gated") for lr in (1e30, 1e35)]
+    said = stability.judge(rows, stability.sensitivities(rows, {"control": 7.0, "gated": 7.0}))
+    assert "no rate trains the control" in said[1], said
     rows = [{"model": m, "lr": lr, "final_loss": f} for m, lr, f in
             [("control", 0.01, 3.0), ("control", 0.1, 5.0), ("gated", 0.01, 3.2), ("gated", 0.1, 3.4)]]
     sens = stability.sensitivities(rows, {"control": 7.0, "gated": 6.9})

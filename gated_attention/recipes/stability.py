@@ -168,8 +168,12 @@ def max_spike(losses: list[float], smoothing: float) -> float:
 
 def lr_sensitivity(final_losses: list[float], initial_loss: float) -> float:
     """Wortsman et al. 2023: the mean over the sweep of min(final loss, initial loss) minus the smallest of them; a
-    run whose final loss is not finite (diverged) counts as the initial loss."""
+    run whose final loss is not finite (diverged) counts as the initial loss. NaN where no rate trains (every run
+    ends at or above the initial loss): the spread is 0 there, which would read as "every rate ends as well as the
+    best"."""
     capped = [min(loss, initial_loss) if math.isfinite(loss) else initial_loss for loss in final_losses]
+    if min(capped) >= initial_loss:
+        return math.nan
     return float(np.mean(capped) - min(capped))
 
 
@@ -242,7 +246,7 @@ SENSITIVITY_RULE = (
     "lr_sensitivity (Wortsman et al. 2023): the mean over the swept learning rates of min(final_loss, initial_loss) "
     "minus the smallest of those values, one arm at a time; a diverged run whose final_loss is not finite counts as "
     "initial_loss, the arm's held-out loss before training. final_loss is results.csv's. 0: every rate ends as well "
-    "as the best; initial_loss - best: none trains at all but the best."
+    "as the best; initial_loss - best: none trains at all but the best; nan: no rate trains at all."
 )
 TRAINING_COLUMNS = ["model", "lr", "step", "loss", "step_lr", "gate_score", "batch", "seconds"]
 PROBE_COLUMNS = ["model", "lr", "step", "minutes", "loss", "heldout_loss"]
@@ -267,7 +271,10 @@ def judge(rows: list[dict], sensitivity: list[dict]) -> list[str]:
     lines = ["learning-rate sensitivity: " + ", ".join(f"{m} {v:.4f}" for m, v in sens.items())]
     if "gated" not in sens:
         return lines
-    if sens["control"] > 0:
+    if math.isnan(sens["control"]):
+        lines.append("the goal: no rate trains the control (every run diverged or ended no lower than it began), so it "
+                     "has no sensitivity to halve; sweep lower rates (not met)")
+    elif sens["control"] > 0:
         half = sens["gated"] <= sens["control"] / 2
         lines.append(f"the goal, gated against control: sensitivity at most half ({sens['gated']:.4f} vs "
                      f"{sens['control']:.4f}, {sens['gated'] / sens['control']:.2f}x: {'met' if half else 'not met'})")
