@@ -296,6 +296,7 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, options: LoadOp
     from ..configuration.gated_attention import GatedAttentionConfig
     from ..hub.loading import WeightsMismatch, from_pretrained_checked
     from ..hub.paper_layout import PaperLayout, split_q_proj, unsupported
+    from ..hub.repo_ids import missing_weights
     from ..modeling.gated_attention import GatedAttentionForCausalLM
 
     if (reason := unsupported(raw)) is not None:
@@ -311,9 +312,12 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, options: LoadOp
         files = sorted({folder / f for f in json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()})
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
+    elif (why := missing_weights(folder)) is not None:  # config.json alone: a download cut short, no pickle checkpoint
+        raise CLIError(f"MODEL {model_name} is the Gated Attention paper's checkpoint, but its folder is not whole ({why}): "
+                       "fetch it again with the network allowed")
     else:
         raise CLIError(f"MODEL {model_name} is the Gated Attention paper's checkpoint without safetensors weights: "
-                       "convert it first (gated-attention convert --allow-pickle SRC DST) and analyse DST")
+                       "convert it first (gated-attention convert --allow-pickle SRC DST) and give DST as MODEL")
     if dtype == "auto":
         stored = raw.get("dtype") or raw.get("torch_dtype")
         dtype = getattr(torch, stored) if isinstance(stored, str) and hasattr(torch, stored) else torch.float32
