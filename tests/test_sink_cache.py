@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import (AttentionInterface, CohereConfig, CohereForCausalLM, DeepseekV3Config, DynamicCache, Gemma3ForCausalLM,
                           Gemma3TextConfig, GlmConfig, GPT2Config, GPTJConfig, GPTNeoXConfig, LlamaConfig, LlamaForCausalLM,
-                          Phi3Config, Qwen2Config, Qwen2ForCausalLM)
+                          NanoChatConfig, Phi3Config, Qwen2Config, Qwen2ForCausalLM)
 from transformers.models.llama import modeling_llama
 
 from gated_attention import (
@@ -274,6 +274,7 @@ ROPES = {  # every RoPE layout transformers ships that a cached key can be moved
                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "cohere-interleaved": CohereConfig(**SHAPE),
     "glm-interleaved-partial": GlmConfig(**SHAPE),
+    "nanochat-turned-the-other-way": NanoChatConfig(**SHAPE),  # its rotate_half is Llama's with the signs swapped
     "neox-partial": GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=48, rotary_pct=0.5),
     "gemma3-per-layer-type": Gemma3TextConfig(**SHAPE, layer_types=["sliding_attention", "full_attention"], sliding_window=4,

@@ -74,7 +74,7 @@ def _rope_parts(config):
     if not module_name.startswith("transformers.models.") or ".configuration_" not in module_name:
         raise _refusal(config, f"its config ({type(config).__name__}) is not transformers' own, so how it rotates its "
                        "keys is unknown")
-    module = importlib.import_module(module_name.replace(".configuration_", ".modeling_"))
+    module = importlib.import_module(_modeling_module(config))
     classes = {name: cls for name, cls in inspect.getmembers(module, inspect.isclass)
                if name.endswith("RotaryEmbedding") and cls.__module__ == module.__name__}
     named = type(config).__name__.removesuffix("Config") + "RotaryEmbedding"
@@ -92,6 +92,20 @@ def _rope_parts(config):
     return module, classes[named]
 
 
+def _modeling_module(config) -> str:
+    """The name of the module whose classes run `config`'s model: its causal LM's (EXAONE's config is run by
+    Llama's code), else the modeling file beside its configuration file."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    for mapping in (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES):
+        name = mapping.get(config.model_type)
+        model_class = getattr(transformers, name, None) if isinstance(name, str) else None
+        if model_class is not None:
+            return model_class.__module__
+    return type(config).__module__.replace(".configuration_", ".modeling_")
+
+
 def _rotate_function(module, config):
     """The module's own rotate function (`rotate_half`, or GPT-J's `rotate_every_two`) and its layout: "half" (channel
     i pairs with i + R/2: Llama's) or "interleaved" (channel 2i with 2i + 1: Cohere's, GLM's, GPT-J's)."""
@@ -100,10 +114,10 @@ def _rotate_function(module, config):
         raise _refusal(config, f"{module.__name__} has no rotate_half to re-rotate its sink keys with")
     probe = torch.zeros(1, 1, 1, 4)
     probe[..., 0] = 1.0
-    turned = rotate(probe)[0, 0, 0]  # channel 0 lands on its partner
-    if turned[2] == 1:
+    turned = rotate(probe)[0, 0, 0]  # channel 0 lands on its partner (with the sign the model's direction gives it)
+    if turned[2] != 0 and turned[1] == 0:
         return rotate, "half"
-    if turned[1] == 1:
+    if turned[1] != 0 and turned[2] == 0:
         return rotate, "interleaved"
     raise _refusal(config, f"{module.__name__}.{rotate.__name__} pairs channels in a way the re-rotation does not know")
 
