@@ -69,15 +69,19 @@ def full_attention_nll(model, ids: torch.Tensor, chunk: int, progress: Callable[
 
 
 def learned_positions(model) -> int | None:
-    """How many positions the model has where they are rows of a table (GPT-2's learned embeddings, GPT-J's sin/cos
-    table), its `max_position_embeddings`; None where RoPE computes them from frequencies (`inv_freq`) for any
-    position, or the config names no limit.
+    """How many positions the model has where they are rows of a table, its `max_position_embeddings`: an embedding
+    of that many rows beside the tokens' (GPT-2's `wpe`, OPT's with its offset of 2) or a buffer of positions
+    (GPT-J's sin/cos `embed_positions`). None where positions are computed (RoPE, ALiBi) or there are none.
 
     A stream gives its tokens their positions in the text, so a text longer than the table has no position for
     its later tokens (IndexError in the model)."""
-    computed = any(name.endswith("inv_freq") for module in model.modules() for name, _ in module.named_buffers(recurse=False))
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return None if computed or not isinstance(limit, int) or limit <= 0 else limit
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = [module.num_embeddings for module in model.modules() if isinstance(module, torch.nn.Embedding) and module is not tokens]
+    rows += [buffer.shape[0] for name, buffer in model.named_buffers() if name.endswith("embed_positions") and buffer.dim() == 2]
+    return limit if any(limit <= n <= limit + 2 for n in rows) else None
 
 
 def perplexity(nll: np.ndarray) -> float:
