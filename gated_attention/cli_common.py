@@ -23,10 +23,14 @@ from pathlib import Path
 def first_line(error: BaseException) -> str:
     """The first line of `error`'s message, or its type's name when the message is empty.
 
-    Libraries (huggingface_hub, datasets, torch) write messages of many lines; a command reports one.
+    Libraries (huggingface_hub, datasets, torch) write messages of many lines; a command reports one. A first
+    line that ends in a colon announces a list ("... from one of:"), so the message is then joined into one line.
     """
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines) if lines[0].endswith(":") else lines[0]
 
 
 def bounded(kind: type = int, low: float = 1, *, strict: bool = False, high: float | None = None):

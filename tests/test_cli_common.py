@@ -12,8 +12,11 @@ from gated_attention.cli_common import bounded, first_line, format_size, memory_
 @pytest.mark.parametrize(
     "error, line",
     [(OSError("  no such repo\nTraceback and advice\n"), "no such repo"), (ValueError(""), "ValueError"),
-     (KeyError("x"), "'x'")],
-    ids=["many-lines", "empty", "key-error"],
+     (KeyError("x"), "'x'"),
+     # transformers' tokenizer loading: the first line alone ended mid-sentence
+     (ValueError("Couldn't instantiate the backend tokenizer from one of: \n(1) a file, \n(2) a class. \nInstall x."),
+      "Couldn't instantiate the backend tokenizer from one of: (1) a file, (2) a class. Install x.")],
+    ids=["many-lines", "empty", "key-error", "a-list-follows"],
 )
 def test_first_line(error, line):
     assert first_line(error) == line

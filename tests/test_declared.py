@@ -250,6 +250,23 @@ def test_what_cannot_be_gated_is_refused_in_one_line(model_type, expected, tmp_p
     assert file_hashes(tmp_path / "src") == before
 
 
+def test_learned_sinks_in_a_declared_config_are_refused_not_ignored(tmp_path):
+    """`attention_sinks` is this package's field: the source's attention never reads it, so a declared config that
+    sets it would load without the sinks it names."""
+    from transformers import AutoConfig
+
+    from gated_attention.configuration.declared import declared_config_class
+
+    declared = declared_config_class(Gemma2Config)
+    with pytest.raises(ValueError, match="attention_sinks=true is not allowed for a model gated by declaration"):
+        declared(**SIZES, attention_sinks=True)
+    declared(**SIZES).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "attention_sinks": True}))
+    with pytest.raises(ValueError, match="attention_sinks=true is not allowed"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def with_tokenizer(tmp_path_factory):
     """A Gemma 2 DST beside the embedded corpus's tokenizer (its vocabulary), for the commands that read text."""

@@ -140,11 +140,14 @@ def test_readme_gated_attention_commands_parse(tmp_path, monkeypatch):
 
 
 def test_readme_keeps_the_install_and_ci_test_commands():
-    """CI runs what the README tells users to run: the same install and the same two test commands."""
+    """CI runs what the README tells users to run: the same install and the same two test commands, in a venv of
+    its own (an install into the machine's python would point its editable install at CI's throwaway clone)."""
     blocks = "\n".join(_code_blocks(README, "bash"))
     assert 'python -m pip install -e ".[dev]"' in blocks
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    tests = [line for line in ci if line.startswith(("python -m pytest", "bash tests/"))]
+    own = ci.index('source "$venv/bin/activate"')
+    assert ci[own - 1] == 'bash tests/overlay_venv.sh "$venv"'
+    tests = [line for line in ci[own:] if line.startswith(("python -m pytest", "bash tests/"))]
     assert tests == ["python -m pytest -q", "bash tests/floor.sh"]
     assert all(t in blocks for t in tests), tests
-    assert 'python -m pip install --quiet -e ".[dev]"' in ci
+    assert 'python -m pip install --quiet -e ".[dev]"' in ci[own:]

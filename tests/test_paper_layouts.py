@@ -237,5 +237,19 @@ def test_a_folder_of_a_cached_hub_repo_converts_and_analyses_offline(tmp_path, m
     capsys.readouterr()
     assert main(["convert", "QwQZh/gated_attention/elementwise-mqa", str(tmp_path / "dst2")]) == 2
     assert capsys.readouterr().err.strip() == ("gated-attention convert: error: SRC QwQZh/gated_attention/elementwise-mqa: "
-                                               "no such folder, and the repo QwQZh/gated_attention has no folder "
+                                               "no such folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is "
+                                               "set): its cached snapshot of QwQZh/gated_attention has no folder "
                                                "elementwise-mqa")
+    # a folder cached with its config.json alone: a download cut short, no pickle checkpoint to convert first
+    (repo / "snapshots" / commit / "config-only").mkdir()
+    shutil.copy(DATA / "headwise-gqa2" / "config.json", repo / "snapshots" / commit / "config-only")
+    text = tmp_path / "text.txt"
+    text.write_text("word " * 100)
+    for argv in (["analyze", "QwQZh/gated_attention/config-only", "--out", str(tmp_path / "out3")],
+                 ["stream", "QwQZh/gated_attention/config-only", "--text-file", str(text), "--window", "8", "--out",
+                  str(tmp_path / "out3")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.endswith("checkpoint, but its folder is not whole (it holds config.json but no weight file): fetch "
+                            "it again with the network allowed"), err
+        assert not (tmp_path / "out3").exists()

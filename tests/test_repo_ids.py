@@ -70,7 +70,9 @@ def test_a_folder_in_a_cached_repo_is_read_offline_and_a_missing_folder_says_so(
 
     folder = cached_or_downloaded("QwQZh/gated_attention/1B_gate_headwise")
     assert folder == repo / "snapshots" / commit / "1B_gate_headwise"
-    with pytest.raises(HubUnavailable, match=r"^the repo QwQZh/gated_attention has no folder 1B_gate_elementwise$"):
+    # offline, only the cache lacks it: the repo may well have it (it said "the repo has no folder")
+    with pytest.raises(HubUnavailable, match=r"^not in the Hugging Face cache \(HF_HUB_OFFLINE is set\): its cached "
+                                             r"snapshot of QwQZh/gated_attention has no folder 1B_gate_elementwise$"):
         cached_or_downloaded("QwQZh/gated_attention/1B_gate_elementwise")
 
 
@@ -96,3 +98,29 @@ def test_provenance_of_a_folder_in_a_cached_repo_by_id_and_by_path(tmp_path, mon
         assert (source.base_model, source.subfolder, source.commit) == ("org/multi", "sub", commit)
         assert (source.license, source.license_name) == ("other", "acme")
     assert "license_name: acme" in source.card_data("finetune").to_yaml()
+
+
+def test_a_partly_cached_folder_is_completed_from_the_hub_where_the_network_is_allowed(tmp_path, monkeypatch):
+    """A folder cached with config.json alone (one file fetched by itself) was taken as it was; with the network
+    allowed the Hub fills in what it lacks, and a whole cached folder is still read without asking."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "1B_gate_headwise").mkdir(parents=True)
+    (snapshot / "1B_gate_headwise" / "config.json").write_text("{}")
+    asked = []
+
+    def snapshot_download(repo_id, *, local_files_only=False, allow_patterns=None, **kwargs):
+        asked.append((local_files_only, allow_patterns))
+        if not local_files_only:  # the Hub: the folder's other files
+            (snapshot / "1B_gate_headwise" / "model.safetensors").write_bytes(b"")
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    folder = cached_or_downloaded("QwQZh/gated_attention/1B_gate_headwise")
+    assert folder == snapshot / "1B_gate_headwise" and (folder / "model.safetensors").is_file()
+    assert asked == [(True, ["1B_gate_headwise/*"]), (False, ["1B_gate_headwise/*"])]
+    asked.clear()
+    assert cached_or_downloaded("QwQZh/gated_attention/1B_gate_headwise") == folder and asked == [(True, ["1B_gate_headwise/*"])]

@@ -12,11 +12,15 @@ are composed in another order).
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch import nn
-from transformers import AttentionInterface, DynamicCache, GPT2Config, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers import (AttentionInterface, CohereConfig, CohereForCausalLM, DeepseekV3Config, DynamicCache, Gemma3ForCausalLM,
+                          Gemma3TextConfig, GlmConfig, GPT2Config, GPTJConfig, GPTNeoXConfig, LlamaConfig, LlamaForCausalLM,
+                          NanoChatConfig, Phi3Config, Qwen2Config, Qwen2ForCausalLM)
+from transformers.models.llama import modeling_llama
 
 from gated_attention import (
     GatedAttentionConfig,
@@ -53,7 +57,15 @@ MODELS = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     "qwen2-yarn": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 128})),
+    # interleaved pairs (channels 2i, 2i + 1), where the others rotate halves
+    "cohere": lambda: CohereForCausalLM(CohereConfig(**SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
 }
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, model=None):
+    """The model's own `apply_rotary_pos_emb` (this package's models use Llama's)."""
+    module = importlib.import_module(type(model).__module__) if model is not None else modeling_llama
+    return getattr(module, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)(q, k, cos, sin)
 
 
 def tiny(name: str):
@@ -95,8 +107,8 @@ def streaming_reference(model, ids: torch.Tensor, window: int, sinks: int) -> to
             keep = kept(t, window, sinks)
             positions = torch.arange(len(keep))[None]  # their places in the cache; the query is the last
             cos, sin = rotary(query, positions)
-            q = apply_rotary_pos_emb(query[:, :, t : t + 1], query[:, :, t : t + 1], cos[:, -1:], sin[:, -1:])[0]
-            k = apply_rotary_pos_emb(key[:, :, keep], key[:, :, keep], cos, sin)[0]
+            q = apply_rotary_pos_emb(query[:, :, t : t + 1], query[:, :, t : t + 1], cos[:, -1:], sin[:, -1:], model)[0]
+            k = apply_rotary_pos_emb(key[:, :, keep], key[:, :, keep], cos, sin, model)[0]
             weights = torch.softmax((q @ k.transpose(-1, -2)) * scaling, dim=-1)  # [B, HQ, 1, len]
             out[:, :, t : t + 1] = weights @ value[:, :, keep]
         return out.transpose(1, 2), None  # [B, T, HQ, D]
@@ -254,20 +266,50 @@ def test_left_padded_row_streams_as_itself_with_fewer_sinks():
     torch.testing.assert_close(torch.stack(batch.logits)[:, 0], torch.stack(alone.logits)[:, 0], atol=ATOL, rtol=0)
 
 
-def test_key_rotation_composes_with_the_models_rope():
-    """A key rotated at p by the model, then by `steps` here, is the key the model rotates at p + steps (YaRN's
-    attention factor included), in float32 to its rounding."""
-    config = Qwen2Config(**SHAPE, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
-                                                   "original_max_position_embeddings": 64})
-    rotary = Qwen2ForCausalLM(config).model.rotary_emb
+ROPES = {  # every RoPE layout transformers ships that a cached key can be moved in (docs/streaming.md)
+    "yarn": Qwen2Config(**SHAPE, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                                  "original_max_position_embeddings": 64}),
+    "linear": LlamaConfig(**SHAPE, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}),
+    "llama3": LlamaConfig(**SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "cohere-interleaved": CohereConfig(**SHAPE),
+    "glm-interleaved-partial": GlmConfig(**SHAPE),
+    "nanochat-turned-the-other-way": NanoChatConfig(**SHAPE),  # its rotate_half is Llama's with the signs swapped
+    "neox-partial": GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=48, rotary_pct=0.5),
+    "gemma3-per-layer-type": Gemma3TextConfig(**SHAPE, layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                                              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+}
+
+
+@pytest.mark.parametrize("name", list(ROPES))
+def test_key_rotation_composes_with_the_models_rope(name):
+    """A key rotated at p by the model's own rotary embedding and `apply_rotary_pos_emb`, then by `steps` here, is the
+    key the model rotates at p + steps (YaRN's attention factor included; Gemma 3's full-attention layers with their
+    own RoPE), in float32 to its rounding."""
+    config = ROPES[name]
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    rotary = next(cls for cls_name, cls in vars(module).items() if cls_name.endswith("RotaryEmbedding"))(config)
     key = torch.randn(1, 2, 3, 8)
+    layer_type = "full_attention" if name.startswith("gemma3") else None
 
     def at(positions):
-        cos, sin = rotary(key, torch.tensor([positions]))
-        return apply_rotary_pos_emb(key, key, cos, sin)[1]
+        cos, sin = rotary(key, torch.tensor([positions]), *([layer_type] if layer_type else []))
+        return module.apply_rotary_pos_emb(key, key, cos, sin)[1]
 
-    rotate = KeyRotation.from_config(config)
+    rotate = KeyRotation.from_config(config, layer_type)
     torch.testing.assert_close(rotate(at([0, 1, 2]), 1000), at([1000, 1001, 1002]), atol=1e-5, rtol=0)
+
+
+def test_gemma3_streams_with_the_full_attention_layers_rope():
+    """A RoPE per layer type (Gemma 3, 4B and up: linear scaling on the full-attention layers) builds and streams: the
+    sink layers take the full-attention layers' frequencies, the sliding layers keep their own window."""
+    model = Gemma3ForCausalLM(ROPES["gemma3-per-layer-type"]).eval()
+    cache = SinkCache(8, 2, config=model.config)
+    stream(model, torch.randint(3, VOCAB, (1, 12)), cache)
+    sinks = [layer for layer in cache.layers if isinstance(layer, SinkLayer)]
+    assert len(sinks) == 1 and sinks[0].rotation.inv_freq[0] == 1 / 8
 
 
 def test_refusals_are_one_line():
@@ -281,6 +323,18 @@ def test_refusals_are_one_line():
     dynamic = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0})
     with pytest.raises(ValueError, match="changes its frequencies with the sequence length"):
         SinkCache(8, 2, config=dynamic)
+    for config_refused, message in [
+        (GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4), "a table of positions"),
+        (Phi3Config(**SHAPE, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
+                                              "long_factor": [2.0] * 4, "original_max_position_embeddings": 64}),
+         "changes its frequencies with the sequence length"),
+        (DeepseekV3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4), "multi-head latent"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SinkCache(8, 2, config=config_refused)
+    for window, sinks in [(True, 0), (8, True), (8.0, 2)]:  # a bool is an int to Python, and was a window of 1
+        with pytest.raises(ValueError, match="must be"):
+            SinkCache(window, sinks, config=config)
     gdn_only = GatedDeltaNetHybridConfig(**SHAPE, layer_types=["linear_attention"] * 2)
     with pytest.raises(ValueError, match="no full-attention layer to window"):
         SinkCache(8, 2, config=gdn_only)

@@ -33,7 +33,14 @@ def test_lr_sensitivity_caps_at_the_initial_loss_and_counts_a_diverged_run_as_it
     # capped: 3.0, 2.5, 7.0 (NaN: diverged), 7.0 (7.5 is above the initial loss) -> mean 4.875, best 2.5
     assert stability.lr_sensitivity([3.0, 2.5, math.nan, 7.5], initial_loss=7.0) == pytest.approx(2.375)
     assert stability.lr_sensitivity([4.0, 4.0], initial_loss=7.0) == 0.0
-    assert stability.lr_sensitivity([math.inf, math.nan], initial_loss=7.0) == 0.0  # nothing trains: no spread
+    # nothing trains (--lrs 1e30,1e35): undefined, not the 0 of "every rate ends as well as the best"
+    assert math.isnan(stability.lr_sensitivity([math.inf, math.nan], initial_loss=7.0))
+    assert math.isnan(stability.lr_sensitivity([7.5, math.nan], initial_loss=7.0))
+    rows = [{"model": m, "lr": lr, "final_loss": math.nan, "best_loss": 7.0, "diverged": True}
+            for m in ("control", "gated") for lr in (1e30, 1e35)]
+    v = stability.verdict(rows, stability.sensitivities(rows, {"control": 7.0, "gated": 7.0}))
+    assert math.isnan(v.sensitivity["control"]) and v.ratio is None and not v.halved
+    assert "no rate trains the control" in report.stability_goal_lines(v)[1]
     rows = [{"model": m, "lr": lr, "final_loss": f} for m, lr, f in
             [("control", 0.01, 3.0), ("control", 0.1, 5.0), ("gated", 0.01, 3.2), ("gated", 0.1, 3.4)]]
     sens = stability.sensitivities(rows, {"control": 7.0, "gated": 6.9})
@@ -73,13 +80,14 @@ def test_the_goal_is_judged_at_the_highest_rate_where_the_control_fails():
 
 
 def test_the_verdict_is_written_from_its_figures():
-    rows = [_row("control", 0.1, 7.0, 6.0, True), _row("gated", 0.1, 3.1, 3.05)]
+    rows = [_row("control", 0.01, 3.0, 3.0), _row("control", 0.1, 7.0, 6.0, True),
+            _row("gated", 0.01, 3.0, 3.0), _row("gated", 0.1, 3.1, 3.05)]
     v = stability.verdict(rows, stability.sensitivities(rows, {"control": 7.0, "gated": 7.0}))
     lines = report.stability_goal_lines(v)
-    assert lines[0] == "learning-rate sensitivity: control 0.0000, gated 0.0000"
-    assert lines[1] == "the goal: the control's sensitivity is 0, nothing to halve (not met)"
+    assert lines[0] == "learning-rate sensitivity: control 2.0000, gated 0.0500"
+    assert lines[1] == "the goal, gated against control: sensitivity at most half (0.0500 vs 2.0000, 0.02x: met)"
     assert lines[2].startswith("highest rate where the control fails against its sweep's best final loss: 0.1 "
-                               "(control diverged, ended at 7.0000, sweep's best 7.0000)")
+                               "(control diverged, ended at 7.0000, sweep's best 3.0000)")
     assert lines[3].endswith("0.0500 above its run's best 3.0500 (within 0.1: met)")
 
 

@@ -120,3 +120,42 @@ def test_revision_reads_that_snapshot_of_a_cached_hub_id_offline(model_dir, text
     assert main(["stream", "someone/tiny", "--revision", old_commit, "--text-file", str(text_file), "--window",
                  str(WINDOW), "--out", str(tmp_path / "old"), "--max-tokens", "32"]) == 0
     assert (tmp_path / "old" / "stream.csv").is_file()
+
+
+def _gpt2_dir(tmp_path, positions: int, vocab: int = 300):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=positions, n_embd=16, n_layer=1, n_head=2)).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("positions", "vocab", "sinks", "message"),
+    [
+        (48, 300, ["0"], "the text gives 64 tokens, and the model's positions are learned up to 48"),  # was IndexError
+        (256, 20, ["0"], "the tokenizer is not this model's"),  # was IndexError
+        (256, 300, ["0", "2"], "no rotary position embedding"),  # was refused only after the 0-sink stream ran
+    ],
+    ids=["past-learned-positions", "foreign-tokenizer", "refused-sinks-first"],
+)
+def test_a_model_that_cannot_stream_the_text_is_refused_before_any_stream(text_file, tmp_path, capsys, monkeypatch,
+                                                                          positions, vocab, sinks, message):
+    from gated_attention.analysis import stream
+
+    monkeypatch.setattr(stream, "windowed_nll", lambda *args, **kwargs: pytest.fail("a stream ran before the refusal"))
+    out = tmp_path / "out"
+    assert _stream(_gpt2_dir(tmp_path, positions, vocab), text_file, out, "--sink-tokens", *sinks) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gated-attention stream: error: ") and message in err, err
+    assert not out.exists()
+
+
+def test_the_help_says_a_token_sees_the_window_and_itself(capsys):
+    """W cached entries and the token itself, W + 1 (StreamingLLM's evaluation; `kept` in test_sink_cache.py)."""
+    with pytest.raises(SystemExit):
+        main(["stream", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--window in all" not in help_text and "the --window entries the cache holds" in help_text
+    assert "and to itself" in help_text

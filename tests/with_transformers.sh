@@ -7,13 +7,8 @@
 #   "transformers>=5.17,<6" with --upgrade semantics (tests/newest.sh takes the newest the pins admit),
 #   or "transformers==4.51.3", the release the paper's own code runs on (tests/paper_reference.py).
 #
-# The venv sits on top of the current environment: torch, fla, accelerate, peft and the
-# editable package are shared, only transformers (and the huggingface_hub it needs) is its own.
-# "The current environment" is the one `python` runs in, a venv or not. A .pth file
-# in the scratch venv adds its site-packages folders (with `site.addsitedir`, so their
-# own .pth files, e.g. the editable install's, work too) after the scratch venv's own.
-# (`--system-site-packages` would share the *base* interpreter's packages instead:
-# from inside a venv, those lack torch.)
+# The venv sits on top of the current environment (tests/overlay_venv.sh): torch, fla, accelerate,
+# peft and the editable package are shared, only transformers (and the huggingface_hub it needs) is its own.
 # With KEEP_VENV=DIR the venv is built in DIR and kept (reused when it has the release already).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,14 +19,7 @@ else
     venv="$(mktemp -d)/transformers"
     trap 'rm -rf "$(dirname "$venv")"' EXIT
 fi
-[[ -x "$venv/bin/python" ]] || python -m venv "$venv"
-scratch_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-python - "$scratch_site/zz_current_environment.pth" <<'PY'
-import os, site, sys
-folders = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
-with open(sys.argv[1], "w") as f:
-    f.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in folders if os.path.isdir(d)) + "\n")
-PY
+bash tests/overlay_venv.sh "$venv"
 "$venv/bin/python" -c 'import torch, accelerate, peft' || { echo "$0: the current environment's packages are not visible in the scratch venv" >&2; exit 1; }
 # --upgrade: a range takes its newest release here even though the shared environment already satisfies it.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$requirement"

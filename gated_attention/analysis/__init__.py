@@ -24,9 +24,12 @@
   `.csv` tables and `summary.md`.
 - `compare`: several models' analyses side by side (`comparison.csv`,
   `comparison.png`), drawn from their written arrays.
-- `loading`: how `analyze` loads a MODEL: transformers' own class for its
-  model types, fla's models inside `fla_torch_paths`, accelerate's placement
-  within the memory budget.
+- `loading`: how `analyze` and `stream` load a MODEL (`LoadOptions`):
+  transformers' own class for its model types, fla's models inside
+  `fla_torch_paths`, accelerate's placement within the memory budget.
+- `command_checks`: what `analyze` and `stream` check before torch loads
+  (MODEL names, --out, MODEL's whereabouts and config) and their staged
+  output folder.
 - `cli`: the `gated-attention analyze MODEL --out DIR` parser (no torch) and
   its run.
 - `stream`: StreamingLLM's measurement, windowed perplexity over one text

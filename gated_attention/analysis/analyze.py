@@ -29,6 +29,7 @@ from . import metrics, tables
 from .capture import Capture, Record
 from .interventions import attention_inputs, intervene, token_means
 from .layout import ModelLayout, input_device, model_layout
+from .loading import check_token_ids
 from .samples import Sample
 from .tables import ANCHORS, GateAccumulator, InputResult, pad_heads, reported
 
@@ -64,12 +65,7 @@ def checked_inputs(model: nn.Module, tokenizer, samples: Sequence[Sample], max_l
     inputs = _tokenize(tokenizer, samples, max_length, context if isinstance(context, int) and context > 0 else None)
     if not inputs:
         raise ValueError("no input has at least two tokens")
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    vocabulary = getattr(embedding, "num_embeddings", None)
-    largest = max(int(ids.max()) for _, ids in inputs)
-    if vocabulary is not None and largest >= vocabulary:  # the embedding would raise IndexError
-        raise ValueError(f"MODEL {model_name}: the tokenizer gives token id {largest}, and the model's embedding has "
-                         f"{vocabulary} rows: the tokenizer is not this model's (see --tokenizer)")
+    check_token_ids(model, max(int(ids.max()) for _, ids in inputs), model_name)
     return inputs
 
 

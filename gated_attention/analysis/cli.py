@@ -1,9 +1,7 @@
 """`gated-attention analyze MODEL [MODEL ...] --out DIR`: sink, activation, gate and spike/plateau metrics.
 
-Option values, paths and each MODEL's whereabouts are checked before torch is imported. A Hub id is
-looked up with one request first: huggingface_hub retries every file for about a minute when the Hub
-cannot be reached, so an id that is not cached fails at once instead, and a cached one loads from the
-cache (`_resolve`).
+Option values, paths and each MODEL's whereabouts are checked before torch is imported, with the checks
+`stream` shares (`command_checks`: a Hub id is looked up with one request first, `resolve`).
 
 DIR appears whole or not at all: everything is written into a staging folder beside it
 (`files.staging`) and renamed into place at the end, replacing an earlier analysis at DIR whole, never
@@ -19,15 +17,14 @@ import math
 import warnings
 from pathlib import Path
 
-from .. import CLIError, GatedAttentionWarning
-from ..cli_common import DEVICE, add_command, add_revision, bounded, device_name, existing_file, first_line, memory_size, revision_problem
-from ..hub.repo_ids import HubUnavailable, cached_or_downloaded, missing_folder, split_subfolder
+from .. import CLIError
+from ..cli_common import DEVICE, add_command, add_revision, bounded, device_name, existing_file, first_line, memory_size
+from .command_checks import check_config, check_names, check_out, out_dir, resolve, staged_output
 from .loading import DEVICE_MAPS
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `interventions.KINDS`, written out so that building the parser imports no torch (tests/test_cli.py checks they agree)
 INTERVENTIONS = ("deletion", "set-mean", "connection")
-HUB_TIMEOUT_S = 10  # the one request that asks the Hub whether MODEL exists
 # A --dataset text is read up to this many characters per token of --max-length: more than any token covers
 # (BPE and SentencePiece tokens run to tens of characters), so the first T tokens are those of the whole text,
 # and a document of one 200 MB line costs what its first characters cost.
@@ -50,13 +47,6 @@ def _epsilon(text: str) -> float:
     return value
 
 
-def _out_dir(text: str) -> str:
-    path = Path(text).expanduser()
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
-    return text
-
-
 def register(subparsers) -> None:
     summary = "attention-sink, massive-activation, gate and spike/plateau metrics of causal LMs"
     p = add_command(subparsers, "analyze", run, summary, """
@@ -71,7 +61,7 @@ def register(subparsers) -> None:
     p.add_argument("model", metavar="MODEL", nargs="+", help="local model folder, Hugging Face Hub id, or .gguf file (dequantized "
                    "by transformers' GGUF loader); one or more")
     add_revision(p, "MODEL")
-    p.add_argument("--out", required=True, metavar="DIR", type=_out_dir,
+    p.add_argument("--out", required=True, metavar="DIR", type=out_dir,
                    help="output folder, created whole at the end; an earlier analysis there is replaced")
     inputs = p.add_mutually_exclusive_group()
     inputs.add_argument("--text-file", metavar="PATH", type=existing_file,
@@ -142,19 +132,6 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
 
 
-def _check_names(args) -> None:
-    """Each MODEL and --tokenizer: an existing folder, or what can be a Hub id."""
-    for model in args.model:
-        if not model.strip():  # Path("") is the working folder
-            raise CLIError("MODEL is empty: give a model folder or a Hub repo id")
-        if missing_folder(model):
-            raise CLIError(f"model folder not found: {model}")
-    if args.tokenizer and missing_folder(args.tokenizer):
-        raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
-    if problem := revision_problem(args.model, args.revision):
-        raise CLIError(problem)
-
-
 def _check_inputs(args) -> None:
     """--text-field and --domain-field make sense only with --dataset; --text-field once or once per dataset."""
     fields = args.text_field or []
@@ -190,27 +167,6 @@ def _check_intervention(args) -> None:
 ANALYSIS_FILES = ("arrays.npz", "summary.md", "comparison.csv")
 
 
-def _check_out(args) -> None:
-    """--out: not the working folder or above it, not a MODEL's folder, not being written by another run,
-    and, if it holds anything, an earlier analysis (which this run replaces whole when it is done)."""
-    from ..files.output_folders import OutputFolderError, check_output_folder, holds_any
-    from ..files.staging import refuse_nested, refuse_running
-
-    inputs = {}
-    for name in args.model:
-        if Path(name).expanduser().exists():
-            inputs["MODEL" if len(args.model) == 1 else f"MODEL {name}"] = Path(name).expanduser()
-    if args.tokenizer and Path(args.tokenizer).expanduser().exists():
-        inputs["--tokenizer"] = Path(args.tokenizer).expanduser()
-    try:
-        check_output_folder(args.out, flag="--out", what="the output of an earlier analyze (arrays.npz, summary.md)",
-                            ours=holds_any(*ANALYSIS_FILES), inputs=inputs)
-        refuse_running(Path(args.out).expanduser(), "--out")
-        refuse_nested(Path(args.out).expanduser(), "--out")
-    except OutputFolderError as e:
-        raise CLIError(str(e)) from None
-
-
 # The files the comparison writes beside the model folders (`compare.FILES`), written out so that the parser imports
 # no matplotlib (tests/test_analyze_cli.py checks they agree)
 COMPARISON_FILES = ("comparison.csv", "comparison.png", "summary.md", "quantization.csv")
@@ -229,62 +185,6 @@ def output_names(models: list[str]) -> list[str]:
             name, n = f"{base}-{n}", n + 1
         names.append(name)
     return names
-
-
-def _check_config(name: str, resolved: str) -> None:
-    """MODEL's config.json, checked before the model is built: a million layers would allocate for minutes."""
-    from ..configuration.validation import ConfigError, check_config_file
-
-    from ..hub.gguf import GGUFError, gguf_file
-
-    try:
-        if gguf_file(resolved) is not None:  # its config comes from the file's header (`loading.loaded`)
-            return
-    except GGUFError as e:
-        raise CLIError(f"MODEL {e}") from None
-    if Path(resolved).is_dir():  # a local folder or a cached snapshot; a Hub id loads its config when loading
-        try:
-            check_config_file(resolved, f"MODEL {name} config.json")
-        except ConfigError as e:
-            raise CLIError(str(e)) from None
-
-
-def _resolve(name: str, revision: str | None = None) -> str:
-    """`name` to load: itself (a folder, or a Hub id the Hub answers for), or the folder of its snapshot in
-    the Hugging Face cache when the Hub cannot be reached (then nothing asks the Hub).
-
-    One request (`model_info`, which huggingface_hub does not retry) tells an id the Hub does not know
-    and a Hub that does not answer; a failed download would be retried for every file, for a minute.
-    """
-    from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    if Path(name).expanduser().exists():
-        return str(Path(name).expanduser())
-    # A folder in a repo of several models (transformers takes no such id), or a revision: the snapshot folder.
-    if split_subfolder(name)[1] is not None or revision is not None:
-        try:
-            return str(cached_or_downloaded(name, revision=revision))
-        except HubUnavailable as e:
-            raise CLIError(f"cannot load model {name!r}: it is no local folder, and {e}") from None
-    if constants.HF_HUB_OFFLINE:
-        return name  # offline mode: huggingface_hub reads the cache and never asks the Hub
-    try:
-        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
-        return name
-    except RepositoryNotFoundError as e:
-        raise CLIError(f"{name!r} is no local folder and no model on the Hub ({first_line(e)})") from None
-    except HfHubHTTPError:
-        return name  # the Hub answered (a gated repo, a server error, ...): loading says what it means
-    except Exception as e:  # noqa: BLE001 - no answer at all: no network, DNS, proxy, timeout
-        unreachable = first_line(e)
-    try:
-        return snapshot_download(name, local_files_only=True)
-    except (LocalEntryNotFoundError, FileNotFoundError):
-        raise CLIError(
-            f"cannot load model {name!r}: it is no local folder, not in the Hugging Face cache, and the Hub "
-            f"cannot be reached ({unreachable})"
-        ) from None
 
 
 def _samples(args):
@@ -327,65 +227,55 @@ def _print_rows(label: str, rows: list[dict]) -> None:
 def run(args) -> int:
     import weakref
 
-    from ..files.output_folders import OutputFolderError
-    from ..files.staging import refuse_nested, refuse_running, staged_folder
-
-    _check_names(args)
+    check_names(args.model, args.tokenizer, args.revision)
     _check_inputs(args)
     _check_intervention(args)
     _check_quantization(args)
-    _check_out(args)
-    where = {name: _resolve(name, args.revision if name in args.model else None)
-             for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
+    check_out(args.out, args.model, args.tokenizer, what="the output of an earlier analyze (arrays.npz, summary.md)",
+              ours=ANALYSIS_FILES)
+    where = {name: resolve(name, args.revision if name in args.model else None) for name in dict.fromkeys([*args.model, *([args.tokenizer] if args.tokenizer else [])])}
     for model in args.model:
-        _check_config(model, where[model])
+        check_config(model, where[model])
     samples = _samples(args)
 
     from ..memory.budget import MemoryBudget, collect_if_alive
     from .analyze import run_analysis
-    from .loading import check_device, loaded
+    from .loading import LoadOptions, check_device, loaded
     from .compare import write_comparison
 
     out = Path(args.out).expanduser()
     several = len(args.model) > 1
     names = output_names(args.model)
-    replace = out.is_dir()  # an earlier analysis or an empty folder (`_check_out`): replaced whole at the end
+    options = LoadOptions.from_args(args)
     budget = MemoryBudget.resolve(args.max_memory)  # measured once: every model gets the same
-    check_device(args)
-    try:
-        staging = staged_folder(out, replace, print, flag="--out", overwrite_flag=None, clear_leftovers=True,
-                                warn=lambda message: warnings.warn(message, GatedAttentionWarning))
-        with staging as stage:
-            refuse_running(out, "--out", own=stage)  # another run that started at the same moment
-            refuse_nested(out, "--out", own=stage)
-            for model_name, name in zip(args.model, names):
-                with loaded(args, model_name, where, budget, stage) as (model, tokenizer):
-                    try:
-                        rows = run_analysis(
-                            model,
-                            tokenizer,
-                            samples,
-                            stage / name if several else stage,
-                            model_name=model_name,
-                            max_length=args.max_length,
-                            intervention=args.intervene,
-                            k=args.k,
-                            intervene_layers=args.intervene_layers,
-                            intervene_tokens=args.intervene_tokens or (0,),
-                            n_bootstrap=args.bootstrap,
-                            seed=args.seed,
-                            sink_epsilon=args.sink_epsilon,
-                            quantization=args.quantization or (),
-                        )
-                    except ValueError as e:
-                        raise CLIError(first_line(e)) from e
-                    alive = weakref.ref(model)
-                    del model
-                collect_if_alive(alive)  # before the next model loads
-                _print_rows(f"{name:<20} " if several else "", rows)
-            if several:
-                write_comparison(stage, dict(zip(names, args.model)))
-    except OutputFolderError as e:
-        raise CLIError(str(e)) from None
+    check_device(options)
+    with staged_output(out) as stage:
+        for model_name, name in zip(args.model, names):
+            with loaded(options, model_name, where, budget, stage) as (model, tokenizer):
+                try:
+                    rows = run_analysis(
+                        model,
+                        tokenizer,
+                        samples,
+                        stage / name if several else stage,
+                        model_name=model_name,
+                        max_length=args.max_length,
+                        intervention=args.intervene,
+                        k=args.k,
+                        intervene_layers=args.intervene_layers,
+                        intervene_tokens=args.intervene_tokens or (0,),
+                        n_bootstrap=args.bootstrap,
+                        seed=args.seed,
+                        sink_epsilon=args.sink_epsilon,
+                        quantization=args.quantization or (),
+                    )
+                except ValueError as e:
+                    raise CLIError(first_line(e)) from e
+                alive = weakref.ref(model)
+                del model
+            collect_if_alive(alive)  # before the next model loads
+            _print_rows(f"{name:<20} " if several else "", rows)
+        if several:
+            write_comparison(stage, dict(zip(names, args.model)))
     print(f"wrote {out / ('comparison.png' if several else 'summary.md')}")
     return 0

@@ -25,6 +25,7 @@ here while it builds its parser.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,26 @@ from ..cli_common import first_line, format_size
 from ..hub.paper_layout import is_paper_config
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placements
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """What `loaded` needs to know of a command's flags: `analyze` gives its own (`from_args`), `stream` its
+    window as `max_length`."""
+
+    dtype: str = "float32"  # a torch dtype's name, or "auto" (the checkpoint's)
+    device: str = "auto"
+    device_map: str | None = None
+    tokenizer: str | None = None  # a tokenizer other than MODEL's (a name in `loaded`'s `where`)
+    trust_remote_code: bool = False
+    max_length: int = 128  # tokens in the longest forward: what running the model reserves (`running_memory`)
+    intervene: bool = False  # the interventions' extra logits are reserved too
+
+    @classmethod
+    def from_args(cls, args) -> LoadOptions:
+        """The options from a parsed command line that has a flag for each field (`--intervene KIND`: any kind)."""
+        values = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
+        return cls(**{**values, "intervene": bool(values["intervene"])})
 
 
 def causal_lm_class(config: dict, trust_remote_code: bool):
@@ -99,28 +120,28 @@ def is_fla_model(model_name: str, config: dict) -> bool:
     return model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type].__module__.startswith("fla.")
 
 
-def placement(args) -> tuple[str | dict, bool]:
+def placement(options: LoadOptions) -> tuple[str | dict, bool]:
     """accelerate's device map for MODEL, and whether the GPUs take part (each gets what it has free)."""
     import torch
 
-    device = args.device
+    device = options.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device_map in DEVICE_MAPS:
-        return args.device_map, torch.cuda.is_available()
-    if args.device_map:
-        return {"": args.device_map}, False
+    if options.device_map in DEVICE_MAPS:
+        return options.device_map, torch.cuda.is_available()
+    if options.device_map:
+        return {"": options.device_map}, False
     if device in ("cpu", "cuda"):
         return "auto", device == "cuda"
     return {"": device}, False  # one named device: the model whole on it, as --device always did
 
 
-def check_device(args) -> None:
+def check_device(options: LoadOptions) -> None:
     """`--device` or `--device-map` naming a device this machine does not have is refused (torch would fail
     later, or accelerate place the model on the CPU without a word)."""
     import torch
 
-    for flag, device in (("--device", args.device), ("--device-map", args.device_map)):
+    for flag, device in (("--device", options.device), ("--device-map", options.device_map)):
         if device is None or device in ("auto", "cpu") or device in DEVICE_MAPS:
             continue
         kind, _, index = device.partition(":")
@@ -139,7 +160,7 @@ BUDGET_REMEDY = "give a larger --max-memory, a smaller --max-length, or free som
 
 
 @contextlib.contextmanager
-def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
+def loaded(options: LoadOptions, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
     """MODEL and its tokenizer, placed by accelerate within `budget` (the layers that do not fit stay in the
     checkpoint's files and are read as they run), for as long as the block runs. The offload folder (for
     what transformers must rewrite) is made in `offload_dir`, on the output's disk, and removed after.
@@ -156,7 +177,7 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
             import torch
 
             print(f"{model_name}: reading {read_info(file).describe()} with transformers' GGUF loader")
-            dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+            dtype = None if options.dtype == "auto" else getattr(torch, options.dtype)
             if budget.given and (size := dequantized_size(file, dtype)) + (held := process_memory()) > budget.limit:
                 raise CLIError(f"MODEL {model_name}: transformers' GGUF loader holds the whole model in memory to "
                                f"dequantize it ({format_size(size)} in {str(dtype or torch.float32).removeprefix('torch.')}"
@@ -166,12 +187,12 @@ def loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Pa
             where = {**where, model_name: str(folder)}
     except GGUFError as e:
         raise CLIError(f"MODEL {e}") from None
-    with files, _loaded(args, model_name, where, budget, offload_dir) as pair:
+    with files, _loaded(options, model_name, where, budget, offload_dir) as pair:
         yield pair
 
 
 @contextlib.contextmanager
-def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
+def _loaded(options: LoadOptions, model_name: str, where: dict[str, str], budget, offload_dir: Path) -> Iterator[tuple]:
     import torch
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
@@ -183,26 +204,26 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
 
     register_auto_classes()  # MODEL may be one of ours, loaded without remote code
 
-    tokenizer_name = args.tokenizer or model_name
-    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    tokenizer_name = options.tokenizer or model_name
+    dtype = options.dtype if options.dtype == "auto" else getattr(torch, options.dtype)
     try:
         config = PretrainedConfig.get_config_dict(where[model_name])[0]
     except Exception:  # noqa: BLE001 - from_pretrained below says what is wrong with the folder
         config = {}
     if is_paper_config(config):
-        model = paper_model(model_name, Path(where[model_name]), config, dtype, args, budget)
-        tokenizer = _tokenizer(args, where, tokenizer_name)
+        model = paper_model(model_name, Path(where[model_name]), config, dtype, options, budget)
+        tokenizer = _tokenizer(options, where, tokenizer_name)
         print(f"{model_name}: the Gated Attention paper's checkpoint, read in memory: {_placement_line(model, budget)}")
         yield model.eval(), tokenizer
         return
     building = fla_torch_paths if is_fla_model(model_name, config) else contextlib.nullcontext
-    cls = causal_lm_class(config, args.trust_remote_code) or AutoModelForCausalLM
+    cls = causal_lm_class(config, options.trust_remote_code) or AutoModelForCausalLM
     refuse_unreadable(cls)
-    device_map, gpus = placement(args)
+    device_map, gpus = placement(options)
     load_dtype, reserve, skeleton = dtype, 0, None
     if device_map == {"": "cpu"} or isinstance(device_map, str):  # the CPU holds weights: within the budget
-        skeleton = _skeleton(model_name, cls, where, dtype, args, building)
-        reserve = running_memory(skeleton, config, args.max_length, bool(args.intervene))
+        skeleton = _skeleton(model_name, cls, where, dtype, options, building)
+        reserve = running_memory(skeleton, config, options.max_length, options.intervene)
         budget.rehearse(skeleton.dtype, device="cuda:0" if gpus else "cpu", attention="eager", dir=offload_dir)
         budget.say_split(reserve)  # the first model's: a run says it once
     if budget.given and device_map == {"": "cpu"}:  # the model whole in memory: a budget below it cannot hold
@@ -229,27 +250,37 @@ def _loaded(args, model_name: str, where: dict[str, str], budget, offload_dir: P
         try:  # weights that do not fit the config (a random or dropped layer) are refused, not analysed
             with building():
                 model = from_pretrained_checked(cls, where[model_name], dtype=load_dtype,
-                                                trust_remote_code=args.trust_remote_code, **place)
+                                                trust_remote_code=options.trust_remote_code, **place)
         except Exception as e:  # noqa: BLE001 - any loading failure is one line for the user
             raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
         if load_dtype != dtype:
             cast_weights(model, load_dtype, dtypes)
         read_layers_whole(model)
-        tokenizer = _tokenizer(args, where, tokenizer_name)
+        tokenizer = _tokenizer(options, where, tokenizer_name)
         print(f"{model_name}: {_placement_line(model, budget)}")
         yield model.eval(), tokenizer
 
 
-def _tokenizer(args, where: dict[str, str], tokenizer_name: str):
+def _tokenizer(options: LoadOptions, where: dict[str, str], tokenizer_name: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=args.trust_remote_code)
+        return AutoTokenizer.from_pretrained(where[tokenizer_name], trust_remote_code=options.trust_remote_code)
     except Exception as e:  # noqa: BLE001
         raise CLIError(f"cannot load a tokenizer from {tokenizer_name!r} (pass --tokenizer): {first_line(e)}") from e
 
 
-def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
+def check_token_ids(model, largest: int, model_name: str) -> None:
+    """A `ValueError` (one line) where token id `largest` has no row in the model's embedding: the tokenizer is not
+    the model's (the embedding would raise IndexError)."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocabulary = getattr(embedding, "num_embeddings", None)
+    if vocabulary is not None and largest >= vocabulary:
+        raise ValueError(f"MODEL {model_name}: the tokenizer gives token id {largest}, and the model's embedding has "
+                         f"{vocabulary} rows: the tokenizer is not this model's (see --tokenizer)")
+
+
+def paper_model(model_name: str, folder: Path, raw: dict, dtype, options: LoadOptions, budget):
     """One of the Gated Attention paper's checkpoints (`hub.paper_layout`) as a `GatedAttentionForCausalLM`,
     read whole into memory: the config as transformers' Qwen3 reads it, with the paper's flags as this
     package's fields, and q_proj's packed rows dealt out to q_proj and the gate, as `convert` does. Its
@@ -265,6 +296,7 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
     from ..configuration.gated_attention import GatedAttentionConfig
     from ..hub.loading import WeightsMismatch, from_pretrained_checked
     from ..hub.paper_layout import LayoutMismatch, PaperLayout, unsupported
+    from ..hub.repo_ids import missing_weights
     from ..modeling.gated_attention import GatedAttentionForCausalLM
 
     if (reason := unsupported(raw)) is not None:
@@ -280,9 +312,12 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
         files = sorted({folder / f for f in json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()})
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
+    elif (why := missing_weights(folder)) is not None:  # config.json alone: a download cut short, no pickle checkpoint
+        raise CLIError(f"MODEL {model_name} is the Gated Attention paper's checkpoint, but its folder is not whole ({why}): "
+                       "fetch it again with the network allowed")
     else:
         raise CLIError(f"MODEL {model_name} is the Gated Attention paper's checkpoint without safetensors weights: "
-                       "convert it first (gated-attention convert --allow-pickle SRC DST) and analyse DST")
+                       "convert it first (gated-attention convert --allow-pickle SRC DST) and give DST as MODEL")
     if dtype == "auto":
         stored = raw.get("dtype") or raw.get("torch_dtype")
         dtype = getattr(torch, stored) if isinstance(stored, str) and hasattr(torch, stored) else torch.float32
@@ -299,7 +334,7 @@ def paper_model(model_name: str, folder: Path, raw: dict, dtype, args, budget):
         model = from_pretrained_checked(GatedAttentionForCausalLM, None, config=config, state_dict=state, dtype=dtype)
     except WeightsMismatch as e:
         raise CLIError(f"cannot load model {model_name!r}: {e}") from None
-    device, _ = placement(args)
+    device, _ = placement(options)
     if isinstance(device, dict):
         model.to(device[""])
     elif torch.cuda.is_available():
@@ -360,13 +395,13 @@ def _placement_line(model, budget) -> str:
             f"budget {budget.describe()}")
 
 
-def _skeleton(model_name: str, cls, where: dict[str, str], dtype, args, building):
+def _skeleton(model_name: str, cls, where: dict[str, str], dtype, options: LoadOptions, building):
     """MODEL on the meta device (shapes and dtypes, no memory), or a `CLIError`."""
     import torch
 
     try:
         with building(), torch.device("meta"):
-            return _model_from_config(cls, where[model_name], dtype, args.trust_remote_code)
+            return _model_from_config(cls, where[model_name], dtype, options.trust_remote_code)
     except Exception as e:  # noqa: BLE001
         raise CLIError(f"cannot load model {model_name!r}: {first_line(e)}") from e
 

@@ -26,8 +26,8 @@ import torch
 
 from ..compat import CACHE_NAME
 from ..modeling.sink_cache import SinkCache
+from .loading import check_token_ids
 
-FILES = ("stream.csv", "stream.npz", "stream.png")
 COLUMNS = ("sink_tokens", "window", "tokens", "ppl")
 
 
@@ -66,6 +66,22 @@ def full_attention_nll(model, ids: torch.Tensor, chunk: int, progress: Callable[
         if progress:
             progress(min(chunk, ids.shape[1] - start))
     return _nll(torch.cat(logits)[:-1], ids[0, 1:]).double().cpu().numpy()
+
+
+def learned_positions(model) -> int | None:
+    """How many positions the model has where they are rows of a table, its `max_position_embeddings`: an embedding
+    of that many rows beside the tokens' (GPT-2's `wpe`, OPT's with its offset of 2) or a buffer of positions
+    (GPT-J's sin/cos `embed_positions`). None where positions are computed (RoPE, ALiBi) or there are none.
+
+    A stream gives its tokens their positions in the text, so a text longer than the table has no position for
+    its later tokens (IndexError in the model)."""
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = [module.num_embeddings for module in model.modules() if isinstance(module, torch.nn.Embedding) and module is not tokens]
+    rows += [buffer.shape[0] for name, buffer in model.named_buffers() if name.endswith("embed_positions") and buffer.dim() == 2]
+    return limit if any(limit <= n <= limit + 2 for n in rows) else None
 
 
 def perplexity(nll: np.ndarray) -> float:
@@ -140,6 +156,12 @@ def run_stream(model, ids: torch.Tensor, window: int, sink_counts: Sequence[int]
     """
     bar = bar or _no_bar
     tokens = ids.shape[1]
+    check_token_ids(model, int(ids.max()), model_name)
+    if (limit := learned_positions(model)) is not None and tokens > limit:
+        raise ValueError(f"the text gives {tokens} tokens, and the model's positions are learned up to {limit} "
+                         f"(max_position_embeddings): stream at most {limit} tokens (--max-tokens {limit})")
+    for sinks in sink_counts:  # every count's refusal before any stream runs
+        SinkCache(window, sinks, config=model.config)
     nll_by_sinks = {}
     for sinks in sink_counts:
         with bar(tokens, f"window {window}, {sinks} sinks") as b:

@@ -4,25 +4,25 @@ One text, streamed a token at a time through `SinkCache(W, K)` for each K of `--
 (`analysis/stream.py`), to DIR/stream.csv (sink_tokens, window, tokens, ppl), stream.npz and stream.png.
 It measures; it trains nothing.
 
-Options, paths and MODEL's whereabouts are checked before torch is imported. DIR follows the output-folder
-rules of the other commands (`files.output_folders`, `files.staging`): written beside itself and renamed
-into place when whole, an earlier stream output there replaced whole, any other non-empty folder refused,
-never the working folder, MODEL or the text file's folder; a failure or Ctrl-C leaves DIR as it was.
+Options, paths and MODEL's whereabouts are checked before torch is imported, with the checks `analyze`
+shares (`command_checks`). DIR follows the output-folder rules of the other commands: written beside
+itself and renamed into place when whole, an earlier stream output there replaced whole, any other
+non-empty folder refused, never the working folder, MODEL or the text file's folder; a failure or Ctrl-C
+leaves DIR as it was.
 """
 
 from __future__ import annotations
 
-import argparse
-import warnings
 from pathlib import Path
 
-from .. import CLIError, GatedAttentionWarning
-from ..cli_common import add_revision, bounded, device_name, existing_file, first_line, memory_size, revision_problem
+from .. import CLIError
+from ..cli_common import add_revision, bounded, device_name, existing_file, first_line, memory_size
+from .command_checks import check_config, check_names, check_out, out_dir, resolve, staged_output
 
 DTYPES = ("float32", "bfloat16", "float16")
 # A text is read at most this many characters per token of --max-tokens: more than any token covers.
 CHARS_PER_TOKEN = 1024
-# What an earlier stream leaves in DIR (`stream.FILES`, written out so that the parser imports no torch).
+# What a stream writes in DIR (`stream.write_stream`): a folder holding one of them may be replaced whole.
 STREAM_FILES = ("stream.csv", "stream.npz", "stream.png")
 
 
@@ -32,8 +32,8 @@ def register(subparsers) -> None:
         help="windowed perplexity over a long text with StreamingLLM's cache, with and without sink tokens",
         description=(
             "Stream the text of --text-file through MODEL one token at a time with StreamingLLM's cache "
-            "(gated_attention.SinkCache): each token attends to the first K tokens (the sinks) and the most recent "
-            "ones, --window in all. Perplexity for each K of --sink-tokens, and for full attention where the text "
+            "(gated_attention.SinkCache): each token attends to the --window entries the cache holds (the first K "
+            "tokens, the sinks, and the most recent ones) and to itself. Perplexity for each K of --sink-tokens, and for full attention where the text "
             "fits the model's positions, goes to DIR/stream.csv (sink_tokens, window, tokens, ppl), stream.npz "
             "(per-token NLL) and stream.png. A model that needs its attention sink breaks when the window evicts "
             "the first token and recovers with a few sinks kept; a sink-free one should not need them. "
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
                    help="numbers of first tokens kept as sinks, one run each, each below --window (default: 0 4)")
     p.add_argument("--max-tokens", type=bounded(int, 3), metavar="T",
                    help="stream only the text's first T tokens (default: all of them)")
-    p.add_argument("--out", required=True, metavar="DIR",
+    p.add_argument("--out", required=True, metavar="DIR", type=out_dir,
                    help="output folder, created whole at the end; an earlier stream output there is replaced")
     p.add_argument("--tokenizer", metavar="PATH_OR_ID", help="tokenizer folder or Hub id (default: MODEL's)")
     add_revision(p, "MODEL")
@@ -67,65 +67,14 @@ def register(subparsers) -> None:
 
 def _check(args) -> None:
     """Everything that can be checked without torch: sink counts, MODEL's whereabouts, DIR."""
-    from ..files.output_folders import OutputFolderError, check_output_folder, holds_any
-    from ..files.staging import refuse_nested, refuse_running
-    from ..hub.repo_ids import missing_folder
-
     for k in args.sink_tokens:
         if k >= args.window:
             raise CLIError(f"--sink-tokens {k} must be below --window {args.window} (the sinks are part of the window)")
     if len(set(args.sink_tokens)) != len(args.sink_tokens):
         raise CLIError(f"--sink-tokens {' '.join(map(str, args.sink_tokens))} names a count twice")
-    if not args.model.strip():
-        raise CLIError("MODEL is empty: give a model folder, a .gguf file or a Hub repo id")
-    if missing_folder(args.model):
-        raise CLIError(f"model folder not found: {args.model}")
-    if args.tokenizer and missing_folder(args.tokenizer):
-        raise CLIError(f"--tokenizer folder not found: {args.tokenizer}")
-    if problem := revision_problem([args.model], args.revision):
-        raise CLIError(problem)
-    out = Path(args.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out {args.out} exists and is not a folder")
-    inputs = {"--text-file": Path(args.text_file).expanduser()}
-    for flag, name in (("MODEL", args.model), ("--tokenizer", args.tokenizer)):
-        if name and Path(name).expanduser().exists():
-            inputs[flag] = Path(name).expanduser()
-    try:
-        check_output_folder(out, flag="--out", what="the output of an earlier stream (stream.csv)",
-                            ours=holds_any("stream.csv"), inputs=inputs)
-        refuse_running(out, "--out")
-        refuse_nested(out, "--out")
-    except OutputFolderError as e:
-        raise CLIError(str(e)) from None
-
-
-def _where(name: str, revision: str | None = None) -> str:
-    """A local path as it is; a Hub id as its snapshot folder (the cache first, then the Hub)."""
-    from ..hub.repo_ids import HubUnavailable, cached_or_downloaded
-
-    if Path(name).expanduser().exists():
-        return str(Path(name).expanduser())
-    try:
-        return str(cached_or_downloaded(name, revision=revision))
-    except HubUnavailable as e:
-        raise CLIError(f"MODEL {name}: no such folder, and {e}") from None
-
-
-def _check_config(where: str, name: str) -> None:
-    """A folder's config.json, checked before the model is built (a million layers would allocate for minutes)."""
-    from ..configuration.validation import ConfigError, check_config_file
-    from ..hub.gguf import GGUFError, gguf_file
-
-    try:
-        if gguf_file(where) is not None:
-            return
-    except GGUFError as e:
-        raise CLIError(f"MODEL {e}") from None
-    try:
-        check_config_file(where, f"MODEL {name} config.json")
-    except ConfigError as e:
-        raise CLIError(str(e)) from None
+    check_names([args.model], args.tokenizer, args.revision)
+    check_out(args.out, [args.model], args.tokenizer, what="the output of an earlier stream (stream.csv)",
+              ours=STREAM_FILES, inputs={"--text-file": Path(args.text_file).expanduser()})
 
 
 def _tokens(tokenizer, path: str, max_tokens: int | None, window: int):
@@ -168,37 +117,26 @@ class _Bar:
 
 def run(args) -> int:
     _check(args)
-    where = {name: _where(name, args.revision if name == args.model else None)
-             for name in dict.fromkeys([args.model, *([args.tokenizer] if args.tokenizer else [])])}
-    _check_config(where[args.model], args.model)
+    where = {name: resolve(name, args.revision if name == args.model else None) for name in dict.fromkeys([args.model, *([args.tokenizer] if args.tokenizer else [])])}
+    check_config(args.model, where[args.model])
 
-    from ..files.output_folders import OutputFolderError
-    from ..files.staging import refuse_nested, refuse_running, staged_folder
     from ..memory.budget import MemoryBudget
-    from .loading import check_device, loaded
+    from .loading import LoadOptions, check_device, loaded
     from .stream import run_stream
 
-    # `loaded` (analyze's loader) reads its options from a namespace; the longest forward here is one window
-    options = argparse.Namespace(dtype=args.dtype, tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
-                                  device=args.device, device_map=None, max_length=args.window, intervene=None)
+    # the longest forward is one window
+    options = LoadOptions(dtype=args.dtype, device=args.device, tokenizer=args.tokenizer,
+                          trust_remote_code=args.trust_remote_code, max_length=args.window)
     check_device(options)
     budget = MemoryBudget.resolve(args.max_memory)
     out = Path(args.out).expanduser()
-    try:
-        staging = staged_folder(out, out.is_dir(), print, flag="--out", overwrite_flag=None, clear_leftovers=True,
-                                warn=lambda message: warnings.warn(message, GatedAttentionWarning))
-        with staging as stage:
-            refuse_running(out, "--out", own=stage)
-            refuse_nested(out, "--out", own=stage)
-            with loaded(options, args.model, where, budget, stage) as (model, tokenizer):
-                ids = _tokens(tokenizer, args.text_file, args.max_tokens, args.window).to(model.device)
-                print(f"streaming {ids.shape[1]} tokens of {args.text_file} through a window of {args.window}")
-                try:
-                    rows, full = run_stream(model, ids, args.window, args.sink_tokens, stage, _label(args.model), bar=_Bar)
-                except ValueError as e:  # SinkCache's refusals: no RoPE, a length-dependent RoPE, no attention layer
-                    raise CLIError(first_line(e)) from e
-    except OutputFolderError as e:
-        raise CLIError(str(e)) from None
+    with staged_output(out) as stage, loaded(options, args.model, where, budget, stage) as (model, tokenizer):
+        ids = _tokens(tokenizer, args.text_file, args.max_tokens, args.window).to(model.device)
+        print(f"streaming {ids.shape[1]} tokens of {args.text_file} through a window of {args.window}")
+        try:
+            rows, full = run_stream(model, ids, args.window, args.sink_tokens, stage, _label(args.model), bar=_Bar)
+        except ValueError as e:  # SinkCache's refusals: no RoPE, a length-dependent RoPE, no attention layer
+            raise CLIError(first_line(e)) from e
     for row in rows:
         print(f"{row['sink_tokens']} sink tokens: ppl {row['ppl']:.4g} ({row['tokens']} tokens, window {row['window']})")
     if full is not None:

@@ -72,6 +72,11 @@ class DeclaredGateConfig:
         kwargs.pop("model_type", None)
         kwargs.pop(SOURCE_KEY, None)
         spec = kwargs.pop("attn_gate", DEFAULT_GATE_SPEC)
+        if kwargs.pop("attention_sinks", False) is not False:  # this package's field, which only its own attention reads
+            raise ValueError(
+                "attention_sinks=true is not allowed for a model gated by declaration: learned sinks need this "
+                "package's own attention, and the source's class runs its own; allowed values: false (or leave it out)"
+            )
         super().__post_init__(**kwargs)
         self.attn_gate = declared_gate_spec(spec)
 

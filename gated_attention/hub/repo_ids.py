@@ -58,39 +58,66 @@ class HubUnavailable(Exception):
     """A repo neither in huggingface_hub's cache nor to be had from the Hub; the message is the reason, one line."""
 
 
+# What a model folder holds its weights in: a folder with config.json and none of these is not whole.
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "*.h5", "*.msgpack")
+
+
+def missing_weights(folder: Path) -> str | None:
+    """Why a cached model folder is not whole, judged from its own files (None: it looks whole): a weights index
+    that names a shard it lacks, or a config.json without any weight file (a download cut short, or one file
+    fetched alone)."""
+    import json
+
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            continue  # not an index this check can read: loading says what is wrong with it
+        lacking = sorted(shard for shard in shards if isinstance(shard, str) and not (folder / shard).is_file())
+        if lacking:
+            return f"it lacks {lacking[0]}{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}, which {index.name} names"
+    if (folder / "config.json").is_file() and not any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES):
+        return "it holds config.json but no weight file"
+    return None
+
+
 def cached_or_downloaded(
     repo_id: str, *, repo_type: str | None = None, revision: str | None = None, allow_patterns: list[str] | None = None
 ) -> Path:
     """A Hub repo's snapshot folder (or, for `org/name/folder`, that folder in it): huggingface_hub's cache
     first, without the network, then the Hub.
 
-    So a cached repo works offline. With HF_HUB_OFFLINE set nothing is downloaded. Raises `HubUnavailable`
-    ("not in the Hugging Face cache (...)", "the Hub could not provide it (...)", "... has no folder ..."),
-    which the caller puts after its own "SRC x: no such folder, and ".
+    So a cached repo works offline. A cached model folder that is not whole (`missing_weights`, or huggingface_hub's
+    own record of the repo's files) is completed from the Hub where the network is allowed; with HF_HUB_OFFLINE set
+    nothing is downloaded and the cache is taken as it is. Raises `HubUnavailable` ("not in the Hugging Face cache
+    (...)", "the Hub could not provide it (...)", "the repo ... has no folder ..."), which the caller puts after
+    its own "SRC x: no such folder, and ".
     """
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, IncompleteSnapshotError, LocalEntryNotFoundError
 
     repo_id, subfolder = split_subfolder(repo_id)
-
-    def inside(snapshot: str) -> Path:
-        folder = Path(snapshot) / (subfolder or "")
-        if not folder.is_dir():
-            raise HubUnavailable(f"the repo {repo_id} has no folder {subfolder}")
-        return folder
-
-    try:
-        return inside(snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True))
-    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
-        pass
-    except HubUnavailable:
-        if constants.HF_HUB_OFFLINE:
-            raise
-    if constants.HF_HUB_OFFLINE:
-        raise HubUnavailable("not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
     if subfolder is not None:  # that model's files only, not the repo's other models
         allow_patterns = [f"{subfolder}/{pattern}" for pattern in allow_patterns or ["*"]]
+    offline = constants.HF_HUB_OFFLINE
     try:
-        return inside(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
+        folder = Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns,
+                                        local_files_only=True)) / (subfolder or "")
+        if not folder.is_dir():
+            cached = f"its cached snapshot of {repo_id} has no folder {subfolder}"
+        elif offline or repo_type is not None or (why := missing_weights(folder)) is None:
+            return folder
+        else:
+            cached = f"its cached {f'folder {subfolder}' if subfolder else 'snapshot'} is not whole ({why})"
+    except (LocalEntryNotFoundError, IncompleteSnapshotError, FileNotFoundError, ValueError):
+        cached = None
+    if offline:
+        raise HubUnavailable(f"not in the Hugging Face cache (HF_HUB_OFFLINE is set){f': {cached}' if cached else ''}")
+    try:
+        snapshot = snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns)
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        raise HubUnavailable(f"the Hub could not provide it ({first_line(e)})") from None
+        raise HubUnavailable(f"{cached + ', and ' if cached else ''}the Hub could not provide it ({first_line(e)})") from None
+    folder = Path(snapshot) / (subfolder or "")
+    if not folder.is_dir():
+        raise HubUnavailable(f"the repo {repo_id} has no folder {subfolder}")
+    return folder

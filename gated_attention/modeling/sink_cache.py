@@ -12,8 +12,9 @@ full-attention layers get a `SinkLayer`, while sliding-window layers keep their 
 Between forwards a layer holds at most `window_length` entries: the first `num_sink_tokens` and the most
 recent `window_length - num_sink_tokens`. A forward's tokens attend to those and to each other, then the
 oldest non-sink entries leave, as in StreamingLLM's own cache (which holds `start_size + recent_size`).
-Fed one token at a time, every token attends to the sinks and the `window_length - num_sink_tokens`
-tokens before it, itself included; a longer forward (a prompt) is attended whole, then cut.
+Fed one token at a time, every token attends to the `window_length` entries (the sinks and the
+`window_length - num_sink_tokens` tokens before it) and to itself; a longer forward (a prompt) is attended
+whole, then cut.
 
 RoPE. StreamingLLM gives each entry its position inside the cache, not in the text. A RoPE attention score
 depends only on the difference between the query's and the key's positions, so it suffices that every
@@ -29,9 +30,12 @@ masks and padding stay as transformers computes them. Absolute positions have on
 rotary embedding computes cos/sin in float32, whose angle error grows with the position (about 6e-8 rad
 per unit: 0.06 rad at a million tokens), where in-cache positions would stay below the window.
 
-The rotation is the rotate-half form (Llama, Mistral, Qwen2/3, Phi-3 and the models of this package) on the
-first `rotary_dim` channels of each head; RoPE types whose frequencies change with the sequence length
-(`dynamic`, `longrope`) are refused, as are sinks on a model without RoPE.
+The rotation is the model's own: its modeling module's `rotate_half` (rotate-half or interleaved pairs, read off
+the function) on the first channels its rotary embedding covers, with the frequencies that rotary embedding
+computes (per layer type where the model has several RoPEs, Gemma 3). Refused, in one line: RoPE types whose
+frequencies change with the sequence length (`dynamic`, `longrope`), a rotary table without frequencies
+(GPT-J), keys rotated on their last channels (multi-head latent attention), sinks on a model without RoPE,
+and a config neither transformers' nor this package's. docs/streaming.md has the table.
 
 Masks: a layer numbers its entries 0..n-1 for transformers' mask builders (`get_mask_sizes` with no
 offset, `SinkCache.get_query_offset` = n), so the new tokens are causal among themselves and see every
@@ -46,56 +50,130 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import rotate_half
 
 # RoPE types whose frequencies depend on the length of the sequence being run: one rotation cannot move a cached key.
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
-class KeyRotation:
-    """RoPE's rotation by a number of positions, in the rotate-half form on the first `rotary_dim` channels.
+def _refusal(config, reason: str) -> ValueError:
+    return ValueError(f"SinkCache: {reason}; use num_sink_tokens=0 (a plain window) for the {config.model_type} model")
 
-    `inv_freq` (`[rotary_dim / 2]`) is the model's, from its config: a key rotated at position p and then by
-    `steps` is the key rotated at p + steps (RoPE's rotations compose; YaRN's attention factor scales a key
-    once, when the model rotates it, and a rotation leaves that scale alone).
+
+def _rope_parts(config):
+    """The modeling module that serves `config` and its rotary embedding class: this package's models use Llama's;
+    a transformers model its own module's `<Name>RotaryEmbedding` (the text one where a module has several)."""
+    import importlib
+    import inspect
+
+    module_name = type(config).__module__
+    if module_name.startswith("gated_attention."):
+        from transformers.models.llama import modeling_llama
+
+        return modeling_llama, modeling_llama.LlamaRotaryEmbedding
+    if not module_name.startswith("transformers.models.") or ".configuration_" not in module_name:
+        raise _refusal(config, f"its config ({type(config).__name__}) is not transformers' own, so how it rotates its "
+                       "keys is unknown")
+    module = importlib.import_module(_modeling_module(config))
+    classes = {name: cls for name, cls in inspect.getmembers(module, inspect.isclass)
+               if name.endswith("RotaryEmbedding") and cls.__module__ == module.__name__}
+    named = type(config).__name__.removesuffix("Config") + "RotaryEmbedding"
+    if named not in classes:
+        text = [name for name in classes if not any(part in name for part in ("Vision", "Audio"))]
+        named = text[0] if len(text) == 1 else None
+    if named is None and classes:
+        raise _refusal(config, f"its module has several rotary embeddings ({', '.join(classes)})")
+    if named is None and (hasattr(module, "rotate_half") or hasattr(module, "rotate_every_two")):
+        raise _refusal(config, "its attention rotates keys with a table of positions of its own, no rotary embedding "
+                       "with frequencies to re-rotate its sink keys with")
+    if named is None:
+        raise _refusal(config, "the config has no rotary position embedding (rope_parameters) to re-rotate its sink "
+                       "keys with")
+    return module, classes[named]
+
+
+def _modeling_module(config) -> str:
+    """The name of the module whose classes run `config`'s model: its causal LM's (EXAONE's config is run by
+    Llama's code), else the modeling file beside its configuration file."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    for mapping in (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES):
+        name = mapping.get(config.model_type)
+        model_class = getattr(transformers, name, None) if isinstance(name, str) else None
+        if model_class is not None:
+            return model_class.__module__
+    return type(config).__module__.replace(".configuration_", ".modeling_")
+
+
+def _rotate_function(module, config):
+    """The module's own rotate function (`rotate_half`, or GPT-J's `rotate_every_two`) and its layout: "half" (channel
+    i pairs with i + R/2: Llama's) or "interleaved" (channel 2i with 2i + 1: Cohere's, GLM's, GPT-J's)."""
+    rotate = getattr(module, "rotate_half", None) or getattr(module, "rotate_every_two", None)
+    if rotate is None:
+        raise _refusal(config, f"{module.__name__} has no rotate_half to re-rotate its sink keys with")
+    probe = torch.zeros(1, 1, 1, 4)
+    probe[..., 0] = 1.0
+    turned = rotate(probe)[0, 0, 0]  # channel 0 lands on its partner (with the sign the model's direction gives it)
+    if turned[2] != 0 and turned[1] == 0:
+        return rotate, "half"
+    if turned[1] != 0 and turned[2] == 0:
+        return rotate, "interleaved"
+    raise _refusal(config, f"{module.__name__}.{rotate.__name__} pairs channels in a way the re-rotation does not know")
+
+
+class KeyRotation:
+    """RoPE's rotation by a number of positions, the model's own way: its `rotate_half` (rotate-half or interleaved
+    pairs) on the first `rotary_dim` channels of each head, with its frequencies.
+
+    `inv_freq` (`[rotary_dim / 2]`) is what the model's rotary embedding computes from its config (for a model with a
+    RoPE per layer type, Gemma 3's, that layer type's): a key rotated at position p and then by `steps` is the key
+    rotated at p + steps (RoPE's rotations compose; YaRN's attention factor scales a key once, when the model
+    rotates it, and a rotation leaves that scale alone).
     """
 
-    def __init__(self, inv_freq: torch.Tensor):
+    def __init__(self, inv_freq: torch.Tensor, rotate=rotate_half, layout: str = "half"):
         self.inv_freq = inv_freq.to(torch.float64)
         self.rotary_dim = 2 * inv_freq.numel()
+        self.rotate, self.layout = rotate, layout
 
     @classmethod
-    def from_config(cls, config) -> KeyRotation:
-        rope = getattr(config, "rope_parameters", None)
-        if isinstance(rope, dict) and "full_attention" in rope:  # per layer type (Gemma 3 style): the full layers'
-            rope = rope["full_attention"]
-        if not isinstance(rope, dict) or "rope_theta" not in rope:
-            raise ValueError(
-                f"SinkCache: the {config.model_type} config has no rotary position embedding (rope_parameters) to "
-                "re-rotate its sink keys with; use num_sink_tokens=0 (a plain window) for such a model"
-            )
-        rope_type = rope.get("rope_type", "default")
+    def from_config(cls, config, layer_type: str | None = None) -> KeyRotation:
+        """The rotation of the layers of `layer_type` (None: the model's one RoPE), or a one-line `ValueError` where
+        the model's keys cannot be moved by one rotation."""
+        if getattr(config, "qk_rope_head_dim", None):  # multi-head latent attention: the rotated channels are last
+            raise _refusal(config, "its keys are rotated on their last qk_rope_head_dim channels (multi-head latent "
+                           "attention), which the re-rotation does not take")
+        module, rotary_class = _rope_parts(config)
+        rotate, layout = _rotate_function(module, config)
+        try:
+            rotary = rotary_class(config)
+        except Exception as e:  # noqa: BLE001 - a config its rotary embedding cannot read
+            raise _refusal(config, f"{rotary_class.__name__} cannot be built from the config ({type(e).__name__})") from None
+        rope_type = getattr(rotary, "rope_type", "default")
+        if isinstance(rope_type, dict):  # a RoPE per layer type
+            rope_type = rope_type.get(layer_type or "full_attention", "default")
         if rope_type in _LENGTH_DEPENDENT_ROPE:
-            raise ValueError(
-                f"SinkCache: rope_type {rope_type!r} changes its frequencies with the sequence length, so a cached "
-                "sink key cannot be moved by one rotation; use num_sink_tokens=0 or a fixed-frequency RoPE"
-            )
-        if rope_type == "default":
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
-            inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-        else:
-            inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config)
-        return cls(inv_freq)
+            raise _refusal(config, f"rope_type {rope_type!r} changes its frequencies with the sequence length, so a "
+                           "cached sink key cannot be moved by one rotation")
+        inv_freq = getattr(rotary, f"{layer_type or 'full_attention'}_inv_freq", None)
+        if inv_freq is None:
+            inv_freq = getattr(rotary, "inv_freq", None)
+        if inv_freq is None:
+            raise _refusal(config, f"{rotary_class.__name__} keeps a table of positions, no frequencies (inv_freq), so "
+                           "a cached key cannot be rotated further")
+        return cls(inv_freq, rotate, layout)
 
     def __call__(self, keys: torch.Tensor, steps: int) -> torch.Tensor:
         """`keys` `[B, H, S, D]` rotated `steps` positions further (fp32 arithmetic, float64 angles)."""
         angle = steps * self.inv_freq.to(keys.device)  # [rotary_dim / 2]
-        angle = torch.cat((angle, angle))  # the rotate-half layout: [rotary_dim]
+        if self.layout == "half":
+            angle = torch.cat((angle, angle))  # [rotary_dim]: channel i pairs with i + rotary_dim / 2
+        else:
+            angle = angle.repeat_interleave(2)  # [rotary_dim]: channel 2i pairs with 2i + 1
         cos, sin = angle.cos().float(), angle.sin().float()
         head, rest = keys[..., : self.rotary_dim].float(), keys[..., self.rotary_dim :]
-        rotated = head * cos + rotate_half(head) * sin
+        rotated = head * cos + self.rotate(head) * sin
         return torch.cat((rotated.to(keys.dtype), rest), dim=-1)
 
 
@@ -163,22 +241,30 @@ class SinkCache(DynamicCache):
     """
 
     def __init__(self, window_length: int, num_sink_tokens: int, config):
-        if not isinstance(window_length, int) or window_length < 1:
+        def count(value) -> bool:  # an int, not a bool (True is an int to Python, and a window of 1 to the cache)
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not count(window_length) or window_length < 1:
             raise ValueError(f"SinkCache: window_length must be a positive int, got {window_length!r}")
-        if not isinstance(num_sink_tokens, int) or not 0 <= num_sink_tokens < window_length:
+        if not count(num_sink_tokens) or not 0 <= num_sink_tokens < window_length:
             raise ValueError(
                 f"SinkCache: num_sink_tokens must be an int from 0 to window_length - 1 ({window_length - 1}), "
                 f"got {num_sink_tokens!r}"
             )
         super().__init__(config=config)
         text_config = config.get_text_config(decoder=True)
-        rotation = KeyRotation.from_config(text_config) if num_sink_tokens else None
-        self.layers = [
-            SinkLayer(window_length, num_sink_tokens, rotation) if type(layer) is DynamicLayer else layer
-            for layer in self.layers
-        ]
+        layer_types = getattr(text_config, "layer_types", None) or []
+        rotations = {}  # one per layer type: Gemma 3's full-attention layers have a RoPE of their own
+
+        def sink_layer(index: int) -> SinkLayer:
+            layer_type = layer_types[index] if len(layer_types) == len(self.layers) else None
+            if num_sink_tokens and layer_type not in rotations:
+                rotations[layer_type] = KeyRotation.from_config(text_config, layer_type)
+            return SinkLayer(window_length, num_sink_tokens, rotations.get(layer_type))
+
+        self.layers = [sink_layer(i) if type(layer) is DynamicLayer else layer for i, layer in enumerate(self.layers)]
         if not any(isinstance(layer, SinkLayer) for layer in self.layers):
-            kinds = sorted(set(getattr(text_config, "layer_types", None) or ["?"]))
+            kinds = sorted(set(layer_types or ["?"]))
             raise ValueError(f"SinkCache: the model has no full-attention layer to window (its layers: {', '.join(kinds)})")
         self.window_length = window_length
         self.num_sink_tokens = num_sink_tokens

@@ -372,6 +372,9 @@ def stability_goal_lines(v) -> list[str]:
     if v.ratio is not None:
         lines.append(f"the goal, gated against control: sensitivity at most half ({sens['gated']:.4f} vs "
                      f"{sens['control']:.4f}, {v.ratio:.2f}x: {'met' if v.halved else 'not met'})")
+    elif math.isnan(sens["control"]):
+        lines.append("the goal: no rate trains the control (every run diverged or ended no lower than it began), so it "
+                     "has no sensitivity to halve; sweep lower rates (not met)")
     else:
         lines.append("the goal: the control's sensitivity is 0, nothing to halve (not met)")
     for f in v.failures:

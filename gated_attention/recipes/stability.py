@@ -166,8 +166,12 @@ def capped_loss(final_loss: float, initial_loss: float) -> float:
 
 
 def lr_sensitivity(final_losses: list[float], initial_loss: float) -> float:
-    """Wortsman et al. 2023: the mean over the sweep of the capped final losses (`capped_loss`) minus the smallest."""
+    """Wortsman et al. 2023: the mean over the sweep of the capped final losses (`capped_loss`) minus the smallest.
+    NaN where no rate trains (every run ends at or above the initial loss): the spread is 0 there, which would read
+    as "every rate ends as well as the best"."""
     capped = [capped_loss(loss, initial_loss) for loss in final_losses]
+    if min(capped) >= initial_loss:
+        return math.nan
     return float(np.mean(capped) - min(capped))
 
 
@@ -240,7 +244,7 @@ SENSITIVITY_RULE = (
     "lr_sensitivity (Wortsman et al. 2023): the mean over the swept learning rates of min(final_loss, initial_loss) "
     "minus the smallest of those values, one arm at a time; a diverged run whose final_loss is not finite counts as "
     "initial_loss, the arm's held-out loss before training. final_loss is results.csv's. 0: every rate ends as well "
-    "as the best; initial_loss - best: none trains at all but the best."
+    "as the best; initial_loss - best: none trains at all but the best; nan: no rate trains at all."
 )
 TRAINING_COLUMNS = ["model", "lr", "step", "loss", "step_lr", "gate_score", "batch", "seconds"]
 PROBE_COLUMNS = ["model", "lr", "step", "minutes", "loss", "heldout_loss"]
@@ -291,7 +295,7 @@ class Verdict:
     """The figures the goal is judged on (`verdict`); `report.stability_goal_lines` writes them out."""
 
     sensitivity: dict[str, float]  # arm -> lr_sensitivity
-    ratio: float | None = None  # gated / control sensitivity; None without a gated arm or where the control's is 0
+    ratio: float | None = None  # gated / control sensitivity; None without a gated arm or where the control's is 0 or NaN
     failures: list[Failure] = field(default_factory=list)  # one per reading, with a gated arm
 
     @property
