@@ -48,7 +48,7 @@ from ..configuration.declared import CLASS_PREFIX, GatedDeclaredConfig, declared
 from ..configuration.gate_spec import check_gate_shape, gate_enabled, gate_input_width
 from ..configuration.tensor_parallel import gate_rule
 from .attention import AttentionGate, ConstantAttentionGate, GateScores, LowRankAttentionGate
-from .attention_sites import AttentionSite, attention_sites
+from .attention_sites import AttentionSite, AttentionSiteError, attention_sites
 from .tensor_parallel import check_distributed_config  # noqa: F401  # importing registers the plan's own styles
 
 try:
@@ -150,6 +150,12 @@ def add_gates(model: nn.Module, spec: dict) -> list[OutputGate]:
     if hasattr(model, "init_parallel_plans"):
         model.init_parallel_plans()  # the plan the sites are read from; post_init makes it again, with the gates
     sites = attention_sites(model)
+    if spec["granularity"] != "headwise" and (latent := next((s for s in sites if s.latent), None)) is not None:
+        raise AttentionSiteError(
+            f"{type(latent.attention).__name__} is latent attention (MLA: {latent.latent}), which takes a headwise gate "
+            "only: absorbed inference folds each head's value up-projection into the output projection, which a "
+            "per-head score commutes with and an elementwise gate does not; use --gate headwise"
+        )
     gates = [OutputGate(site, spec) for site in sites]
     # A low-rank gate shards its `up` as the full gate's projection; its `down` stays whole (as the families').
     _add_plan_rules(model, sites, GATE_NAME + (".up" if spec["rank"] else ""), gate_rule(spec))
