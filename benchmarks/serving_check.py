@@ -28,6 +28,8 @@ values, as after training, since a converted gate starts at the constant 0.5):
 - `olmo2-declared`: a random OLMo 2, a model the package has no family for,
   converted by declaration (transformers' own class with the gates added) ->
   the transformers backend, eager, compiled and at TP=2;
+- `deepseek_v3-declared`: a random DeepSeek-V3 (latent attention, MLA) converted
+  by declaration with `--gate headwise` -> the transformers backend;
 - `qwen3-native`: `qwen3` exported with `export --format qwen3_5` -> vLLM's
   native Qwen3.5 (also at TP=2) and llama.cpp (all attention: llama.cpp
   aborts, its bug); mlx-lm refuses it (no Gated DeltaNet layer);
@@ -315,6 +317,23 @@ def build_checkpoints(work: Path, only: set[str] | None, log) -> list[Checkpoint
         out.append(Checkpoint("olmo2-declared", _save(model, tokenizer, work / "olmo2-declared"), [
             backend, Route("vllm", "transformers backend, compiled", model_impl="transformers", enforce_eager=False),
             backend_tp2]))
+
+    if wanted("deepseek_v3-declared"):  # latent attention (MLA) gated by declaration, headwise (docs/models.md)
+        from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+        log("building deepseek_v3-declared: a random DeepseekV3ForCausalLM, converted with --gate headwise, gates "
+            "randomized")
+        torch.manual_seed(0)
+        # kv_lora_rank + qk_rope_head_dim = 576, a latent head size vLLM's MLA backend takes (DeepSeek-V3's own)
+        mla = dict(kv_lora_rank=512, q_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=64,
+                   n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, n_group=1, topk_group=1,
+                   first_k_dense_replace=1)  # fmt: skip
+        shape = {**SHAPE, "num_key_value_heads": SHAPE["num_attention_heads"]}  # MLA expands the latent per head
+        source = _save(DeepseekV3ForCausalLM(DeepseekV3Config(**shape, **special, **mla)), tokenizer,
+                       work / "sources" / "deepseek_v3")
+        convert_checkpoint(str(source), work / "deepseek_v3-declared", gate="headwise", overwrite=True, log=quiet)
+        model = randomize(AutoModelForCausalLM.from_pretrained(work / "deepseek_v3-declared"))
+        out.append(Checkpoint("deepseek_v3-declared", _save(model, tokenizer, work / "deepseek_v3-declared"), [backend]))
 
     def hybrid(name: str, **schedule) -> Path:
         torch.manual_seed(0)

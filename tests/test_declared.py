@@ -226,7 +226,7 @@ def test_extend_and_convert_change_rope_on_a_declared_model(converted, tmp_path,
 @pytest.mark.parametrize("model_type, expected", [
     ("deepseek_v3", "is latent attention (MLA: its config sets kv_lora_rank)"),
     ("bert", "BertSelfAttention holds no output projection"),
-    ("bloom", "BloomForCausalLM declares no attention modules"),
+    ("mamba", "MambaForCausalLM declares no attention modules"),
 ])  # fmt: skip
 def test_what_cannot_be_gated_is_refused_in_one_line(model_type, expected, tmp_path, capsys):
     from transformers import AutoConfig
@@ -238,7 +238,7 @@ def test_what_cannot_be_gated_is_refused_in_one_line(model_type, expected, tmp_p
                             vocab_size=64, n_group=1, topk_group=1),
         "bert": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=32, vocab_size=64,
                      is_decoder=True),
-        "bloom": dict(hidden_size=32, n_layer=1, n_head=4, vocab_size=64),
+        "mamba": dict(hidden_size=32, num_hidden_layers=1, vocab_size=64),
     }[model_type])  # fmt: skip
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "src")
     before = file_hashes(tmp_path / "src")

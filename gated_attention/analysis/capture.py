@@ -16,7 +16,7 @@ Attention maps come from the model's own eager attention path: while a
 weights each attention module returns, as transformers' `output_attentions`
 does. Recomputing them from captured q/k instead would need every family's
 RoPE, q/k-norm and GQA details; the eager path is the model's own arithmetic,
-for every family at once. A legacy class (`model_records.LEGACY_DECLARATIONS`) computes
+for every family at once. A legacy class (`recorded_outputs.LEGACY_DECLARATIONS`) computes
 its weights only when asked: the model is then called with `output_attentions=True`
 while the capture is open. An attention layer that returns no weights, or does
 not run, is a `CaptureError` naming the model class and the layer: never a
@@ -155,7 +155,7 @@ def _can_switch_attention(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def weights_requested(model: nn.Module) -> Iterator[None]:
-    """Call `model` with `output_attentions=True`: a legacy attention class (`model_records.LEGACY_DECLARATIONS`) computes
+    """Call `model` with `output_attentions=True`: a legacy attention class (`recorded_outputs.LEGACY_DECLARATIONS`) computes
     its weights only when asked. The model then also returns every layer's map, as transformers' own flag does."""
 
     def pre_hook(module, args, kwargs):

@@ -43,9 +43,10 @@ from torch import nn
 
 from ..configuration.declared import text_config
 from ..modeling.gate_sites import GateSite, gate_site
-from ..modeling.recorded_outputs import Spec, declared_modules, own_declaration, pretrained_models, softmax_attention
-from .model_records import (LAYER_TYPE_FIELDS, LEGACY_DECLARATIONS, LOOPED, PACKAGE_DECLARATIONS,
-                            PARALLEL_LAYERS, REQUIRED_FIELDS, UNDECLARED, UNREADABLE, View, view_of)
+from ..modeling.recorded_outputs import (REFUSED, Spec, declared_modules, legacy_declaration, own_declaration,
+                                         pretrained_models, softmax_attention)
+from .model_records import (LAYER_TYPE_FIELDS, LOOPED, PACKAGE_DECLARATIONS, PARALLEL_LAYERS, REQUIRED_FIELDS,
+                            UNDECLARED, View, view_of)
 
 
 class LayoutError(ValueError):
@@ -66,19 +67,6 @@ def _package_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
     return declared
 
 
-def _legacy_declaration(module: nn.Module) -> dict[str, list[Spec]] | None:
-    record = LEGACY_DECLARATIONS.get(getattr(getattr(module, "config", None), "model_type", None))
-    if record is None:
-        return None
-    layer, attention, attribute = record
-    source = importlib.import_module(type(module).__module__)
-    classes = getattr(source, layer, None), getattr(source, attention, None)
-    if None in classes:  # a release whose classes are named otherwise: no record applies
-        return None
-    return {"hidden_states": [Spec(target_class=classes[0])],
-            "attentions": [Spec(target_class=classes[1], layer_name=attribute)]}
-
-
 def _no_split_specs(module: nn.Module) -> list[Spec]:
     # accelerate's `_no_split_modules`: the class names of the blocks a model is made of, its decoder layers.
     names = getattr(module, "_no_split_modules", None) or []
@@ -89,7 +77,8 @@ def completed_declaration(model: nn.Module) -> dict[str, list[Spec]]:
     """The hidden-state and attention specs of `model`: its declaration (`recorded_outputs.declaration`, merged over
     submodels), completed by the records (fla's classes, legacy attentions, the decoder layers accelerate names).
 
-    Key "legacy": one entry per submodel read from `LEGACY_DECLARATIONS` (its attention returns weights on request).
+    Key "legacy": one entry per submodel read from `recorded_outputs.LEGACY_DECLARATIONS` (its attention returns
+    weights on request).
     """
     declared: dict[str, list[Spec]] = {"hidden_states": [], "attentions": [], "legacy": []}
     undeclared_attention = []
@@ -97,14 +86,14 @@ def completed_declaration(model: nn.Module) -> dict[str, list[Spec]]:
         own = own_declaration(sub)
         package = _package_declaration(sub)
         model_type = getattr(getattr(sub, "config", None), "model_type", None)
-        if model_type in UNREADABLE:
-            raise LayoutError(f"{type(model).__name__} cannot be analysed: {UNREADABLE[model_type]}")
+        if model_type in REFUSED:
+            raise LayoutError(f"{type(model).__name__} cannot be analysed: {REFUSED[model_type]}")
         if (required := REQUIRED_FIELDS.get(model_type)) and getattr(sub.config, required[0], None) is None:
             name, choices, use = required
             raise LayoutError(
                 f"{type(model).__name__} cannot be analysed: its config sets no `{name}`, which chooses {use}; set it "
                 f"in the checkpoint's config.json to the inputs' (one of {list(getattr(sub.config, choices, []))})")
-        if not own and (legacy := _legacy_declaration(sub)) is not None:
+        if not own and (legacy := legacy_declaration(sub)) is not None:
             own = {**legacy, "legacy": legacy["attentions"]}
         if not own.get("hidden_states"):
             own["hidden_states"] = _no_split_specs(sub)

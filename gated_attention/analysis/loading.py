@@ -4,7 +4,7 @@
   transformers' class, because importing fla registers fla's models under some of the same names
   (`mamba2`) with the Auto classes; a composite model's text model saved alone (Emu3, Mllama), with
   the transformers class its config names.
-- `refuse_unreadable`: a class the analysis refuses (`model_records.UNREADABLE`) is one line before anything
+- `refuse_unreadable`: a class the analysis refuses (`recorded_outputs.REFUSED`) is one line before anything
   loads (a whole MusicGen checkpoint maps to its decoder, whose inputs are audio codes).
 - `is_fla_model`: whether MODEL is one of flash-linear-attention's models, built inside `fla_torch_paths`
   (its attention layer cannot be built without flash-attn otherwise); fla is imported only for a model
@@ -63,34 +63,26 @@ def causal_lm_class(config: dict, trust_remote_code: bool):
     in a process that has imported fla, the Auto classes would build fla's model for a transformers
     checkpoint. A model type transformers ships is therefore built with transformers' class.
     """
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from ..modeling.recorded_outputs import transformers_classes
 
     if trust_remote_code and "AutoModelForCausalLM" in (config.get("auto_map") or {}):
         return None
     model_type = config.get("model_type")
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    if isinstance(name, str):
-        return getattr(transformers, name, None)
-    # A composite model's text model saved alone (Emu3ForCausalLM, MllamaForCausalLM: model type "emu3_text_model"),
-    # which no Auto class maps: the class its config names, where transformers ships it for that model type.
-    for architecture in config.get("architectures") or []:
-        cls = getattr(transformers, architecture, None) if isinstance(architecture, str) else None
-        if getattr(getattr(cls, "config_class", None), "model_type", None) == model_type is not None:
-            return cls
-    return None
+    if not isinstance(model_type, str):
+        return None
+    return transformers_classes(model_type, config.get("architectures") or ()).get("AutoModelForCausalLM")
 
 
 def refuse_unreadable(cls) -> None:
-    """A class the analysis refuses (`model_records.UNREADABLE`, by the model type of the config it takes) is one line before
+    """A class the analysis refuses (`recorded_outputs.REFUSED`, by the model type of the config it takes) is one line before
     anything loads. A full MusicGen checkpoint (model type "musicgen", a text-to-audio model whose weights lie under
     `decoder.`) maps to `MusicgenForCausalLM`, its decoder, whose inputs are audio codes: the refusal is that reason,
     not the missing weights its loading would report."""
-    from .model_records import UNREADABLE
+    from ..modeling.recorded_outputs import REFUSED
 
     model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
-    if model_type in UNREADABLE:
-        raise CLIError(f"{cls.__name__} cannot be analysed: {UNREADABLE[model_type]}")  # as `model_layout` says it
+    if model_type in REFUSED:
+        raise CLIError(f"{cls.__name__} cannot be analysed: {REFUSED[model_type]}")  # as `model_layout` says it
 
 
 def is_fla_model(model_name: str, config: dict) -> bool:

@@ -3,18 +3,18 @@
 `layout.model_layout` reads a model through its declaration (the mechanism, read by `modeling/recorded_outputs.py`);
 where a declaration does not say enough, a record here says what differs, and the layout picks it once, when it reads
 the model. Nothing here is tested again inside a hook: the hooks call what was picked. The one record the declared
-gate needs as well, which declared attention classes compute no softmax attention (`NOT_SOFTMAX`, MiniMax's lightning
-attention), sits beside the reader in `modeling/recorded_outputs.py`.
+gate needs as well sit beside the reader in `modeling/recorded_outputs.py`: which declared attention classes compute no
+softmax attention (`NOT_SOFTMAX`, MiniMax's lightning attention), the classes that predate the declaration
+(`LEGACY_DECLARATIONS`: Bloom, Falcon, GPT-Neo, MPT, ...; their attention returns its weights only when the model is
+called with `output_attentions=True`, which `Capture` then passes, `ModelLayout.weights_on_request`), and the model
+types neither command reads (`REFUSED`: Reformer's chunks and hash buckets, MusicGen's audio codes, Gemma 4's
+assistants).
 
 Declarations completed or replaced:
 - `UNDECLARED`: model types that declare nothing because they have no attention (Mamba, RWKV):
   their decoder layer is the class in `_no_split_modules`, and no module is attention.
 - `PACKAGE_DECLARATIONS`: packages whose models declare nothing (fla): their decoder layer is the
   class in `_no_split_modules`, their attention the package's softmax-attention class.
-- `LEGACY_DECLARATIONS`: model types whose classes predate `_can_record_outputs` (Bloom, Falcon,
-  GPT-Neo, MPT, ...): their decoder-layer and attention classes, by name in the model's own module.
-  Their attention returns its weights only when the model is called with `output_attentions=True`,
-  which `Capture` then passes (`ModelLayout.weights_on_request`).
 - `PARALLEL_LAYERS`: model types whose layers are no modules (XLM: parallel lists of attention, norm and feed-forward
   modules): the list whose entry starts each layer and the one whose entry's output is the layer's output.
 - `LOOPED`: model types whose layers run several times in one forward although their declared layer count
@@ -22,9 +22,6 @@ Declarations completed or replaced:
 - `LAYER_TYPE_FIELDS`: the config fields that name each decoder layer's type.
 
 Models refused, with the reason, in one line:
-- `UNREADABLE`: model types whose attention weights are no per-layer [T, T] map of the input (Reformer's chunks
-  and hash buckets), or whose inputs are no text tokens (MusicGen's decoder reads audio codec codes, Gemma 4's
-  assistants their target model's states).
 - `REQUIRED_FIELDS`: config fields a model needs set, have no default, and the analysis cannot choose (X-MOD's input
   language): a checkpoint without one is refused in one line that names the field and its choices.
 
@@ -49,28 +46,6 @@ from torch import nn
 UNDECLARED = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
 # Packages whose model classes declare nothing: the module of their softmax attention class.
 PACKAGE_DECLARATIONS = {"fla": {"attentions": ("fla.layers.attn", "Attention")}}
-# transformers model types that declare nothing because their classes predate the declaration, although their
-# attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
-# attention class, and the attribute the attention sits under where a layer holds another of the same class
-# (an encoder-decoder's decoder layer also holds its cross-attention, which a causal LM never runs).
-# A release that declares the class is read from its declaration instead (`layout.declaration`); the record serves the
-# older ones. tests/test_analyze_architectures.py fails for a record once the floor release declares it: delete it then.
-LEGACY_DECLARATIONS = {
-    "bloom": ("BloomBlock", "BloomAttention", None),
-    "falcon": ("FalconDecoderLayer", "FalconAttention", None),
-    "gpt_neo": ("GPTNeoBlock", "GPTNeoSelfAttention", None),
-    "mpt": ("MptBlock", "MptAttention", None),
-    "openai-gpt": ("Block", "Attention", None),
-    "cpmant": ("CpmAntTransformerBlock", "CpmAntAttention", None),
-    "prophetnet": ("ProphetNetDecoderLayer", "ProphetNetNgramSelfAttention", "self_attn"),  # its map: the main stream's
-    "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
-    "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
-    "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
-    "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
-    "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
-    "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
-    "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: `VIEWS`
-}
 # Model types whose layers are no modules: the base model holds parallel lists of per-layer modules and runs entry i of
 # each in turn (XLM: attentions, layer_norm1, ffns, layer_norm2). The list whose entry i starts layer i + 1 (its
 # attention, whose input is the layer's input) and the list whose entry i's output is that layer's output. XLM then
@@ -85,23 +60,6 @@ LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
 
 # ---------------------------------------------------------------- models refused
 
-# transformers model types whose attention weights are not one [B, H, T, T] map per decoder layer of the input's
-# tokens, or whose inputs are no text tokens a tokenizer gives, with the reason, said in one line instead of a wrong
-# number or a traceback.
-AUDIO_CODES = ("its inputs are audio codec codes, one row of input_ids per codebook ([B * num_codebooks, T]), not "
-               "text tokens")
-ASSISTANT = ("a speculative-decoding assistant: its inputs are its target model's hidden states and key/value cache "
-             "(inputs_embeds, shared_kv_states), not input_ids, which its forward ignores; every layer attends to the "
-             "target's keys")
-UNREADABLE = {
-    "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
-    "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
-           "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
-    "musicgen_decoder": AUDIO_CODES,  # MusicgenForCausalLM: the decoder of a text-to-audio model
-    "musicgen_melody_decoder": AUDIO_CODES,
-    "gemma4_assistant": ASSISTANT,  # Gemma4AssistantForCausalLM: a drafter for speculative decoding
-    "gemma4_unified_assistant": ASSISTANT,
-}
 # Config fields a model type needs set and has no default for, which the analysis cannot choose for the user: the field,
 # the config field that lists its choices, and what the model does with it. X-MOD runs one language adapter per layer,
 # chosen by the input's language: transformers' own forward raises without one, and only the user knows the inputs'.

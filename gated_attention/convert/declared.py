@@ -12,8 +12,8 @@ The verification runs SRC in the source's transformers class and DST in its decl
 through the Auto classes, which a process that imported fla would point at fla's model for some
 types), both with SDPA where the class supports it and eager attention where it does not.
 
-`UNRUNNABLE` records the model types whose causal LM cannot run the verification's prompt of text
-token ids, with the reason, refused in one line before anything is read.
+The model types neither `convert` nor `analyze` reads (`modeling/recorded_outputs.REFUSED`: inputs that are no text
+tokens, attention that is no softmax map of them) are refused in one line, with the reason, before anything is read.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 
 from ..cli_common import first_line
 from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config
+from ..modeling.recorded_outputs import REFUSED, transformers_classes
 from .errors import ConversionError
 from .families import FAMILIES
 from .plan import IGNORED_SOURCE_TENSORS, AddGate
@@ -38,23 +39,10 @@ from .verify import verify_against_source
 if TYPE_CHECKING:  # the modeling code is imported where a source is gated by declaration, not for a family's
     from ..modeling.attention_sites import AttentionSite
 
-AUDIO_CODES = "its inputs are audio codec codes, one row of input_ids per codebook, not text tokens"
-ASSISTANT = ("a speculative-decoding assistant: its forward reads its target model's hidden states and key/value "
-             "cache, not input_ids")  # fmt: skip
-UNRUNNABLE = {
-    "musicgen": AUDIO_CODES,
-    "musicgen_decoder": AUDIO_CODES,  # MusicgenForCausalLM's own config
-    "musicgen_melody": AUDIO_CODES,
-    "musicgen_melody_decoder": AUDIO_CODES,
-    "gemma4_assistant": ASSISTANT,
-    "gemma4_unified_assistant": ASSISTANT,
-}
-
 
 def declared_model_type(config_dict: dict) -> str | None:
     """SRC's model type if it is a causal LM transformers ships (and no family of ours reads it), else None."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = config_dict.get("model_type")
     if model_type == DECLARED_MODEL_TYPE:
@@ -62,15 +50,10 @@ def declared_model_type(config_dict: dict) -> str | None:
                               f"{config_dict.get('source_model_type')}); use `gated-attention extend` to change its RoPE")
     if any(model_type in family.model_types for family in FAMILIES):
         return None
-    if model_type in UNRUNNABLE:
-        raise ConversionError(f"SRC's {model_type} model cannot be converted: {UNRUNNABLE[model_type]}")
-    if model_type in CONFIG_MAPPING_NAMES and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if model_type in REFUSED:
+        raise ConversionError(f"SRC's {model_type} model cannot be converted: {REFUSED[model_type]}")
+    if model_type in CONFIG_MAPPING_NAMES and "AutoModelForCausalLM" in transformers_classes(model_type):
         return model_type
-    if model_type in CONFIG_MAPPING_NAMES and any(model_type.startswith(f"{key}_") for key in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
-        from ..modeling.declared import source_model_classes  # a composite type's text config: its causal LM's class
-
-        if "AutoModelForCausalLM" in source_model_classes(model_type):
-            return model_type
     return None
 
 
@@ -119,9 +102,9 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
 
     from ..configuration.declared import source_config_class
     from ..modeling.attention_sites import AttentionSiteError
-    from ..modeling.declared import GATE_NAME, declared_model_class, source_model_classes
+    from ..modeling.declared import GATE_NAME, declared_model_class
 
-    source_class = source_model_classes(model_type)["AutoModelForCausalLM"]
+    source_class = transformers_classes(model_type)["AutoModelForCausalLM"]
     try:
         source_config = source_config_class(model_type).from_pretrained(folder)
         config = declared_config(source_config, gate_spec)

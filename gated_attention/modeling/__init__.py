@@ -39,7 +39,10 @@
 - `recorded_outputs`: what a transformers model declares in
   `_can_record_outputs` (its hidden-state and attention modules), merged over
   its submodels, and which declared attention classes compute no softmax
-  (`NOT_SOFTMAX`): the one reader `attention_sites` and the analysis share.
+  (`NOT_SOFTMAX`): the one reader `attention_sites` and the analysis share;
+  beside it the one record of what both commands read (the classes older than
+  the declaration, `LEGACY_DECLARATIONS`; the refused types, `REFUSED`) and
+  which transformers class serves a model type (`transformers_classes`).
 - `gate_sites`: where an attention module's output gate is, for every gate the
   package reads (ours, the output gates transformers ships, Qwen3.5's rows of
   `q_proj`, learned sinks) and which linear rows hold it: the one rule the

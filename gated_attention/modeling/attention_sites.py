@@ -15,9 +15,12 @@ declarations: the places a gate can be added to a model whose code the package d
 Where a declaration does not say enough, a record here says it, as data:
 
 - `OUTPUT_PROJECTIONS`: the names an attention's output projection has in models without a plan.
-- `LATENT_FIELDS`: config fields that make an attention a latent one (MLA): its values and output pass
-  through a low-rank latent that inference absorbs into the output projection (vLLM's MLA kernels
-  multiply `kv_b_proj`'s value part into `o_proj`), so a gate between them is refused.
+- `LATENT_FIELDS`, `LATENT_PROJECTIONS`: what makes an attention a latent one (MLA). Absorbed inference
+  (vLLM's MLA kernels) folds each head's value up-projection into the output projection,
+  `y = sum_h (W_O^h W_UV^h) sum_j a_hj c_j` over the latent `c`: a per-head scalar gate `g_h` commutes with
+  that product and keeps the absorbed form, an elementwise gate sits between the two matrices and breaks it.
+  A latent site (`AttentionSite.latent`) therefore takes a headwise gate only (`declared.add_gates` refuses
+  another), and its heads are the value heads (`v_head_dim`), not the query/key heads.
 
 A model whose sites cannot be found is an `AttentionSiteError`: one line that names what is missing.
 """
@@ -56,6 +59,7 @@ class AttentionSite:
     width: int  # the width of the output projection's input: heads * head_dim
     head_dim: int
     plan_key: str | None = None  # the tensor-parallel plan's entry that names the output projection, if any
+    latent: str | None = None  # why it is latent attention (MLA), which takes a headwise gate only; None: it is not
 
     @property
     def heads(self) -> int:
@@ -139,11 +143,13 @@ def _input_name(attention: nn.Module) -> str:
 
 
 def _head_dim(model: nn.Module, attention: nn.Module, width: int) -> int:
-    """The head size of the output projection's input: the attention's own `head_dim`, else its config's, else
-    the width over its heads."""
+    """The head size of the output projection's input: the value heads' (`v_head_dim`: latent attention's
+    `head_dim` is its rotary part's), else the attention's own `head_dim`, else its config's, else the width over
+    its heads."""
     config = text_config(model.config)
     heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
-    for head_dim in (getattr(attention, "head_dim", None), config.__dict__.get("head_dim"),
+    for head_dim in (getattr(attention, "v_head_dim", None), config.__dict__.get("v_head_dim"),
+                     getattr(attention, "head_dim", None), config.__dict__.get("head_dim"),
                      width // heads if isinstance(heads, int) and heads and width % heads == 0 else None):  # fmt: skip
         if isinstance(head_dim, int) and head_dim > 0 and width % head_dim == 0:
             return head_dim
@@ -172,11 +178,6 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
     plan = _plan_patterns(model)
     sites = []
     for path, attention in attention_modules(model):
-        if (reason := _latent(model, attention)) is not None:
-            raise AttentionSiteError(
-                f"{type(attention).__name__} is latent attention (MLA: {reason}): its values reach the output "
-                "projection through a low-rank latent that inference absorbs into it, so no gate goes in between"
-            )
         if hasattr(attention, "attn_gate"):
             raise AttentionSiteError(f"{type(attention).__name__} has an attribute attn_gate already")
         config = text_config(model.config)
@@ -194,5 +195,5 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
             raise AttentionSiteError(f"{type(attention).__name__}: the width of its input is not known (no linear "
                                      "projection reads it, and its config has no hidden_size)")  # fmt: skip
         sites.append(AttentionSite(path, attention, output, _input_name(attention), in_features, widths[0],
-                                   _head_dim(model, attention, widths[0]), plan_key))  # fmt: skip
+                                   _head_dim(model, attention, widths[0]), plan_key, _latent(model, attention)))  # fmt: skip
     return sites

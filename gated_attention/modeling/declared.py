@@ -48,7 +48,8 @@ from ..configuration.declared import CLASS_PREFIX, GatedDeclaredConfig, declared
 from ..configuration.gate_spec import GATE_NAME, check_gate_shape, gate_enabled
 from ..configuration.tensor_parallel import gate_plan_key, gate_rule
 from .attention import GateScores, build_gate, gate_logits
-from .attention_sites import AttentionSite, attention_sites
+from .attention_sites import AttentionSite, AttentionSiteError, attention_sites
+from .recorded_outputs import transformers_classes
 from .tensor_parallel import check_distributed_config  # noqa: F401  # importing registers the plan's own styles
 
 try:
@@ -139,6 +140,12 @@ def add_gates(model: nn.Module, spec: dict) -> list[OutputGate]:
     if hasattr(model, "init_parallel_plans"):
         model.init_parallel_plans()  # the plan the sites are read from; post_init makes it again, with the gates
     sites = attention_sites(model)
+    if spec["granularity"] != "headwise" and (latent := next((s for s in sites if s.latent), None)) is not None:
+        raise AttentionSiteError(
+            f"{type(latent.attention).__name__} is latent attention (MLA: {latent.latent}), which takes a headwise gate "
+            "only: absorbed inference folds each head's value up-projection into the output projection, which a "
+            "per-head score commutes with and an elementwise gate does not; use --gate headwise"
+        )
     gates = [OutputGate(site, spec) for site in sites]
     # A low-rank gate shards its `up` as the full gate's projection; its `down` stays whole (as the families').
     _add_plan_rules(model, sites, gate_plan_key(spec), gate_rule(spec))
@@ -247,28 +254,6 @@ def _share_conversions(source: type, made: type) -> None:
         register_checkpoint_conversion_mapping(made.__name__, mapping, overwrite=True)
 
 
-def source_model_classes(model_type: str) -> dict[str, type]:
-    """transformers' own classes of a model type, as its Auto classes name them (never another package's that
-    registered the same type, as fla does `bitnet`): {"AutoModel": ..., "AutoModelForCausalLM": ...}."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
-
-    found = {}
-    for auto, names in (("AutoModel", MODEL_MAPPING_NAMES), ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
-        name = names.get(model_type)
-        if isinstance(name, str) and isinstance(cls := getattr(transformers, name, None), type):
-            found[auto] = cls
-        else:  # a composite type's text config (Mllama's mllama_text_model, Emu3's emu3_text_model) has no entry of
-            # its own: the class of its composite type's entry, where that class is built from this config
-            from ..configuration.declared import source_config_class
-
-            for key, name in names.items():
-                if model_type.startswith(f"{key}_") and isinstance(cls := getattr(transformers, name, None), type):
-                    if getattr(cls, "config_class", None) is source_config_class(model_type):
-                        found[auto] = cls
-    return found
-
-
 def declared_auto_map(config) -> dict[str, str]:
     """The `auto_map` of a declared config's checkpoint: the flat copies of this file's and the config's module."""
     return auto_map(GatedDeclaredConfig.__module__, GatedDeclaredConfig.__name__, __name__,
@@ -279,7 +264,7 @@ def declared_models(config_class: type) -> dict[str, type]:
     """The declared model classes of a declared config class, as the Auto classes name them for its model type."""
     source_config = next(c for c in config_class.__mro__ if c.__module__.startswith("transformers."))
     return {auto: declared_model_class(source, source_config)
-            for auto, source in source_model_classes(config_class.model_type).items()}
+            for auto, source in transformers_classes(config_class.model_type).items()}
 
 
 def write_declared_remote_code(save_directory: str | os.PathLike, config) -> list[str]:

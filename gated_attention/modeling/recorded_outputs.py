@@ -14,10 +14,20 @@ states ("hidden_states") and the one whose output holds attention weights ("atte
   (classes that predate the declaration, fla's models) and merges them itself.
 - `NOT_SOFTMAX`: classes declared under "attentions" whose forward computes no softmax attention (MiniMax's
   lightning attention is linear), so neither a softmax map to read nor a place for the gate.
+- `LEGACY_DECLARATIONS`: model types whose classes predate the declaration (Bloom, Falcon, GPT-Neo, MPT,
+  OpenAI-GPT, ...): their decoder-layer and attention classes, by name in the model's own module
+  (`legacy_declaration`), which `declaration` reads where a submodel declares nothing: the analysis reads their
+  maps, and `convert` gates their attention, from the same record.
+- `REFUSED`: the model types neither `analyze` nor `convert` reads, with the reason each says in one line (inputs that
+  are no text tokens, attention that is no softmax map of the input's tokens).
+- `transformers_classes`: which transformers classes serve a model type (its base model and causal LM), the one
+  answer `analyze` (the class it builds MODEL with), `convert` (whether a type is gated by declaration) and the
+  declared classes (the class each is made from) ask.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -25,6 +35,49 @@ from torch import nn
 
 # Classes declared under "attentions" whose forward is no softmax attention, with what it is instead.
 NOT_SOFTMAX = {"MiniMaxLightningAttention": "linear (lightning) attention"}
+
+# transformers model types that declare nothing because their classes predate the declaration, although their
+# attention returns its weights (when the model is called with `output_attentions=True`): decoder-layer class,
+# attention class, and the attribute the attention sits under where a layer holds another of the same class
+# (an encoder-decoder's decoder layer also holds its cross-attention, which a causal LM never runs).
+# A release that declares the class is read from its declaration instead; the record serves the older ones.
+# tests/test_analyze_architectures.py fails for a record once the floor release declares it: delete it then.
+LEGACY_DECLARATIONS = {
+    "bloom": ("BloomBlock", "BloomAttention", None),
+    "falcon": ("FalconDecoderLayer", "FalconAttention", None),
+    "gpt_neo": ("GPTNeoBlock", "GPTNeoSelfAttention", None),
+    "mpt": ("MptBlock", "MptAttention", None),
+    "openai-gpt": ("Block", "Attention", None),
+    "cpmant": ("CpmAntTransformerBlock", "CpmAntAttention", None),
+    "prophetnet": ("ProphetNetDecoderLayer", "ProphetNetNgramSelfAttention", "self_attn"),  # its map: the main stream's
+    "gpt_neox_japanese": ("GPTNeoXJapaneseLayer", "GPTNeoXJapaneseAttention", None),
+    "megatron-bert": ("MegatronBertLayer", "MegatronBertSelfAttention", None),
+    "rembert": ("RemBertLayer", "RemBertSelfAttention", None),
+    "roformer": ("RoFormerLayer", "RoFormerSelfAttention", None),
+    "mvp": ("MvpDecoderLayer", "MvpAttention", "self_attn"),
+    "trocr": ("TrOCRDecoderLayer", "TrOCRAttention", "self_attn"),
+    "xlnet": ("XLNetLayer", "XLNetRelativeAttention", None),  # time-major: the analysis's `model_records.VIEWS`
+}
+
+# transformers model types that neither command reads, with the reason, said in one line instead of a wrong number
+# or a traceback: inputs that are no text tokens a tokenizer gives, or attention that is no [B, H, T, T] softmax map
+# per decoder layer of the input's tokens. A whole MusicGen checkpoint ("musicgen") maps to its decoder's class.
+AUDIO_CODES = ("its inputs are audio codec codes, one row of input_ids per codebook ([B * num_codebooks, T]), not "
+               "text tokens")
+ASSISTANT = ("a speculative-decoding assistant: its inputs are its target model's hidden states and key/value cache "
+             "(inputs_embeds, shared_kv_states), not input_ids, which its forward ignores; every layer attends to the "
+             "target's keys")
+REFUSED = {
+    "reformer": "its local and LSH attention return weights per chunk and hash bucket, not a [T, T] map of the input",
+    "blt": "its global transformer attends over the patches its entropy model cuts the bytes into ([P, P] maps, P "
+           "not the input's T tokens), between byte-level encoder and decoder stacks of their own",
+    "musicgen": AUDIO_CODES,  # its causal LM is MusicgenForCausalLM, the decoder of a text-to-audio model
+    "musicgen_decoder": AUDIO_CODES,
+    "musicgen_melody": AUDIO_CODES,
+    "musicgen_melody_decoder": AUDIO_CODES,
+    "gemma4_assistant": ASSISTANT,  # Gemma4AssistantForCausalLM: a drafter for speculative decoding
+    "gemma4_unified_assistant": ASSISTANT,
+}
 
 
 @dataclass(frozen=True)
@@ -81,12 +134,29 @@ def own_declaration(model: nn.Module) -> dict[str, list[Spec]]:
     return {key: specs(value) for key, value in (getattr(model, "_can_record_outputs", None) or {}).items()}
 
 
+def legacy_declaration(model: nn.Module) -> dict[str, list[Spec]] | None:
+    """What `LEGACY_DECLARATIONS` records for `model` (a `PreTrainedModel`), as a declaration; None where no record
+    applies (another type, or a release whose classes are named otherwise)."""
+    record = LEGACY_DECLARATIONS.get(getattr(getattr(model, "config", None), "model_type", None))
+    if record is None:
+        return None
+    layer, attention, attribute = record
+    # The classes' module is the transformers class's (a model gated by declaration is a subclass made elsewhere).
+    source = next((c for c in type(model).__mro__ if c.__module__.startswith("transformers.")), type(model))
+    module = importlib.import_module(source.__module__)
+    classes = getattr(module, layer, None), getattr(module, attention, None)
+    if None in classes:
+        return None
+    return {"hidden_states": [Spec(target_class=classes[0])],
+            "attentions": [Spec(target_class=classes[1], layer_name=attribute)]}
+
+
 def declaration(model: nn.Module) -> dict[str, list[Spec]]:
-    """Key -> specs of `model`: the declarations of every `PreTrainedModel` in it, merged, outer first; a key no
-    submodel declares is absent."""
+    """Key -> specs of `model`: the declarations of every `PreTrainedModel` in it (or, where one declares nothing,
+    its `LEGACY_DECLARATIONS` record), merged, outer first; a key no submodel declares is absent."""
     merged: dict[str, list[Spec]] = {}
     for sub in pretrained_models(model):
-        for key, found in own_declaration(sub).items():
+        for key, found in (own_declaration(sub) or legacy_declaration(sub) or {}).items():
             merged.setdefault(key, []).extend(found)
     return merged
 
@@ -115,3 +185,32 @@ def declared_modules(root: nn.Module, matches: Callable[[str, nn.Module], bool])
         if id(module) not in found and matches(name, module):
             found[id(module)] = (name, module)
     return list(found.values())
+
+
+def transformers_classes(model_type: str, architectures=()) -> dict[str, type]:
+    """transformers' own classes of a model type, as its Auto classes name them (never another package's that
+    registered the same type, as fla does `mamba2` and `bitnet`): {"AutoModel": ..., "AutoModelForCausalLM": ...}.
+
+    A composite model's text config saved alone (Mllama's mllama_text_model, Emu3's emu3_text_model) has no entry of
+    its own: its class is one its config names in `architectures`, or its composite type's entry, where that class
+    is built from this config."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    def takes_this_config(cls) -> bool:
+        return isinstance(cls, type) and getattr(getattr(cls, "config_class", None), "model_type", None) == model_type
+
+    found = {}
+    for auto, names in (("AutoModel", MODEL_MAPPING_NAMES), ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
+        name = names.get(model_type)
+        if isinstance(name, str) and isinstance(cls := getattr(transformers, name, None), type):
+            found[auto] = cls
+            continue
+        named = [getattr(transformers, a, None) for a in architectures or () if isinstance(a, str)]
+        if auto == "AutoModelForCausalLM" and (cls := next((c for c in named if takes_this_config(c)), None)):
+            found[auto] = cls
+            continue
+        for key, name in names.items():
+            if model_type.startswith(f"{key}_") and takes_this_config(cls := getattr(transformers, name, None)):
+                found[auto] = cls
+    return found
