@@ -21,8 +21,8 @@ from ..hub.gguf import read_record
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
 from .declared import (DeclaredTarget, declared_extend_target, declared_model_type, declared_rope_change, declared_target,
-                       verify_declared)
-from .families import GATED_RULES, detect_family
+                       refuse_gated_config, verify_declared)
+from .families import GATED_RULES, detect_family, family_record
 from .pipeline import ConversionPlan, Result, Verification, run
 from .plan import key_mapping, plan_weights
 from .rope import RopeChange, apply_rope_change, rope_frequencies
@@ -191,7 +191,9 @@ def convert_checkpoint(
 
     def prepare(folder: Path, dst: Path) -> ConversionPlan:
         config_dict = read_config_dict(folder)
-        if (model_type := declared_model_type(config_dict)) is not None:
+        family = family_record(config_dict)  # the records first: the declared route is asked only where none answers
+        if family is None and (model_type := declared_model_type(config_dict)) is not None:
+            refuse_gated_config(config_dict)
             ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
             target = declared_target(folder, ckpt, model_type, conversion_gate_spec(gate or "elementwise", init, gate_rank,
                                                                                     gate_input_channels))
@@ -201,7 +203,7 @@ def convert_checkpoint(
                                            f"dtype {dtype_name})")
             return _declared_plan(folder, ckpt, target, init=init, requested=requested, rope=rope, announce=announce,
                                   card=dict(src=src, family_name=name, command="convert"), log=log)  # fmt: skip
-        family = detect_family(config_dict)
+        family = family or detect_family(config_dict)
         ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
         src_config = load_source_config(folder, family)
         gate_spec, plan_init = planned_gate(family, src_config, gate, init, gate_rank, gate_input_channels)
