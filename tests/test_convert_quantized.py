@@ -32,6 +32,17 @@ def plain(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def plain_olmo2(tmp_path_factory):
+    """A type no family reads: converted by declaration, in its own class."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    folder = tmp_path_factory.mktemp("plain_olmo2")
+    torch.manual_seed(0)
+    Olmo2ForCausalLM(Olmo2Config(**CONFIG)).save_pretrained(folder)
+    return folder
+
+
 def block_fp8(plain, folder, block=BLOCK):
     """`plain` with every projection's weight as float8 e4m3 blocks and `weight_scale_inv`, by hand."""
     tensors = {}
@@ -76,15 +87,18 @@ def twin(quantized, folder):
     load = (FineGrainedFP8Config(dequantize=True, weight_block_size=BLOCK) if method == "fp8"
             else CompressedTensorsConfig(dequantize=True))  # fmt: skip
     loaded = AutoModelForCausalLM.from_pretrained(quantized, dtype=torch.float32, quantization_config=load)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    model = type(loaded)(loaded.config)  # the config dequantize=True leaves: no quantization_config
     model.load_state_dict({k: v for k, v in loaded.state_dict().items() if k in model.state_dict()}, strict=True)
     model.save_pretrained(folder)
     return folder
 
 
-@pytest.mark.parametrize("scheme", ["block_fp8", "FP8_DYNAMIC", "W8A8", "W4A16"])
-def test_a_quantized_source_converts_as_its_dequantized_twin(plain, scheme, tmp_path, capsys):
-    if scheme == "block_fp8":
+@pytest.mark.parametrize("scheme", ["block_fp8", "FP8_DYNAMIC", "W8A8", "W4A16", "olmo2_W8A8"])
+def test_a_quantized_source_converts_as_its_dequantized_twin(plain, plain_olmo2, scheme, tmp_path, capsys):
+    if scheme.startswith("olmo2_"):
+        pytest.importorskip("compressed_tensors")
+        src = compressed(plain_olmo2, tmp_path / "src", scheme.removeprefix("olmo2_"))
+    elif scheme == "block_fp8":
         src = block_fp8(plain, tmp_path / "src")
     else:
         pytest.importorskip("compressed_tensors")

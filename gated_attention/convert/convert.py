@@ -140,7 +140,7 @@ def _declared_plan(folder: Path, ckpt: SourceCheckpoint, target: DeclaredTarget,
     outputs = plan_weights(ckpt, target.expected, target.config, init=init, dtype=requested, rules=rules)
     dtype_name = _config_dtype(outputs, requested, getattr(target.source_config, "dtype", None))
     check = partial(verify_declared, folder, target=target, dtype=requested, overrides=overrides,
-                    exact=init != "bias", log=log)  # fmt: skip
+                    exact=init != "bias", log=log, source_kwargs=dequantizing_load(ckpt.quantization))  # fmt: skip
     first = target.sites[0]
     return ConversionPlan(
         ckpt,
@@ -212,6 +212,8 @@ def convert_checkpoint(
             want = _quantized_dtype(ckpt, requested)
             target = declared_target(folder, ckpt, model_type, conversion_gate_spec(gate or "elementwise", init, gate_rank,
                                                                                     gate_input_channels))
+            if ckpt.quantization is not None and hasattr(target.config, "quantization_config"):
+                del target.config.quantization_config  # DST holds the dequantized weights
             name = f"{model_type} ({target.source_class.__name__})"
             announce = lambda dtype_name: (f"converting {name} checkpoint {src} -> {dst} by declaration, "  # noqa: E731
                                            f"{target.describe()} (gate {gate or 'elementwise'}, init {init}, "

@@ -281,14 +281,14 @@ class _WithConfig:
 
 
 def verify_declared(src_folder: Path, stage: Path, target: DeclaredTarget, dtype, overrides: dict, exact: bool, log,
-                    budget) -> float:
+                    budget, source_kwargs: dict | None = None) -> float:
     """`verify.verify_against_source` with SRC in its transformers class and DST in its declared one (through the Auto
     classes: "gated_declared" is no type fla registers); a model that fails to load or run is one line."""
     try:
         return verify_against_source(
             src_folder, stage, target.config, dtype, overrides, exact, log, budget,
             source_class=_WithConfig(target.source_class, target.source_config), attn_implementation=target.attention,
-            strict=target.renamed,
+            strict=target.renamed, source_kwargs=source_kwargs,
         )  # fmt: skip
     except ConversionError:
         raise
