@@ -24,7 +24,7 @@ from .declared import (DeclaredTarget, declared_extend_target, declared_model_ty
                        refuse_gated_config, verify_declared)
 from .families import GATED_RULES, detect_family, family_record
 from .pipeline import ConversionPlan, Result, Verification, run
-from .quantized import dequantizing_load
+from .quantized import source_loader
 from .plan import key_mapping, plan_weights
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .shapes import target_shapes
@@ -140,7 +140,7 @@ def _declared_plan(folder: Path, ckpt: SourceCheckpoint, target: DeclaredTarget,
     outputs = plan_weights(ckpt, target.expected, target.config, init=init, dtype=requested, rules=rules)
     dtype_name = _config_dtype(outputs, requested, getattr(target.source_config, "dtype", None))
     check = partial(verify_declared, folder, target=target, dtype=requested, overrides=overrides,
-                    exact=init != "bias", log=log, source_kwargs=dequantizing_load(ckpt.quantization))  # fmt: skip
+                    exact=init != "bias", log=log, quantization=ckpt.quantization)  # fmt: skip
     first = target.sites[0]
     return ConversionPlan(
         ckpt,
@@ -248,7 +248,7 @@ def convert_checkpoint(
             overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
             check = partial(verify_against_source, folder, config=config, dtype=want, overrides=overrides,
                             exact=exact, log=log, reference_kwargs=reference,
-                            source_kwargs=dequantizing_load(ckpt.quantization))  # fmt: skip
+                            source_class=source_loader(None, ckpt.quantization))  # fmt: skip
         return ConversionPlan(
             ckpt,
             outputs,

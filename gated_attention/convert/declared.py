@@ -30,6 +30,7 @@ from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config
 from .errors import ConversionError
 from .families import FAMILIES
 from .plan import IGNORED_SOURCE_TENSORS, AddGate
+from .quantized import source_loader
 from .rope import RopeChange, apply_rope_change
 from .shapes import expected_shapes
 from .sources import SourceCheckpoint
@@ -281,14 +282,14 @@ class _WithConfig:
 
 
 def verify_declared(src_folder: Path, stage: Path, target: DeclaredTarget, dtype, overrides: dict, exact: bool, log,
-                    budget, source_kwargs: dict | None = None) -> float:
+                    budget, quantization: dict | None = None) -> float:
     """`verify.verify_against_source` with SRC in its transformers class and DST in its declared one (through the Auto
     classes: "gated_declared" is no type fla registers); a model that fails to load or run is one line."""
     try:
         return verify_against_source(
             src_folder, stage, target.config, dtype, overrides, exact, log, budget,
-            source_class=_WithConfig(target.source_class, target.source_config), attn_implementation=target.attention,
-            strict=target.renamed, source_kwargs=source_kwargs,
+            source_class=source_loader(_WithConfig(target.source_class, target.source_config), quantization),
+            attn_implementation=target.attention, strict=target.renamed,
         )  # fmt: skip
     except ConversionError:
         raise

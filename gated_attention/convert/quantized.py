@@ -57,6 +57,33 @@ def dequantizing_load(quantization: dict | None) -> dict:
     return {"quantization_config": CompressedTensorsConfig(dequantize=True)}
 
 
+class DequantizingLoad:
+    """`cls.from_pretrained` (default: the Auto class's choice) of a quantized SRC with `dequantizing_load`, every
+    module then left a plain one: transformers before 5.2x keeps compressed-tensors' scheme on a decompressed
+    module, whose forward still rounds its input to the scheme's activations (FP8_DYNAMIC, W8A8)."""
+
+    def __init__(self, cls, quantization: dict):
+        self.cls, self.quantization = cls, quantization
+
+    def from_pretrained(self, folder, **kwargs):
+        from transformers import AutoModelForCausalLM
+
+        loaded = (self.cls or AutoModelForCausalLM).from_pretrained(folder, **kwargs, **dequantizing_load(self.quantization))
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        schemed = [m for m in model.modules() if hasattr(m, "quantization_scheme")]
+        if schemed:
+            from compressed_tensors.quantization import QuantizationMetadata
+
+            for module in schemed:
+                QuantizationMetadata.clear_quantization(module)  # the scheme, its qparams, the wrapped forward
+        return loaded
+
+
+def source_loader(cls, quantization: dict | None):
+    """What loads SRC for the verification: `cls` itself, or for a quantized SRC `cls` through `DequantizingLoad`."""
+    return cls if quantization is None else DequantizingLoad(cls, quantization)
+
+
 def dequantized_view(quantization: dict, tensors: dict, read, dtype: torch.dtype) -> dict:
     """SRC's tensors as the model holds them: `tensors` ({name: TensorInfo}) with each quantized weight's parts
     replaced by one `TensorInfo` of the weight in `dtype` whose `dequantize` makes it from its parts. `read(info)` reads

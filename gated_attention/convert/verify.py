@@ -227,13 +227,12 @@ def _announce(budget: MemoryBudget, reference_name: str, log) -> None:
 def verify_against_source(
     src_folder: Path, stage: Path, config, dtype, overrides: dict, exact: bool, log, budget: MemoryBudget,
     reference_kwargs: dict | None = None, *, source_class=None, result_class=None,
-    attn_implementation: str = VERIFY_ATTENTION, strict: bool = False, source_kwargs: dict | None = None,
+    attn_implementation: str = VERIFY_ATTENTION, strict: bool = False,
 ) -> float:
     """SRC and the result on the fixed prompt, compared after every layer. `overrides`: what `from_pretrained`
     changes in SRC's config (a RoPE change: DST's fields, or `config=` a whole config). The classes that load
     each side (default: the Auto class's choice) and the attention both run can be given; `strict`: every
-    tensor of the result is a weight of its model and every weight is in the file. `source_kwargs`: what else SRC
-    loads with (a quantized SRC: `quantized.dequantizing_load`)."""
+    tensor of the result is a weight of its model and every weight is in the file."""
     # With a RoPE change the reference is SRC's weights run with DST's rotary tables: the change itself moves
     # the logits (that is its point), so only the weights' part can be compared, and the line says so.
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
@@ -245,7 +244,7 @@ def verify_against_source(
     # `reference_kwargs`: what makes transformers' class run SRC as its own code does (`Family.reference`); then
     # every one of SRC's tensors must find its place in that class.
     reference = run_prompt(src_folder, budget, **prompt, log=log, strict=bool(reference_kwargs), model_class=source_class,
-                           **overrides, **(reference_kwargs or {}), **(source_kwargs or {}))
+                           **overrides, **(reference_kwargs or {}))
     log(f"verifying: SRC ran with {reference.placement()}")
     result = run_prompt(stage, budget, log=log, model_class=result_class, strict=strict, **prompt)
     log(f"verifying: DST ran with {result.placement()}")
