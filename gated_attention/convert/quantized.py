@@ -159,6 +159,11 @@ def _fp8_weight(weight: torch.Tensor, scale: torch.Tensor, *, block: tuple[int, 
 
 
 def _compressed_view(quantization: dict, tensors: dict, read, dtype: torch.dtype) -> dict:
+    try:
+        import compressed_tensors  # noqa: F401 - an optional dependency (the `quant` extra)
+    except ImportError:
+        raise ConversionError(f"SRC is quantized with quant_method {COMPRESSED_TENSORS}, which convert reads with the "
+                              "compressed-tensors package: pip install 'gated-attention[quant]'") from None
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationConfig
     from compressed_tensors.utils.match import match_quantizable_tensors
