@@ -7,6 +7,8 @@
   when it is complete. Standard library only.
 - `sources`: reading a source checkpoint (folder or Hub id) one tensor at a
   time, header checks, the inf/NaN scan.
+- `quantized`: a quantized source (transformers' block FP8, compressed-tensors' FP8 / INT8 / W4A16) read
+  dequantized one weight at a time, and the dequantizing load the verification runs SRC with.
 - `families`: the source families (`FAMILIES`), one declarative record each
   (defaults, aliases, derived fields, reader, target fields, what it cannot
   express, weight rules), and which one a config.json is. A new family is a

@@ -12,6 +12,7 @@ from ..hub.model_card import PIN_REVISION, options_rows, write_model_card
 from ..hub.provenance import Provenance
 from ..quantization.ignore import FUSED_GATE, OWN_GATE, ignore_section
 from .plan import GATE_BIAS_INIT
+from .quantized import describe as describe_quantization
 from .rope import RopeChange
 
 
@@ -26,10 +27,13 @@ QUANTIZATION = ("`gated-attention quantize PATH DST --scheme W8A8` writes a comp
 
 
 def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeChange, config, command: str,
-                          gguf: dict | None = None, gate_name: str = "self_attn.attn_gate", output_name: str = "o_proj", *,
-                          source: Provenance) -> None:
+                          gguf: dict | None = None, gate_name: str = "self_attn.attn_gate", output_name: str = "o_proj",
+                          quantization: dict | None = None, *, source: Provenance) -> None:
     options = {"source": src}
     changed = []
+    if quantization is not None:
+        options["quantized source"] = describe_quantization(quantization)
+        changed.append(quantized_source_line(quantization, dtype_name))
     if gguf is not None:  # hub.gguf's record of the file the weights were dequantized from
         types = ", ".join(f"{n} {name}" for name, n in gguf["tensor_types"].items())
         options["GGUF"] = f"{gguf['file']} ({gguf['quantization']})"
@@ -128,6 +132,15 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         command=f"gated-attention {command}",
         version=__version__,
     )
+
+
+def quantized_source_line(quantization: dict, dtype_name: str) -> str:
+    """The card's line for a quantized source (`quantized.py`): its format, and what the dequantization did."""
+    rounding = ("exactly (float32 holds every product of a weight and its scale)" if dtype_name == "float32"
+                else f"and rounded once to {dtype_name}")  # fmt: skip
+    return (f"- Source: quantized, {describe_quantization(quantization)}; each weight was dequantized as it was read "
+            f"{rounding}. The conversion is exact against those dequantized weights; the quantization's own error "
+            "stays as it was.")
 
 
 def write_export_card(stage: Path, src: str, config, layout: str = "text", *, source: Provenance) -> None:

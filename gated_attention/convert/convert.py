@@ -21,9 +21,10 @@ from ..hub.gguf import read_record
 from ..hub.remote_code import write_remote_code_for_config
 from .card import write_conversion_card
 from .declared import (DeclaredTarget, declared_extend_target, declared_model_type, declared_rope_change, declared_target,
-                       verify_declared)
-from .families import GATED_RULES, detect_family
+                       refuse_gated_config, verify_declared)
+from .families import GATED_RULES, detect_family, family_record
 from .pipeline import ConversionPlan, Result, Verification, run
+from .quantized import source_loader
 from .plan import key_mapping, plan_weights
 from .rope import RopeChange, apply_rope_change, rope_frequencies
 from .shapes import target_shapes
@@ -139,7 +140,7 @@ def _declared_plan(folder: Path, ckpt: SourceCheckpoint, target: DeclaredTarget,
     outputs = plan_weights(ckpt, target.expected, target.config, init=init, dtype=requested, rules=rules)
     dtype_name = _config_dtype(outputs, requested, getattr(target.source_config, "dtype", None))
     check = partial(verify_declared, folder, target=target, dtype=requested, overrides=overrides,
-                    exact=init != "bias", log=log)  # fmt: skip
+                    exact=init != "bias", log=log, quantization=ckpt.quantization)  # fmt: skip
     first = target.sites[0]
     return ConversionPlan(
         ckpt,
@@ -154,6 +155,19 @@ def _declared_plan(folder: Path, ckpt: SourceCheckpoint, target: DeclaredTarget,
         verification=Verification(target.config, requested or getattr(torch, dtype_name), check),
         finite=target.finite(outputs),
     )  # fmt: skip
+
+
+def _source(folder: Path, config_dict: dict, allow_pickle: bool, requested) -> SourceCheckpoint:
+    """SRC's tensors; a quantized SRC's weights dequantized as they are read (`quantized.py`), to `--dtype` or
+    float32 (`_quantized_dtype`)."""
+    quantization = config_dict.get("quantization_config")
+    return SourceCheckpoint(folder, allow_pickle=allow_pickle, quantization=quantization,
+                            dequantize_to=requested or torch.float32)
+
+
+def _quantized_dtype(ckpt: SourceCheckpoint, requested):
+    """The dtype DST is written in: `--dtype`, or float32 for a quantized SRC (its dequantized weights exactly)."""
+    return requested if requested is not None or ckpt.quantization is None else torch.float32
 
 
 # --- convert -----------------------------------------------------------------------------------------
@@ -191,26 +205,33 @@ def convert_checkpoint(
 
     def prepare(folder: Path, dst: Path) -> ConversionPlan:
         config_dict = read_config_dict(folder)
-        if (model_type := declared_model_type(config_dict)) is not None:
-            ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
+        family = family_record(config_dict)  # the records first: the declared route is asked only where none answers
+        if family is None and (model_type := declared_model_type(config_dict)) is not None:
+            refuse_gated_config(config_dict)
+            ckpt = _source(folder, config_dict, allow_pickle, requested)
+            want = _quantized_dtype(ckpt, requested)
             target = declared_target(folder, ckpt, model_type, conversion_gate_spec(gate or "elementwise", init, gate_rank,
                                                                                     gate_input_channels))
+            if ckpt.quantization is not None and hasattr(target.config, "quantization_config"):
+                del target.config.quantization_config  # DST holds the dequantized weights
             name = f"{model_type} ({target.source_class.__name__})"
             announce = lambda dtype_name: (f"converting {name} checkpoint {src} -> {dst} by declaration, "  # noqa: E731
                                            f"{target.describe()} (gate {gate or 'elementwise'}, init {init}, "
                                            f"dtype {dtype_name})")
-            return _declared_plan(folder, ckpt, target, init=init, requested=requested, rope=rope, announce=announce,
-                                  card=dict(src=src, family_name=name, command="convert"), log=log)  # fmt: skip
-        family = detect_family(config_dict)
-        ckpt = SourceCheckpoint(folder, allow_pickle=allow_pickle)
+            return _declared_plan(folder, ckpt, target, init=init, requested=want, rope=rope, announce=announce,
+                                  card=dict(src=src, family_name=name, command="convert",
+                                            quantization=ckpt.quantization), log=log)  # fmt: skip
+        family = family or detect_family(config_dict)
+        ckpt = _source(folder, config_dict, allow_pickle, requested)
+        want = _quantized_dtype(ckpt, requested)
         src_config = load_source_config(folder, family)
         gate_spec, plan_init = planned_gate(family, src_config, gate, init, gate_rank, gate_input_channels)
         config = _gated_config(src_config, family, gate_spec)
         rope_parameters, max_positions = apply_rope_change(config.rope_parameters, config.max_position_embeddings, rope)
         config.rope_parameters, config.max_position_embeddings = rope_parameters, max_positions
-        outputs = plan_weights(ckpt, target_shapes(config), config, init=plan_init, dtype=requested,
+        outputs = plan_weights(ckpt, target_shapes(config), config, init=plan_init, dtype=want,
                                rules=family.rules, source=src_config)  # fmt: skip
-        dtype_name = _config_dtype(outputs, requested, getattr(src_config, "dtype", None))
+        dtype_name = _config_dtype(outputs, want, getattr(src_config, "dtype", None))
         exact = init == "exact"
         reference, done = family.reference(src_config), []
         if reference is None:
@@ -221,12 +242,13 @@ def convert_checkpoint(
                             "of that code")
         elif family.kind == "hybrid":
             mapping = key_mapping(family.rules, src_config, config.num_hidden_layers)
-            check = partial(verify_against_ungated, ckpt, config=config, key_mapping=mapping, dtype=requested,
+            check = partial(verify_against_ungated, ckpt, config=config, key_mapping=mapping, dtype=want,
                             exact=exact, log=log)  # fmt: skip
         else:
             overrides = {} if rope.empty else {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
-            check = partial(verify_against_source, folder, config=config, dtype=requested, overrides=overrides,
-                            exact=exact, log=log, reference_kwargs=reference)  # fmt: skip
+            check = partial(verify_against_source, folder, config=config, dtype=want, overrides=overrides,
+                            exact=exact, log=log, reference_kwargs=reference,
+                            source_class=source_loader(None, ckpt.quantization))  # fmt: skip
         return ConversionPlan(
             ckpt,
             outputs,
@@ -236,9 +258,9 @@ def convert_checkpoint(
             write_config=partial(_write_config_and_code, config=config, dtype_name=dtype_name),
             write_card=partial(write_conversion_card, src=src, family_name=family.name, init=plan_init,
                                dtype_name=dtype_name, rope=rope, config=config, command="convert",
-                               gguf=read_record(folder)),
+                               gguf=read_record(folder), quantization=ckpt.quantization),
             # DST's layers hold SRC's and the gates: if the budget holds DST's largest layer, it holds SRC's.
-            verification=check and Verification(config, requested or getattr(torch, dtype_name), check),
+            verification=check and Verification(config, want or getattr(torch, dtype_name), check),
             done=done,
         )  # fmt: skip
 

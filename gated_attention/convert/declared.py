@@ -31,6 +31,7 @@ from ..modeling.recorded_outputs import REFUSED, transformers_classes
 from .errors import ConversionError
 from .families import FAMILIES
 from .plan import IGNORED_SOURCE_TENSORS, AddGate
+from .quantized import source_loader
 from .rope import RopeChange, apply_rope_change
 from .shapes import expected_shapes
 from .sources import SourceCheckpoint
@@ -121,6 +122,7 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
     sites = [gate.site for gate in model.output_gates]
     if not sites:
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) has no attention module to gate")
+    refuse_second_gate(f"{model_type} model ({source_class.__name__})", model, sites)
     # Tied copies (an lm_head, BioGPT's output_projection) SRC's files leave out: the model ties them while loading.
     tied = {name for name in getattr(model, "all_tied_weights_keys", None) or {} if name not in ckpt.tensors}
     shapes = {name: shape for name, shape in expected_shapes(model).items() if name not in tied}
@@ -156,6 +158,38 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
     buffers = {name for name in kept if names.in_memory(name) in buffer_names}
     return DeclaredTarget(config, source_config, source_class, model_class, sites, expected, renamed, outputs, gate_modules,
                           buffers, _attention(model))
+
+
+# config.json flags by which a model says that it gates its attention output (vLLM's Qwen3-Next and Qwen3.5 read
+# `attn_output_gate`; Lfm3's `use_attention_gate`), in the config or its text config.
+OWN_GATE_FLAGS = ("attn_output_gate", "use_attention_gate")
+
+
+def _already_gated(source: str, gate: str) -> ConversionError:
+    return ConversionError(f"SRC's {source} gates its attention output already ({gate}): `gated-attention analyze` "
+                           "reads that gate's scores, and `export` and serving engines take the model as it is; "
+                           "convert adds no second gate")  # fmt: skip
+
+
+def refuse_gated_config(config_dict: dict) -> None:
+    """Refuse, in one line, a source whose config.json (or its text config) sets an `OWN_GATE_FLAGS` flag."""
+    text = config_dict.get("text_config")
+    for part in (config_dict, text if isinstance(text, dict) else {}):
+        for flag in OWN_GATE_FLAGS:
+            if part.get(flag) is True:
+                raise _already_gated(f"{config_dict.get('model_type')} model", f"config.json sets {flag}: true")
+
+
+def refuse_second_gate(source: str, model, sites) -> None:
+    """Refuse, in one line, a source whose attention has an output gate of its own, a module `analyze` reads as the
+    attention's gate site (`modeling.gate_sites.source_gate`). `source` names SRC's model type and class."""
+    from ..modeling.gate_sites import source_gate
+
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for site in sites:
+        gate = source_gate(text, site.attention)
+        if gate is not None and gate.kind in ("q_proj", "projection"):  # learned sinks are no output gate
+            raise _already_gated(source, f"{type(site.attention).__name__}'s {gate.describe()}")
 
 
 def _attention(model) -> str:
@@ -231,14 +265,14 @@ class _WithConfig:
 
 
 def verify_declared(src_folder: Path, stage: Path, target: DeclaredTarget, dtype, overrides: dict, exact: bool, log,
-                    budget) -> float:
+                    budget, quantization: dict | None = None) -> float:
     """`verify.verify_against_source` with SRC in its transformers class and DST in its declared one (through the Auto
     classes: "gated_declared" is no type fla registers); a model that fails to load or run is one line."""
     try:
         return verify_against_source(
             src_folder, stage, target.config, dtype, overrides, exact, log, budget,
-            source_class=_WithConfig(target.source_class, target.source_config), attn_implementation=target.attention,
-            strict=target.renamed,
+            source_class=source_loader(_WithConfig(target.source_class, target.source_config), quantization),
+            attn_implementation=target.attention, strict=target.renamed,
         )  # fmt: skip
     except ConversionError:
         raise

@@ -329,11 +329,18 @@ def supported_list() -> str:
     return ", ".join(f"{f.name} ({'/'.join(f.model_types)})" for f in FAMILIES if f.matches is None)
 
 
-def detect_family(config_dict: dict) -> Family:
+def family_record(config_dict: dict) -> Family | None:
+    """The record that reads a config.json, or None. Records only: asking them costs nothing, while the declared
+    route's question (`declared.declared_model_type`) builds transformers' table of every model type."""
     model_type = config_dict.get("model_type")
-    for family in FAMILIES:
-        if model_type in family.model_types and (family.matches is None or family.matches(config_dict)):
-            return family
+    return next((f for f in FAMILIES if model_type in f.model_types and (f.matches is None or f.matches(config_dict))),
+                None)
+
+
+def detect_family(config_dict: dict) -> Family:
+    if (family := family_record(config_dict)) is not None:
+        return family
+    model_type = config_dict.get("model_type")
     if model_type in GATED_MODEL_TYPES:
         raise ConversionError(f"SRC is already a gated model ({model_type}); use `gated-attention extend` to change its RoPE")
     arch = ", ".join(config_dict.get("architectures") or []) or "none listed"

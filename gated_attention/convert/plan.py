@@ -343,7 +343,8 @@ def _output(t: Planned, ckpt: SourceCheckpoint, requested: torch.dtype | None) -
         make = partial(_read_each, ckpt, t.sources, dtype, t.scale)
         return OutputTensor(t.name, t.shape, dtype, make, list(t.sources), aligned=True)
     info = ckpt.tensors[t.sources[0]]
-    unchanged = ckpt.format == "safetensors" and dtype == info.dtype and t.scale == 1.0 and t.rows is None
+    unchanged = (ckpt.format == "safetensors" and dtype == info.dtype and t.scale == 1.0 and t.rows is None
+                 and info.dequantize is None)
     make = partial(_read, ckpt, t.sources[0], dtype, t.scale, t.rows)
     return OutputTensor(t.name, t.shape, dtype, make, [t.sources[0]], copy_of=info if unchanged else None)
 

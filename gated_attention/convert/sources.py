@@ -20,6 +20,7 @@ import math
 import mmap
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,10 @@ class TensorInfo:
     shape: tuple[int, ...]
     begin: int = 0  # absolute file offsets of the data (safetensors only)
     end: int = 0
+    # A quantized source's weight (`quantized.dequantized_view`): made by `dequantize(*parts)` from the stored tensors
+    # `parts`, in `dtype`; its file and offsets are its first part's.
+    parts: tuple = ()
+    dequantize: Callable | None = None
 
     @property
     def nbytes(self) -> int:
@@ -226,7 +231,10 @@ def first_non_finite(t: torch.Tensor) -> int | None:
 class SourceCheckpoint:
     """The weights of a checkpoint folder: names, shapes and dtypes up front; data on demand."""
 
-    def __init__(self, folder: Path, *, allow_pickle: bool = False):
+    def __init__(self, folder: Path, *, allow_pickle: bool = False, quantization: dict | None = None,
+                 dequantize_to: torch.dtype = torch.float32):
+        """`quantization`: SRC's `quantization_config`, whose quantized weights are read dequantized to
+        `dequantize_to` (`quantized.py`)."""
         self.folder = folder
         self.format, files = self._weight_files(folder, allow_pickle)
         self.tensors: dict[str, TensorInfo] = {}
@@ -238,6 +246,11 @@ class SourceCheckpoint:
                 if name in self.tensors:
                     raise ConversionError(f"tensor {name} appears in both {self.tensors[name].file.name} and {file.name}")
                 self.tensors[name] = info
+        self.quantization = quantization
+        if quantization is not None:
+            from .quantized import dequantized_view
+
+            self.tensors = dequantized_view(quantization, self.tensors, self._stored, dequantize_to)
 
     @staticmethod
     def _weight_files(folder: Path, allow_pickle: bool) -> tuple[str, list[Path]]:
@@ -288,9 +301,14 @@ class SourceCheckpoint:
 
     def read(self, name: str) -> torch.Tensor:
         info = self.tensors[name]
+        if info.dequantize is not None:
+            return info.dequantize(*(self._stored(part) for part in info.parts))
+        return self._stored(info)
+
+    def _stored(self, info: TensorInfo) -> torch.Tensor:
         if self.format == "safetensors":
             return read_tensor(info)
-        return self._load_pickle(info.file)[name].clone()
+        return self._load_pickle(info.file)[info.name].clone()
 
     def check_finite(self, names) -> None:
         """Refuse SRC if one of the tensors `names` holds an inf or NaN, naming the tensor and the element.

@@ -62,6 +62,14 @@ class GateSite:
     activation: str = "sigmoid"
     name: str = ""
 
+    def describe(self) -> str:
+        """The gate in a few words, as a refusal names it."""
+        if self.kind == "q_proj":
+            return "sigmoid output gate, the second half of each head's q_proj rows"
+        if self.kind == "projection":
+            return f"{self.activation} output gate {self.name}"
+        return {"attn_gate": "output gate attn_gate", "sinks": "learned sink logits"}[self.kind]
+
     def linears(self) -> Iterator[tuple[nn.Linear, torch.Tensor | None]]:
         """The linear maps that hold the gate's weights, each with the boolean mask of its output rows that are the
         gate's (`[out_features]`), or None where every row is: a fused `q_proj`'s gate rows are the second half of
@@ -81,6 +89,12 @@ def gate_site(config, attention: nn.Module) -> GateSite | None:
     gate = getattr(attention, "attn_gate", None)
     if isinstance(gate, nn.Module):
         return GateSite("attn_gate", gate, name="attn_gate")
+    return source_gate(config, attention)
+
+
+def source_gate(config, attention: nn.Module) -> GateSite | None:
+    """The gate an attention module's own model gives it (transformers' code, not this package's `attn_gate`), or
+    None: a model that gates its attention output already, which `convert` refuses to gate a second time."""
     q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
     num_heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
     if (record := OUTPUT_GATES.get(type(attention).__name__)) is not None:
