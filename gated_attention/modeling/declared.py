@@ -44,7 +44,8 @@ import os
 import torch
 from torch import nn
 
-from ..configuration.declared import CLASS_PREFIX, GatedDeclaredConfig, declared_config_class, declared_gate_spec
+from ..configuration.declared import (CLASS_PREFIX, GatedDeclaredConfig, declared_config_class, declared_gate_spec,
+                                      transformers_class)
 from ..configuration.gate_spec import GATE_NAME, check_gate_shape, gate_enabled
 from ..configuration.tensor_parallel import gate_plan_key, gate_rule
 from .attention import GateScores, build_gate, gate_logits
@@ -218,7 +219,7 @@ class DeclaredGatesMixin:
 
 def _source_class(cls: type) -> type:
     """The transformers class a declared class was made from."""
-    return next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
+    return transformers_class(cls)
 
 
 _MADE: dict[tuple[type, type], type] = {}
@@ -262,7 +263,7 @@ def declared_auto_map(config) -> dict[str, str]:
 
 def declared_models(config_class: type) -> dict[str, type]:
     """The declared model classes of a declared config class, as the Auto classes name them for its model type."""
-    source_config = next(c for c in config_class.__mro__ if c.__module__.startswith("transformers."))
+    source_config = transformers_class(config_class)
     return {auto: declared_model_class(source, source_config)
             for auto, source in transformers_classes(config_class.model_type).items()}
 

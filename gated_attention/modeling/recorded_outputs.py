@@ -140,9 +140,11 @@ def legacy_declaration(model: nn.Module) -> dict[str, list[Spec]] | None:
     record = LEGACY_DECLARATIONS.get(getattr(getattr(model, "config", None), "model_type", None))
     if record is None:
         return None
+    from ..configuration.declared import transformers_class
+
     layer, attention, attribute = record
     # The classes' module is the transformers class's (a model gated by declaration is a subclass made elsewhere).
-    source = next((c for c in type(model).__mro__ if c.__module__.startswith("transformers.")), type(model))
+    source = transformers_class(type(model)) or type(model)
     module = importlib.import_module(source.__module__)
     classes = getattr(module, layer, None), getattr(module, attention, None)
     if None in classes:
