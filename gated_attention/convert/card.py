@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..configuration.declared import text_config
 from ..hub.model_card import PIN_REVISION, options_rows, write_model_card
 from ..hub.provenance import Provenance
 from ..quantization.ignore import FUSED_GATE, OWN_GATE, ignore_section
@@ -86,7 +87,7 @@ def write_conversion_card(stage, src, family_name, init, dtype_name, rope: RopeC
         options["--yarn-factor"] = rope.yarn_factor
         options["--original-max-position-embeddings"] = rope.original_max_position_embeddings
     if not rope.empty:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text = text_config(config)
         changed.append(f"- RoPE: {rope.describe()}; `rope_parameters` = `{json.dumps(text.rope_parameters)}`, "
                        f"`max_position_embeddings` = {text.max_position_embeddings}.")
     if command == "extend":

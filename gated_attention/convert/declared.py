@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..cli_common import first_line
-from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config
+from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config, text_config
 from ..modeling.recorded_outputs import REFUSED, transformers_classes
 from .errors import ConversionError
 from .families import FAMILIES
@@ -185,7 +185,7 @@ def refuse_second_gate(source: str, model, sites) -> None:
     attention's gate site (`modeling.gate_sites.source_gate`). `source` names SRC's model type and class."""
     from ..modeling.gate_sites import source_gate
 
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    text = text_config(model.config)
     for site in sites:
         gate = source_gate(text, site.attention)
         if gate is not None and gate.kind in ("q_proj", "projection"):  # learned sinks are no output gate

@@ -26,6 +26,7 @@ import torch
 
 from .. import register_auto_classes
 from ..cli_common import format_size
+from ..configuration.declared import text_config
 from ..memory.budget import (MemoryBudget, MemoryBudgetError, cast_placement, cast_weights, collect_if_alive,
                                  loading_dtype, read_layers_whole, reading_reserve, running_dtypes)
 from .sources import ConversionError, SourceCheckpoint
@@ -84,7 +85,7 @@ def prompt_reserve(config, dtype: torch.dtype) -> int:
     state after every layer and the logits; the reference's are kept while the result runs) and one layer's
     working memory (q, k, v, the attention's output and gate, the MLP's three projections and its product, the
     residual and the float32 norms), on `VERIFY_TOKENS` tokens."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     # (a field a config names otherwise counts 0: BLT's config has no hidden_size of its own)
     hidden, layers, vocab = (getattr(text, key, None) or 0 for key in ("hidden_size", "num_hidden_layers", "vocab_size"))
     widths = [getattr(text, "intermediate_size", None), getattr(text, "moe_intermediate_size", None)]
@@ -237,7 +238,7 @@ def verify_against_source(
     # the logits (that is its point), so only the weights' part can be compared, and the line says so.
     reference_name = "SRC" if not overrides else "SRC run with DST's rope_parameters"
     _announce(budget, reference_name, log)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     prompt = dict(dtype=dtype, vocab_size=text.vocab_size, offload_dir=stage,
                   max_positions=getattr(text, "max_position_embeddings", None) or VERIFY_TOKENS,
                   reserve=prompt_reserve(config, dtype or _saved_dtype(config)), attn_implementation=attn_implementation)
