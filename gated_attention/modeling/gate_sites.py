@@ -24,7 +24,7 @@ from .recorded_outputs import declaration, declared_modules, softmax_attention
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
 # (named under the attention module as the model names its parameters; where releases put it in different places,
 # each name in turn, the first the model has) and the activation the model applies to its output, `[B, T, H]` (a score
-# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width (`gate_site`). Inkling2's gate
+# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width (`FUSED_QUERY_GATES`). Inkling2's gate
 # sits in its output projection (`Inkling2GatedOutputProjection`) in transformers 5.24 and later, on the attention in
 # 5.23: the same map of the same input, applied to the same output.
 INKLING2_GATE = ("o_proj.gate_proj", "gate_proj")
@@ -53,7 +53,7 @@ FUSED_QUERY_GATES = ("q_proj", "q_gate_proj")
 UNREAD_OUTPUT_GATES = {
     "BeamAttention": ("gate_proj", "sigmoid(gate_proj(x) + a bias per head, gate_bias)"),
     "DoryAttention": ("gate_proj", "sigmoid(gate_proj(x) * (s_gate * s_gate_scale)^2)"),
-    "AXK2Attention": ("q_gate_proj", "sigmoid of each head's last v_head_dim rows of q_gate_proj, fed by the latent query"),
+    "AXK2Attention": ("q_gate_proj", "sigmoid of each head's last v_head_dim rows, fed by the latent query"),
 }
 
 
@@ -63,8 +63,9 @@ class GateSite:
 
     kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the gate's logits flat and whose
     `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
-    output gate, the second half of each head's output of a `FUSED_QUERY_GATES` projection, `sigmoid`-ed. kind "projection": a linear
-    map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]` or `[B, T, H * W]`).
+    output gate, the second half of each head's output of a `FUSED_QUERY_GATES` projection, `sigmoid`-ed.
+    kind "projection": a linear map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]`
+    or `[B, T, H * W]`).
     kind "sinks": no gate module but a learned sink logit per head (our `attention_sinks`, GPT-OSS's
     `sinks`): the attention module itself, whose weights leave the sink its share of each row; the score is
     what the keys keep, `sigmoid(lse - s_h)`, a headwise gate the attention computes itself.
