@@ -674,6 +674,9 @@ GATED = {
     "inkling2_text": (("self_attn.o_proj.gate_proj", "self_attn.gate_proj"), 0.5),  # 5.24 moved it into o_proj
     "dots3_note_text": ("self_attn.g_proj", 0.5),
     "hy_v4": ("self_attn.gate_proj", 0.5),
+    "afmoe": ("self_attn.gate_proj", 0.5),
+    "hrm_text": ("self_attn.gate_proj", 0.5),
+    "minicpm5_moe": ("self_attn.q_gate_proj", 0.5),  # each head's second half of a fused projection
 }
 
 
@@ -701,12 +704,34 @@ def test_output_gates_transformers_ships_are_captured_by_their_own_names(name):
             model(input_ids=ids, use_cache=False)
     finally:
         handle.remove()
-    assert not torch.equal(*seen)  # the gate is the one the attention's output goes through
+    # the gate is the one the attention's output goes through (each forward's last pass: HRM-Text loops its layers)
+    assert not torch.equal(seen[len(seen) // 2 - 1], seen[-1])
     with Capture(model) as cap:
         model(input_ids=ids, use_cache=False)
     scores = cap.records[-1].gates[f]
     assert scores.shape[:3] == (1, 12, site.num_heads)
     torch.testing.assert_close(scores, torch.full_like(scores, at_zero), rtol=0, atol=1e-7)
+
+
+@torch.no_grad()
+def test_a_gate_fused_into_q_gate_proj_is_read_as_the_sigmoid_of_each_heads_second_half():
+    shipped("minicpm5_moe")
+    model = catalog().build("minicpm5_moe")
+    layout = model_layout(model)
+    f = layout.attention_layers[-1]
+    attention = layout.attention_modules[f]
+    inputs = []  # the attention's input, which its q_gate_proj maps
+    handle = attention.register_forward_pre_hook(
+        lambda m, args, kwargs: inputs.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]),
+        with_kwargs=True)  # fmt: skip
+    try:
+        with Capture(model) as cap:
+            model(input_ids=torch.randint(3, 200, (1, 12)), use_cache=False)
+    finally:
+        handle.remove()
+    heads, width = layout.gates[f].num_heads, attention.head_dim
+    by_hand = torch.sigmoid(attention.q_gate_proj(inputs[-1]).float().view(1, 12, heads, 2 * width)[..., width:])
+    torch.testing.assert_close(cap.records[-1].gates[f], by_hand, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- hyper-connections, towers, loops, composite configs

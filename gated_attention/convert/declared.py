@@ -115,14 +115,15 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
     try:
         with torch.device("meta"):
             model = model_class(copy.deepcopy(config))
-    except AttentionSiteError as e:
+    except AttentionSiteError as e:  # a source gated already is told so, not to try another --gate (MLA's headwise)
+        refuse_gated_source(f"{model_type} model ({source_class.__name__})", source_class, source_config)
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) cannot be gated: {e}") from None
     except ValueError as e:  # a gate shape the attention's widths do not allow
         raise ConversionError(f"{first_line(e)} (--gate-rank, --gate-input-channels)") from None
     sites = [gate.site for gate in model.output_gates]
     if not sites:
         raise ConversionError(f"SRC's {model_type} model ({source_class.__name__}) has no attention module to gate")
-    refuse_second_gate(f"{model_type} model ({source_class.__name__})", model, sites)
+    refuse_second_gate(f"{model_type} model ({source_class.__name__})", model, [site.attention for site in sites])
     # Tied copies (an lm_head, BioGPT's output_projection) SRC's files leave out: the model ties them while loading.
     tied = {name for name in getattr(model, "all_tied_weights_keys", None) or {} if name not in ckpt.tensors}
     shapes = {name: shape for name, shape in expected_shapes(model).items() if name not in tied}
@@ -165,10 +166,12 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
 OWN_GATE_FLAGS = ("attn_output_gate", "use_attention_gate")
 
 
-def _already_gated(source: str, gate: str) -> ConversionError:
-    return ConversionError(f"SRC's {source} gates its attention output already ({gate}): `gated-attention analyze` "
-                           "reads that gate's scores, and `export` and serving engines take the model as it is; "
-                           "convert adds no second gate")  # fmt: skip
+def _already_gated(source: str, gate: str, read: bool = True) -> ConversionError:
+    """`read`: whether `analyze` reads the gate's scores (an `UNREAD_OUTPUT_GATES` gate it does not)."""
+    analyze = ("`gated-attention analyze` reads that gate's scores" if read
+               else "`gated-attention analyze` reads the model, though not that gate's scores")
+    return ConversionError(f"SRC's {source} gates its attention output already ({gate}): {analyze}, and `export` "
+                           "and serving engines take the model as it is; convert adds no second gate")  # fmt: skip
 
 
 def refuse_gated_config(config_dict: dict) -> None:
@@ -180,16 +183,30 @@ def refuse_gated_config(config_dict: dict) -> None:
                 raise _already_gated(f"{config_dict.get('model_type')} model", f"config.json sets {flag}: true")
 
 
-def refuse_second_gate(source: str, model, sites) -> None:
-    """Refuse, in one line, a source whose attention has an output gate of its own, a module `analyze` reads as the
-    attention's gate site (`modeling.gate_sites.source_gate`). `source` names SRC's model type and class."""
-    from ..modeling.gate_sites import source_gate
+def refuse_second_gate(source: str, model, attentions) -> None:
+    """Refuse, in one line, a source one of whose `attentions` has an output gate of its own, a module `analyze` reads
+    as the attention's gate site (`modeling.gate_sites.source_gate`), or a gate it reads no scores of
+    (`gate_sites.UNREAD_OUTPUT_GATES`). `source` names SRC's model type and class."""
+    from ..modeling.gate_sites import source_gate, unread_gate
 
     text = text_config(model.config)
-    for site in sites:
-        gate = source_gate(text, site.attention)
+    for attention in attentions:
+        gate = source_gate(text, attention)
         if gate is not None and gate.kind in ("q_proj", "projection"):  # learned sinks are no output gate
-            raise _already_gated(source, f"{type(site.attention).__name__}'s {gate.describe()}")
+            raise _already_gated(source, f"{type(attention).__name__}'s {gate.describe()}")
+        if (unread := unread_gate(attention)) is not None:
+            raise _already_gated(source, f"{type(attention).__name__}'s {unread}", read=False)
+
+
+def refuse_gated_source(source: str, source_class, source_config) -> None:
+    """`refuse_second_gate` on SRC's own model (transformers' class, built on the meta device), for a source whose
+    attention takes no gate of the kind asked: its own softmax attention modules, as `analyze` finds them."""
+    from ..modeling.recorded_outputs import declaration, declared_modules, softmax_attention
+
+    with torch.device("meta"):
+        model = source_class._from_config(copy.deepcopy(source_config))
+    is_attention = softmax_attention(declaration(model).get("attentions", []))
+    refuse_second_gate(source, model, [attention for _, attention in declared_modules(model, is_attention)])
 
 
 def _attention(model) -> str:

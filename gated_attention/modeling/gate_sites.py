@@ -4,7 +4,8 @@ keeps or rounds) both ask.
 
 - our `self_attn.attn_gate` (every family and gate variant, and transformers' models gated by declaration);
 - `OUTPUT_GATES`: the attention output gates transformers ships, a linear map of their own;
-- Qwen3-Next's and Qwen3.5's gate, the second half of each head's rows of `q_proj` (found by its width);
+- Qwen3-Next's, Qwen3.5's and Qwen4-Exp's gate, the second half of each head's rows of `q_proj` (MiniCPM5-MoE's
+  `q_gate_proj`), found by its width (`FUSED_QUERY_GATES`);
 - a learned sink logit per head (our `attention_sinks`, GPT-OSS's `sinks`), which acts as a headwise gate the
   attention computes itself, where no gate module is.
 """
@@ -23,7 +24,7 @@ from .recorded_outputs import declaration, declared_modules, softmax_attention
 # Attention output gates transformers ships, which no declaration names: attention class -> the gate's linear map
 # (named under the attention module as the model names its parameters; where releases put it in different places,
 # each name in turn, the first the model has) and the activation the model applies to its output, `[B, T, H]` (a score
-# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width (`gate_site`). Inkling2's gate
+# per head) or `[B, T, H * W]`. Qwen3-Next's gate, half of q_proj, is found by its width (`FUSED_QUERY_GATES`). Inkling2's gate
 # sits in its output projection (`Inkling2GatedOutputProjection`) in transformers 5.24 and later, on the attention in
 # 5.23: the same map of the same input, applied to the same output.
 INKLING2_GATE = ("o_proj.gate_proj", "gate_proj")
@@ -33,10 +34,26 @@ OUTPUT_GATES = {
     "LagunaAttention": ("g_proj", "softplus"),
     "Dots3NoteTextAttention": ("g_proj", "sigmoid"),
     "HYV4Attention": ("gate_proj", "sigmoid"),
+    "AfmoeAttention": ("gate_proj", "sigmoid"),
+    "HrmTextAttention": ("gate_proj", "sigmoid"),
+    "MuseGlimmerTextAttention": ("gate_proj", "sigmoid"),
+    "MuseSparkTextAttention": ("gate_proj", "sigmoid"),  # on the output of its o_norm, before o_proj
+    "Step3p7Attention": ("g_proj", "sigmoid"),
     "Inkling2SlidingAttention": (INKLING2_GATE, "sigmoid"),
     "Inkling2FullAttention": (INKLING2_GATE, "sigmoid"),
     "Inkling2LoopSlidingAttention": (INKLING2_GATE, "sigmoid"),
     "Inkling2LoopFullAttention": (INKLING2_GATE, "sigmoid"),
+}
+# The projections a gate is fused into, each head's rows its query then its gate (`2 * head_dim`), by name under the
+# attention module: Qwen3-Next's, Qwen3.5's and Qwen4-Exp's `q_proj`, MiniCPM5-MoE's `q_gate_proj`.
+FUSED_QUERY_GATES = ("q_proj", "q_gate_proj")
+# Output gates transformers ships that are not `activation(linear(attention input))`, so that `analyze` reads no
+# scores for them (it reads such a model as it reads an ungated one: maps, residuals, no gate columns) and `convert`
+# still refuses a second gate on them (`unread_gate`): attention class -> the gate's module and what it computes.
+UNREAD_OUTPUT_GATES = {
+    "BeamAttention": ("gate_proj", "sigmoid(gate_proj(x) + a bias per head, gate_bias)"),
+    "DoryAttention": ("gate_proj", "sigmoid(gate_proj(x) * (s_gate * s_gate_scale)^2)"),
+    "AXK2Attention": ("q_gate_proj", "sigmoid of each head's last v_head_dim rows, fed by the latent query"),
 }
 
 
@@ -46,8 +63,9 @@ class GateSite:
 
     kind "attn_gate": our `self_attn.attn_gate`, whose forward returns the gate's logits flat and whose
     `gate_scores` activates them and gives them heads. kind "q_proj": transformers' Qwen3-Next/Qwen3.5
-    output gate, the second half of each head's q_proj output, `sigmoid`-ed. kind "projection": a linear
-    map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]` or `[B, T, H * W]`).
+    output gate, the second half of each head's output of a `FUSED_QUERY_GATES` projection, `sigmoid`-ed.
+    kind "projection": a linear map of `OUTPUT_GATES` whose output, `activation`-ed, is the gate (`[B, T, H]`
+    or `[B, T, H * W]`).
     kind "sinks": no gate module but a learned sink logit per head (our `attention_sinks`, GPT-OSS's
     `sinks`): the attention module itself, whose weights leave the sink its share of each row; the score is
     what the keys keep, `sigmoid(lse - s_h)`, a headwise gate the attention computes itself.
@@ -65,7 +83,7 @@ class GateSite:
     def describe(self) -> str:
         """The gate in a few words, as a refusal names it."""
         if self.kind == "q_proj":
-            return "sigmoid output gate, the second half of each head's q_proj rows"
+            return f"sigmoid output gate, the second half of each head's {self.name} rows"
         if self.kind == "projection":
             return f"{self.activation} output gate {self.name}"
         return {"attn_gate": "output gate attn_gate", "sinks": "learned sink logits"}[self.kind]
@@ -95,7 +113,7 @@ def gate_site(config, attention: nn.Module) -> GateSite | None:
 def source_gate(config, attention: nn.Module) -> GateSite | None:
     """The gate an attention module's own model gives it (transformers' code, not this package's `attn_gate`), or
     None: a model that gates its attention output already, which `convert` refuses to gate a second time."""
-    q_proj, head_dim = getattr(attention, "q_proj", None), getattr(attention, "head_dim", None)
+    head_dim = getattr(attention, "head_dim", None)
     num_heads = getattr(attention, "num_heads", None) or getattr(config, "num_attention_heads", None)
     if (record := OUTPUT_GATES.get(type(attention).__name__)) is not None:
         names, activation = record
@@ -104,12 +122,24 @@ def source_gate(config, attention: nn.Module) -> GateSite | None:
         if isinstance(projection, nn.Linear) and num_heads and projection.out_features % num_heads == 0:
             return GateSite("projection", projection, num_heads, projection.out_features // num_heads, activation, name)
         return None  # the model was built without its gate (Lfm3's `use_attention_gate=False`)
-    if isinstance(q_proj, nn.Linear) and head_dim and num_heads and q_proj.out_features == 2 * num_heads * head_dim:
-        return GateSite("q_proj", q_proj, num_heads, head_dim, name="q_proj")
+    if type(attention).__name__ in UNREAD_OUTPUT_GATES:  # a gate not read as scores (AXK2's fused rows are no halves)
+        return None
+    for name in FUSED_QUERY_GATES:
+        fused = getattr(attention, name, None)
+        if isinstance(fused, nn.Linear) and head_dim and num_heads and fused.out_features == 2 * num_heads * head_dim:
+            return GateSite("q_proj", fused, num_heads, head_dim, name=name)
     sinks = getattr(attention, "sinks", None)
     if isinstance(sinks, nn.Parameter) and sinks.dim() == 1:  # only where no gate module is: that one is the gate
         return GateSite("sinks", attention, sinks.numel(), 1, name="sinks")
     return None
+
+
+def unread_gate(attention: nn.Module) -> str | None:
+    """An `UNREAD_OUTPUT_GATES` gate of the attention module, in a few words as a refusal names it, or None."""
+    record = UNREAD_OUTPUT_GATES.get(type(attention).__name__)
+    if record is None or not _has_submodule(attention, record[0]):
+        return None
+    return f"output gate {record[0]}, {record[1]}"
 
 
 def gate_sites(model: nn.Module) -> dict[str, GateSite]:
