@@ -27,7 +27,6 @@ import torch
 
 from ..cli_common import first_line
 from ..configuration.declared import DECLARED_MODEL_TYPE, declared_config, text_config
-from ..modeling.recorded_outputs import REFUSED, transformers_classes
 from .errors import ConversionError
 from .families import FAMILIES
 from .plan import IGNORED_SOURCE_TENSORS, AddGate
@@ -44,6 +43,8 @@ if TYPE_CHECKING:  # the modeling code is imported where a source is gated by de
 def declared_model_type(config_dict: dict) -> str | None:
     """SRC's model type if it is a causal LM transformers ships (and no family of ours reads it), else None."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from ..modeling.recorded_outputs import REFUSED, transformers_classes  # here: a family record needs no model code
 
     model_type = config_dict.get("model_type")
     if model_type == DECLARED_MODEL_TYPE:
@@ -104,6 +105,7 @@ def declared_target(folder: Path, ckpt: SourceCheckpoint, model_type: str, gate_
     from ..configuration.declared import source_config_class
     from ..modeling.attention_sites import AttentionSiteError
     from ..modeling.declared import GATE_NAME, declared_model_class
+    from ..modeling.recorded_outputs import transformers_classes
 
     source_class = transformers_classes(model_type)["AutoModelForCausalLM"]
     try:
