@@ -106,3 +106,27 @@ def smollm2(smollm2_gguf, tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm2")
     dequantize(smollm2_gguf, folder)
     return folder
+
+
+@pytest.fixture
+def cached_at_old_commit(tmp_path, monkeypatch):
+    """`cached_at_old_commit(model_dir)`: an offline Hugging Face cache under `tmp_path` holding `someone/tiny`,
+    `model_dir` at an old commit (returned) and, at main, a snapshot with no model at all, so only `--revision OLD`
+    finds one."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    def make(model_dir) -> str:
+        main_commit, old_commit = "a" * 40, "b" * 40
+        repo = tmp_path / "hub" / "models--someone--tiny"
+        (repo / "snapshots" / main_commit).mkdir(parents=True)
+        (repo / "snapshots" / main_commit / "README.md").write_text("# moved elsewhere\n")
+        shutil.copytree(model_dir, repo / "snapshots" / old_commit)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(main_commit)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        return old_commit
+
+    return make

@@ -585,21 +585,9 @@ def test_the_help_says_how_the_intervention_layers_are_counted(capsys):
     assert "(default: the inputs of the attention layers, X[f-1] for each attention layer f)" in text
 
 
-def test_revision_reads_that_snapshot_of_a_cached_hub_id_offline(model_dir, tmp_path, monkeypatch):
+def test_revision_reads_that_snapshot_of_a_cached_hub_id_offline(model_dir, tmp_path, cached_at_old_commit):
     """`--revision` picks the cache's snapshot of that commit; main's snapshot here holds no model at all."""
-    import shutil
-
-    from huggingface_hub import constants
-
-    main_commit, old_commit = "a" * 40, "b" * 40
-    repo = tmp_path / "hub" / "models--someone--tiny"
-    (repo / "snapshots" / main_commit).mkdir(parents=True)
-    (repo / "snapshots" / main_commit / "README.md").write_text("# moved elsewhere\n")
-    shutil.copytree(model_dir, repo / "snapshots" / old_commit)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(main_commit)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    old_commit = cached_at_old_commit(model_dir)
 
     argv = ["analyze", "someone/tiny", "--n-per-domain", "1", "--bootstrap", "10", "--max-length", "12"]
     assert main([*argv, "--out", str(tmp_path / "main")]) != 0

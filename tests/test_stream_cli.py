@@ -99,21 +99,9 @@ def test_an_out_folder_of_something_else_or_holding_the_text_is_refused(model_di
     assert (other / "notes.txt").read_text() == "mine" and text_file.exists()
 
 
-def test_revision_reads_that_snapshot_of_a_cached_hub_id_offline(model_dir, text_file, tmp_path, monkeypatch, capsys):
+def test_revision_reads_that_snapshot_of_a_cached_hub_id_offline(model_dir, text_file, tmp_path, cached_at_old_commit):
     """`--revision` picks the cache's snapshot of that commit; main's snapshot here holds no model at all."""
-    import shutil
-
-    from huggingface_hub import constants
-
-    main_commit, old_commit = "a" * 40, "b" * 40
-    repo = tmp_path / "hub" / "models--someone--tiny"
-    (repo / "snapshots" / main_commit).mkdir(parents=True)
-    (repo / "snapshots" / main_commit / "README.md").write_text("# moved elsewhere\n")
-    shutil.copytree(model_dir, repo / "snapshots" / old_commit)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(main_commit)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    old_commit = cached_at_old_commit(model_dir)
 
     assert main(["stream", "someone/tiny", "--text-file", str(text_file), "--window", str(WINDOW), "--out",
                  str(tmp_path / "main"), "--max-tokens", "32"]) != 0
